@@ -1,0 +1,33 @@
+# `make test` and `make bench` work on a fresh machine with only Python 3.11 and pip.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# The CPU build of torch; any other torch request pulls a multi-GB CUDA build.
+TORCH_PIN ?= torch==2.13.0
+TRITON_PIN ?= triton==3.9.0
+
+.PHONY: venv test lint typecheck pytest bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_PIN)" "$(TRITON_PIN)"
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+lint: venv
+	$(VENV)/bin/ruff check graphsafe_sampler kernels tests perf
+	$(VENV)/bin/ruff format --check graphsafe_sampler kernels tests perf
+
+typecheck: venv
+	$(VENV)/bin/mypy graphsafe_sampler
+
+pytest: venv
+	$(PY) -m pytest -q
+
+test: lint typecheck pytest
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,40 @@
+"""graphsafe_sampler: an LLM sampler that lives inside a compiled model runner and a CUDA graph.
+
+See DESIGN.md for the contract. The public names:
+"""
+
+from graphsafe_sampler.batch_state import BatchState
+from graphsafe_sampler.batch_update import BatchUpdate, BatchUpdateBuilder, MoveDirectionality
+from graphsafe_sampler.config import SamplerConfig
+from graphsafe_sampler.params import SamplingParams
+from graphsafe_sampler.processors import (
+    AdapterLogitsProcessor,
+    AllowedTokenIdsLogitsProcessor,
+    LogitBiasLogitsProcessor,
+    LogitsProcessor,
+    MinPLogitsProcessor,
+    MinTokensLogitsProcessor,
+    SlotLogitsProcessor,
+    load_logits_processors,
+)
+from graphsafe_sampler.staging import StagedTensor
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdapterLogitsProcessor",
+    "AllowedTokenIdsLogitsProcessor",
+    "BatchState",
+    "BatchUpdate",
+    "BatchUpdateBuilder",
+    "LogitBiasLogitsProcessor",
+    "LogitsProcessor",
+    "MinPLogitsProcessor",
+    "MinTokensLogitsProcessor",
+    "MoveDirectionality",
+    "SamplerConfig",
+    "SamplingParams",
+    "SlotLogitsProcessor",
+    "StagedTensor",
+    "load_logits_processors",
+]

@@ -1,0 +1,112 @@
+"""`SamplerConfig`: sizes and capacities fixed for the life of a sampler.
+
+Everything here decides a buffer's shape, so it is chosen once: the state tensors are
+preallocated from it and never grow (DESIGN §1). The capacities are per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+LogprobsMode = Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
+Backend = Literal["auto", "torch", "triton"]
+
+LOGPROBS_MODES: tuple[str, ...] = (
+    "raw_logprobs",
+    "raw_logits",
+    "processed_logprobs",
+    "processed_logits",
+)
+BACKENDS: tuple[str, ...] = ("auto", "torch", "triton")
+
+
+def _positive(name: str, value: object, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """Fixed sizes of a sampler.
+
+    max_num_reqs: requests held at once; also the most logits rows `forward` accepts.
+    vocab_size: logits width V.
+    max_num_logprobs: top-K logprobs columns returned (0 = no logprobs tensors).
+    logprobs_mode: "raw_logprobs" | "raw_logits" | "processed_logprobs" | "processed_logits".
+    eos_token_id: masked while a request has fewer than `min_tokens` outputs.
+    backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch" or "triton".
+    logits_processors: custom processors: classes or "package.module:QualName" strings.
+    seed: seeds the host RNG that draws seeds for unseeded requests (None = from the OS).
+    max_logit_bias_tokens: logit-bias entries per request.
+    max_stop_token_ids: stop token ids per request (EOS not counted).
+    max_bad_words: bad words (token sequences) per request.
+    max_bad_word_len: tokens in one bad word; also the device-side window of recent outputs.
+    max_bad_words_tokens: bad-word tokens per request, all words together.
+    pin_memory: pin the host staging buffers (None = when an accelerator exists).
+    """
+
+    max_num_reqs: int
+    vocab_size: int
+    max_num_logprobs: int = 0
+    logprobs_mode: LogprobsMode = "raw_logprobs"
+    eos_token_id: int | None = None
+    backend: Backend = "auto"
+    logits_processors: Sequence[Any] = ()
+    seed: int | None = None
+    max_logit_bias_tokens: int = 1024
+    max_stop_token_ids: int = 128
+    max_bad_words: int = 128
+    max_bad_word_len: int = 16
+    max_bad_words_tokens: int = 1024
+    pin_memory: bool | None = None
+
+    def __post_init__(self) -> None:
+        _positive("max_num_reqs", self.max_num_reqs)
+        _positive("vocab_size", self.vocab_size, minimum=2)
+        if self.vocab_size >= 2**31:
+            raise ValueError(f"vocab_size must be < 2**31, got {self.vocab_size}")
+        _positive("max_num_logprobs", self.max_num_logprobs, minimum=0)
+        if self.max_num_logprobs > self.vocab_size:
+            raise ValueError(
+                f"max_num_logprobs must be <= vocab_size = {self.vocab_size}, "
+                f"got {self.max_num_logprobs}"
+            )
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(
+                f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}"
+            )
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.eos_token_id is not None:
+            _positive("eos_token_id", self.eos_token_id, minimum=0)
+            if self.eos_token_id >= self.vocab_size:
+                raise ValueError(
+                    f"eos_token_id = {self.eos_token_id} is outside the vocabulary "
+                    f"[0, {self.vocab_size})"
+                )
+        for name in (
+            "max_logit_bias_tokens",
+            "max_stop_token_ids",
+            "max_bad_words",
+            "max_bad_word_len",
+            "max_bad_words_tokens",
+        ):
+            _positive(name, getattr(self, name))
+        if self.seed is not None:
+            _positive("seed", self.seed, minimum=0)
+        # A tuple, so that a frozen config cannot change under a live sampler.
+        object.__setattr__(self, "logits_processors", tuple(self.logits_processors))
+
+    @property
+    def num_slots(self) -> int:
+        """Rows of every slot-indexed state tensor: one per request plus the padding slot."""
+        return self.max_num_reqs + 1
+
+    @property
+    def padding_slot(self) -> int:
+        """The slot that empty and padded rows map to; it holds neutral parameters."""
+        return self.max_num_reqs

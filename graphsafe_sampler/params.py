@@ -1,0 +1,212 @@
+"""Per-request sampling parameters, with vLLM's field names and ranges.
+
+`SamplingParams` checks what it can on its own when it is built (ranges that do not depend on
+the sampler); `SamplingParams.check_against(config)` checks the rest (token ids against the
+vocabulary, per-request capacities, logprobs against `max_num_logprobs`). Every error is a
+`ValueError` (or `TypeError` for a wrong type) that names the field, the value and the limit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from graphsafe_sampler.config import SamplerConfig
+
+# Rows whose temperature is below this are greedy (DESIGN §4, step 5; vLLM's _SAMPLING_EPS).
+GREEDY_TEMPERATURE = 1e-5
+
+_INT64_MIN = -(2**63)
+_UINT64_LIMIT = 2**64
+
+
+def _check_int(name: str, value: object) -> int:
+    # bool is an int subclass; a flag passed where a count belongs is a bug.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    return value
+
+
+def _check_float(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    value = float(value)
+    if math.isnan(value):
+        raise ValueError(f"{name} must not be NaN")
+    return value
+
+
+def _check_token_ids(name: str, ids: object) -> list[int]:
+    if not isinstance(ids, (list, tuple)):
+        raise TypeError(f"{name} must be a list of ints, got {type(ids).__name__}")
+    out = []
+    for i, tok in enumerate(ids):
+        tok = _check_int(f"{name}[{i}]", tok)
+        if tok < 0:
+            raise ValueError(f"{name}[{i}] must be a token id >= 0, got {tok}")
+        out.append(tok)
+    return out
+
+
+@dataclass
+class SamplingParams:
+    """What a request asks of the sampler (DESIGN §3; vLLM's names and meanings).
+
+    `top_k` 0 or -1 and `top_p` 1.0 switch those filters off; `temperature` below 1e-5 is
+    greedy. `logit_bias` maps token id -> additive bias; `allowed_token_ids` restricts the
+    vocabulary; `bad_words_token_ids` lists token-id sequences that must not be completed;
+    `min_tokens` masks `stop_token_ids` (and the config's EOS) until that many tokens have
+    been generated. `logprobs` is how many top logprobs the engine will read for this request
+    (at most `SamplerConfig.max_num_logprobs`). `extra_args` carries custom processors' params.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words_token_ids: list[list[int]] | None = None
+    min_tokens: int = 0
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    extra_args: dict[str, Any] | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        self.temperature = _check_float("temperature", self.temperature)
+        if not self.temperature >= 0.0 or math.isinf(self.temperature):
+            raise ValueError(f"temperature must be >= 0 and finite, got {self.temperature}")
+        self.top_p = _check_float("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        self.top_k = _check_int("top_k", self.top_k)
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be -1, 0 (off) or >= 1, got {self.top_k}")
+        self.min_p = _check_float("min_p", self.min_p)
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = _check_float(name, getattr(self, name))
+            if not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+            setattr(self, name, value)
+        self.repetition_penalty = _check_float("repetition_penalty", self.repetition_penalty)
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        if self.seed is not None:
+            seed = _check_int("seed", self.seed)
+            if not _INT64_MIN <= seed < _UINT64_LIMIT:
+                raise ValueError(f"seed must be in [-2**63, 2**64), got {seed}")
+        self.min_tokens = _check_int("min_tokens", self.min_tokens)
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.logprobs is not None:
+            self.logprobs = _check_int("logprobs", self.logprobs)
+            if self.logprobs < 0:
+                raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
+        if not isinstance(self.ignore_eos, bool):
+            raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise TypeError(
+                    f"logit_bias must be a dict[int, float], got {type(self.logit_bias).__name__}"
+                )
+            bias: dict[int, float] = {}
+            for tok, value in self.logit_bias.items():
+                tok = _check_int("logit_bias key", tok)
+                if tok < 0:
+                    raise ValueError(f"logit_bias key must be a token id >= 0, got {tok}")
+                value = _check_float(f"logit_bias[{tok}]", value)
+                if math.isinf(value):
+                    raise ValueError(f"logit_bias[{tok}] must be finite, got {value}")
+                bias[tok] = value
+            self.logit_bias = bias
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = _check_token_ids("allowed_token_ids", self.allowed_token_ids)
+            if not self.allowed_token_ids:
+                raise ValueError("allowed_token_ids must not be empty (use None for no limit)")
+        if self.stop_token_ids is not None:
+            self.stop_token_ids = _check_token_ids("stop_token_ids", self.stop_token_ids)
+        if self.bad_words_token_ids is not None:
+            if not isinstance(self.bad_words_token_ids, (list, tuple)):
+                raise TypeError(
+                    "bad_words_token_ids must be a list of token-id lists, "
+                    f"got {type(self.bad_words_token_ids).__name__}"
+                )
+            words = []
+            for i, word in enumerate(self.bad_words_token_ids):
+                word = _check_token_ids(f"bad_words_token_ids[{i}]", word)
+                if not word:
+                    raise ValueError(f"bad_words_token_ids[{i}] must not be empty")
+                words.append(word)
+            self.bad_words_token_ids = words
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            raise TypeError(f"extra_args must be a dict, got {type(self.extra_args).__name__}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < GREEDY_TEMPERATURE
+
+    def check_against(self, config: SamplerConfig) -> None:
+        """Raise ValueError if this request does not fit `config` (vocabulary, capacities)."""
+        vocab = config.vocab_size
+
+        def check_ids(name: str, ids: list[int]) -> None:
+            for i, tok in enumerate(ids):
+                if tok >= vocab:
+                    raise ValueError(
+                        f"{name}[{i}] = {tok} is outside the vocabulary [0, {vocab})"
+                    )
+
+        if self.logprobs is not None and self.logprobs > config.max_num_logprobs:
+            raise ValueError(
+                f"logprobs = {self.logprobs} exceeds max_num_logprobs = {config.max_num_logprobs}"
+            )
+        if self.logit_bias:
+            if len(self.logit_bias) > config.max_logit_bias_tokens:
+                raise ValueError(
+                    f"logit_bias has {len(self.logit_bias)} entries, more than "
+                    f"max_logit_bias_tokens = {config.max_logit_bias_tokens}"
+                )
+            check_ids("logit_bias key", list(self.logit_bias))
+        if self.stop_token_ids:
+            if len(self.stop_token_ids) > config.max_stop_token_ids:
+                raise ValueError(
+                    f"stop_token_ids has {len(self.stop_token_ids)} ids, more than "
+                    f"max_stop_token_ids = {config.max_stop_token_ids}"
+                )
+            check_ids("stop_token_ids", self.stop_token_ids)
+        if self.allowed_token_ids:
+            if len(self.allowed_token_ids) > vocab:
+                raise ValueError(
+                    f"allowed_token_ids has {len(self.allowed_token_ids)} ids, more than "
+                    f"vocab_size = {vocab}"
+                )
+            check_ids("allowed_token_ids", self.allowed_token_ids)
+        if self.bad_words_token_ids:
+            if len(self.bad_words_token_ids) > config.max_bad_words:
+                raise ValueError(
+                    f"bad_words_token_ids has {len(self.bad_words_token_ids)} words, more than "
+                    f"max_bad_words = {config.max_bad_words}"
+                )
+            total = 0
+            for i, word in enumerate(self.bad_words_token_ids):
+                if len(word) > config.max_bad_word_len:
+                    raise ValueError(
+                        f"bad_words_token_ids[{i}] has {len(word)} tokens, more than "
+                        f"max_bad_word_len = {config.max_bad_word_len}"
+                    )
+                check_ids(f"bad_words_token_ids[{i}]", word)
+                total += len(word)
+            if total > config.max_bad_words_tokens:
+                raise ValueError(
+                    f"bad_words_token_ids has {total} tokens in total, more than "
+                    f"max_bad_words_tokens = {config.max_bad_words_tokens}"
+                )

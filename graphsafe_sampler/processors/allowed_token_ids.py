@@ -1,0 +1,58 @@
+"""allowed_token_ids: every token outside the request's list becomes -inf.
+
+Each slot holds a bitmask over the vocabulary (xgrammar's layout, see `bitmask.py`), so a
+list of any length, up to the whole vocabulary, costs ceil(V/32) int32 words. Slots without
+a list (and the padding slot) have every bit set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from graphsafe_sampler.batch_state import BatchState
+from graphsafe_sampler.bitmask import BitmaskUnpacker, num_words, pack_token_ids
+from graphsafe_sampler.config import SamplerConfig
+from graphsafe_sampler.params import SamplingParams
+from graphsafe_sampler.processors.base import SlotLogitsProcessor
+
+_ALL_ALLOWED = -1  # int32 with every bit set
+
+
+class AllowedTokenIdsLogitsProcessor(SlotLogitsProcessor):
+    """Table: allowed [num_slots, ceil(V/32)] int32 bitmask (bit set = allowed)."""
+
+    def __init__(
+        self,
+        config: SamplerConfig,
+        device: torch.device,
+        is_pin_memory: bool,
+        *,
+        batch_state: BatchState | None = None,
+    ) -> None:
+        super().__init__(config, device, is_pin_memory, batch_state=batch_state)
+        self.allowed = self.staged(
+            "allowed", (num_words(config.vocab_size),), torch.int32, fill=_ALL_ALLOWED
+        )
+        self.unpacker = BitmaskUnpacker(config.vocab_size, self.device)
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def add_request(
+        self,
+        slot: int,
+        params: SamplingParams,
+        prompt_tok_ids: Sequence[int] | None,
+        output_tok_ids: Sequence[int],
+    ) -> None:
+        if params.allowed_token_ids is None:
+            self.allowed.write(slot, _ALL_ALLOWED)
+        else:
+            self.allowed.write(slot, pack_token_ids(params.allowed_token_ids, self.config.vocab_size))
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        slots = self.batch_state.slots(logits.shape[0])
+        allowed = self.unpacker.unpack(self.allowed.device[slots])  # [num_rows, V] bool
+        return logits.masked_fill_(~allowed, float("-inf"))

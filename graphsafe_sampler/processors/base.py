@@ -1,0 +1,162 @@
+"""`LogitsProcessor` (vLLM's shape) and `SlotLogitsProcessor` (its graph-safe form).
+
+The graph-safety contract for `apply` (DESIGN §5), which `graphsafe_sampler.testing`
+checks:
+
+1. no host synchronisation and no data-dependent shapes: no `.item()`, `.tolist()`,
+   `.cpu()`, `nonzero`, boolean-mask indexing, `torch.unique`, `torch.multinomial`;
+2. no Python branch on tensor values or on per-request host state (`if not self.reqs:`):
+   a captured graph keeps the branch taken at capture time forever;
+3. every tensor read across steps keeps its address: `update_state` writes state in place
+   (`StagedTensor.flush`, `copy_`), never rebinds an attribute to a new tensor;
+4. `apply` reads state for `logits.shape[0]` rows and must give padded rows (beyond the
+   batch) some finite-or-masked values without touching request state.
+
+Branches on things fixed for the life of the processor (the config, the vocabulary size,
+the logits shape) are fine: a graph is captured per shape anyway.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from graphsafe_sampler.batch_update import BatchUpdate
+from graphsafe_sampler.config import SamplerConfig
+from graphsafe_sampler.params import SamplingParams
+from graphsafe_sampler.staging import StagedTensor
+
+if TYPE_CHECKING:
+    from graphsafe_sampler.batch_state import BatchState
+
+
+class LogitsProcessor(abc.ABC):
+    """A batch-level logits processor with vLLM's interface.
+
+    graph_safe: whether `apply` meets the contract above. The sampler and the harness read
+        it; a processor that sets it False keeps the whole step out of graph capture.
+    """
+
+    graph_safe: ClassVar[bool] = True
+
+    @classmethod
+    def validate_params(cls, params: SamplingParams) -> None:  # noqa: B027 (optional hook)
+        """Raise ValueError for a request this processor cannot serve (before any state changes)."""
+
+    def __init__(self, config: SamplerConfig, device: torch.device, is_pin_memory: bool) -> None:
+        self.config = config
+        self.device = torch.device(device)
+        self.is_pin_memory = is_pin_memory
+
+    @abc.abstractmethod
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits: [num_rows, vocab_size] float32, row i = batch row i. Returns the result
+        (in place where possible)."""
+
+    @abc.abstractmethod
+    def is_argmax_invariant(self) -> bool:
+        """True if `apply` never changes which token is the argmax (then greedy rows skip it)."""
+
+    @abc.abstractmethod
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        """Apply one step's batch changes (host work and H2D copies only)."""
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor kept across steps, by attribute path (the harness checks addresses).
+
+        The default walks the instance's attributes: tensors, StagedTensors (both sides) and
+        a BatchState's tensors. Override it if state lives elsewhere.
+        """
+        return dict(_walk_state(self, prefix=""))
+
+
+def _walk_state(obj: object, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+    from graphsafe_sampler.batch_state import BatchState
+
+    for name, value in vars(obj).items():
+        path = f"{prefix}{name}"
+        if isinstance(value, torch.Tensor):
+            yield path, value
+        elif isinstance(value, StagedTensor):
+            yield f"{path}.host", value.host
+            yield f"{path}.device", value.device
+        elif isinstance(value, BatchState):
+            for key, tensor in value.state_tensors().items():
+                yield f"{path}.{key}", tensor
+
+
+class SlotLogitsProcessor(LogitsProcessor):
+    """A processor whose per-request state lives in slots of a shared `BatchState`.
+
+    Subclasses allocate their tables with `self.batch_state.staged(...)` (shape
+    `[config.num_slots, ...]`, the padding slot holding neutral values), write a new
+    request's row in `add_request` and read their rows in `apply` through
+    `self.batch_state.slots(num_rows)`. Moves in the batch then cost nothing here.
+
+    Inside a Sampler the processor shares the Sampler's BatchState (passed as
+    `batch_state=`), which calls `add_request`/`flush`/`commit`; used alone it owns one and
+    its `update_state` drives it.
+    """
+
+    def __init__(
+        self,
+        config: SamplerConfig,
+        device: torch.device,
+        is_pin_memory: bool,
+        *,
+        batch_state: BatchState | None = None,
+    ) -> None:
+        from graphsafe_sampler.batch_state import BatchState
+
+        super().__init__(config, device, is_pin_memory)
+        self._owns_batch_state = batch_state is None
+        if batch_state is None:
+            batch_state = BatchState(config, self.device, pin_memory=is_pin_memory)
+        self.batch_state = batch_state
+        self._tables: list[StagedTensor] = []
+        batch_state.register(self)
+
+    def staged(
+        self,
+        name: str,
+        row_shape: Sequence[int],
+        dtype: torch.dtype,
+        *,
+        fill: float | int = 0,
+    ) -> StagedTensor:
+        """A slot-indexed table `[num_slots, *row_shape]`, flushed with the batch state."""
+        table = self.batch_state.staged(
+            name, (self.config.num_slots, *row_shape), dtype, fill=fill
+        )
+        self._tables.append(table)
+        return table
+
+    def validate_request(self, params: SamplingParams) -> None:
+        type(self).validate_params(params)
+
+    @abc.abstractmethod
+    def add_request(
+        self,
+        slot: int,
+        params: SamplingParams,
+        prompt_tok_ids: Sequence[int] | None,
+        output_tok_ids: Sequence[int],
+    ) -> None:
+        """Host-side: write the request's parameters into row `slot` of each table."""
+
+    def flush(self) -> None:
+        for table in self._tables:
+            table.flush()
+
+    def commit(  # noqa: B027 (optional hook)
+        self, slots: torch.Tensor, token_ids: torch.Tensor, keep: torch.Tensor
+    ) -> None:
+        """Graph-safe hook run when rows commit tokens; most processors need none."""
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if self._owns_batch_state:
+            self.batch_state.update(batch_update)
+        # A shared BatchState was already updated by its owner, which called add_request.

@@ -1,0 +1,58 @@
+"""logit_bias: `logits[token] += bias` for up to `max_logit_bias_tokens` tokens a request."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from graphsafe_sampler.batch_state import BatchState
+from graphsafe_sampler.config import SamplerConfig
+from graphsafe_sampler.params import SamplingParams
+from graphsafe_sampler.processors.base import SlotLogitsProcessor
+
+
+class LogitBiasLogitsProcessor(SlotLogitsProcessor):
+    """Sparse tables: bias_ids [num_slots, C] int32 and bias_values [num_slots, C] float32,
+    C = max_logit_bias_tokens; unused entries are (token 0, +0.0)."""
+
+    def __init__(
+        self,
+        config: SamplerConfig,
+        device: torch.device,
+        is_pin_memory: bool,
+        *,
+        batch_state: BatchState | None = None,
+    ) -> None:
+        super().__init__(config, device, is_pin_memory, batch_state=batch_state)
+        self.capacity = config.max_logit_bias_tokens
+        self.bias_ids = self.staged("bias_ids", (self.capacity,), torch.int32)
+        self.bias_values = self.staged("bias_values", (self.capacity,), torch.float32)
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def add_request(
+        self,
+        slot: int,
+        params: SamplingParams,
+        prompt_tok_ids: Sequence[int] | None,
+        output_tok_ids: Sequence[int],
+    ) -> None:
+        ids = np.zeros(self.capacity, dtype=np.int32)
+        values = np.zeros(self.capacity, dtype=np.float32)
+        if params.logit_bias:
+            n = len(params.logit_bias)
+            ids[:n] = list(params.logit_bias.keys())
+            values[:n] = list(params.logit_bias.values())
+        self.bias_ids.write(slot, ids)
+        self.bias_values.write(slot, values)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        slots = self.batch_state.slots(logits.shape[0])  # [num_rows]
+        ids = self.bias_ids.device[slots].long()  # [num_rows, C]
+        values = self.bias_values.device[slots]  # [num_rows, C]
+        # Keys are unique per request and unused entries add +0.0, so the sum is exact in
+        # any order: x + b + 0.0 == x + b.
+        return logits.scatter_add_(1, ids, values)

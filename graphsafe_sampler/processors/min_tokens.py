@@ -1,0 +1,69 @@
+"""min_tokens: stop tokens and EOS are -inf while fewer than min_tokens tokens exist.
+
+As in vLLM, the config's EOS is masked whatever `ignore_eos` says (that flag concerns the
+engine's stopping only). The generated-token count is the BatchState's device-side
+`num_generated`, advanced by commits inside the graph, never read on the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from graphsafe_sampler.batch_state import BatchState
+from graphsafe_sampler.config import SamplerConfig
+from graphsafe_sampler.params import SamplingParams
+from graphsafe_sampler.processors.base import SlotLogitsProcessor
+
+
+class MinTokensLogitsProcessor(SlotLogitsProcessor):
+    """Tables: min_tokens [num_slots] int32 (0 = inactive), stop_ids [num_slots, C] int32
+    with C = max_stop_token_ids + 1 (room for EOS)."""
+
+    def __init__(
+        self,
+        config: SamplerConfig,
+        device: torch.device,
+        is_pin_memory: bool,
+        *,
+        batch_state: BatchState | None = None,
+    ) -> None:
+        super().__init__(config, device, is_pin_memory, batch_state=batch_state)
+        self.capacity = config.max_stop_token_ids + 1
+        self.min_tokens = self.staged("min_tokens", (), torch.int32)
+        self.stop_ids = self.staged("stop_ids", (self.capacity,), torch.int32)
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def add_request(
+        self,
+        slot: int,
+        params: SamplingParams,
+        prompt_tok_ids: Sequence[int] | None,
+        output_tok_ids: Sequence[int],
+    ) -> None:
+        ids = list(params.stop_token_ids or ())
+        if self.config.eos_token_id is not None:
+            ids.append(self.config.eos_token_id)
+        if params.min_tokens == 0 or not ids:
+            self.min_tokens.write(slot, 0)
+            self.stop_ids.write(slot, 0)
+            return
+        # Unused entries repeat the first id: every write to a token in `apply` then
+        # carries the same value, so duplicate scatter indices cannot race.
+        row = np.full(self.capacity, ids[0], dtype=np.int32)
+        row[: len(ids)] = ids
+        self.min_tokens.write(slot, params.min_tokens)
+        self.stop_ids.write(slot, row)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        slots = self.batch_state.slots(logits.shape[0])  # [num_rows]
+        generated = self.batch_state.num_generated.device[slots]
+        active = generated < self.min_tokens.device[slots]  # [num_rows] bool
+        ids = self.stop_ids.device[slots].long()  # [num_rows, C]
+        current = logits.gather(1, ids)
+        masked = torch.where(active[:, None], float("-inf"), current)
+        return logits.scatter_(1, ids, masked)

@@ -1,0 +1,171 @@
+"""`StagedTensor`: a fixed-capacity device tensor fed from the host without syncs.
+
+Layout: an authoritative host copy (`host`, a plain CPU tensor the host writes freely), a
+ring of pinned staging buffers, and the device tensor (`device`) whose address never changes.
+`flush()` sends the rows written since the last flush:
+
+- the changed rows are gathered from `host` into the next pinned buffer of the ring, and
+  copied to the device with `non_blocking=True`; when only some rows changed, rows and their
+  indices travel packed and one `index_copy_` scatters them (no host sync, one launch);
+- each pinned buffer carries the CUDA event of its last copy: before the host fills it again
+  it waits on that event, so a host write never touches pinned memory that an enqueued copy
+  still reads. With a ring of 2, the host runs one step ahead of the device at no cost.
+
+Rows the device itself updates (counters, histories) are only overwritten where the host
+marked them dirty, so a flush never clobbers device progress in other rows.
+
+Without an accelerator, pinned memory cannot be allocated (torch raises): the staging ring
+degrades to plain CPU tensors and the flush to a plain copy, with the same row semantics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+# Up to this many dirty rows travel packed with an index_copy_; more than half the rows
+# go as one contiguous copy of the whole tensor.
+_DENSE_FRACTION = 0.5
+
+
+def pin_memory_available() -> bool:
+    """Whether pinned host memory can be allocated here (needs an accelerator)."""
+    return torch.cuda.is_available()
+
+
+class StagedTensor:
+    """A device tensor of fixed shape `[rows, *row_shape]` written row-wise from the host.
+
+    host: the authoritative host copy; write it through `write`/`fill_rows` or by indexing
+        `host`/`np` and calling `mark_dirty(rows)`.
+    device: the device tensor; its `data_ptr` is fixed for the life of the object.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        shape: Sequence[int],
+        dtype: torch.dtype,
+        device: torch.device | str,
+        *,
+        fill: float | int = 0,
+        pin_memory: bool | None = None,
+        ring: int = 2,
+    ) -> None:
+        if len(shape) < 1 or any(s < 1 for s in shape):
+            raise ValueError(f"{name}: shape must be non-empty with positive sizes, got {shape}")
+        if ring < 1:
+            raise ValueError(f"{name}: ring must be >= 1, got {ring}")
+        self.name = name
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = dtype
+        self.fill = fill
+        device = torch.device(device)
+        if pin_memory is None:
+            pin_memory = device.type == "cuda" and pin_memory_available()
+        self.pin_memory = bool(pin_memory)
+        self.host = torch.full(self.shape, fill, dtype=dtype)
+        # numpy view of `host` (same memory) for cheap host-side writes.
+        self.np: np.ndarray = self.host.numpy()
+        self.device = torch.full(self.shape, fill, dtype=dtype, device=device)
+        self._async = self.device.device.type != "cpu"
+        rows = self.shape[0]
+        # The staging ring and the device landing area for packed rows only exist where the
+        # copy is asynchronous; on a CPU device the flush copies host -> device directly.
+        ring = ring if self._async else 0
+        self._staging = [
+            torch.empty(self.shape, dtype=dtype, pin_memory=self.pin_memory) for _ in range(ring)
+        ]
+        self._staging_index = [
+            torch.empty(rows, dtype=torch.int64, pin_memory=self.pin_memory) for _ in range(ring)
+        ]
+        self._events: list[torch.cuda.Event | None] = [None] * ring
+        self._next = 0
+        if self._async:
+            self._packed_rows = torch.empty(self.shape, dtype=dtype, device=device)
+            self._packed_index = torch.empty(rows, dtype=torch.int64, device=device)
+        self._dirty = np.zeros(rows, dtype=bool)
+
+    def __repr__(self) -> str:
+        return (
+            f"StagedTensor({self.name!r}, shape={self.shape}, dtype={self.dtype}, "
+            f"device={self.device.device}, pinned={self.pin_memory})"
+        )
+
+    @property
+    def num_rows(self) -> int:
+        return self.shape[0]
+
+    def mark_dirty(self, rows: int | Sequence[int] | np.ndarray | slice) -> None:
+        self._dirty[rows] = True
+
+    def has_pending(self) -> bool:
+        return bool(self._dirty.any())
+
+    def write(self, row: int, value: object) -> None:
+        """host[row] = value (broadcast as numpy does) and mark the row dirty."""
+        self.np[row] = value
+        self._dirty[row] = True
+
+    def fill_rows(self, rows: int | Sequence[int] | np.ndarray | slice, value: object) -> None:
+        self.np[rows] = value
+        self._dirty[rows] = True
+
+    def copy_rows(self, dst: Sequence[int] | np.ndarray, src: Sequence[int] | np.ndarray) -> None:
+        """host[dst] = host[src] (all sources read before any write), marking dst dirty."""
+        self.np[np.asarray(dst)] = self.np[np.asarray(src)]
+        self._dirty[np.asarray(dst)] = True
+
+    def reset(self) -> None:
+        """Every row back to the fill value, on host and device (a full flush)."""
+        self.np[...] = self.fill
+        self._dirty[:] = True
+        self.flush()
+
+    def _take_buffer(self) -> tuple[torch.Tensor, torch.Tensor]:
+        k = self._next
+        self._next = (k + 1) % len(self._staging)
+        event = self._events[k]
+        if event is not None:
+            # The copy that last read this buffer was enqueued `ring` flushes ago.
+            event.synchronize()
+        return self._staging[k], self._staging_index[k]
+
+    def _record(self) -> None:
+        if self._async and self.pin_memory:
+            k = (self._next - 1) % len(self._staging)
+            event = torch.cuda.Event()
+            event.record()
+            self._events[k] = event
+
+    def flush(self) -> None:
+        """Send the dirty rows to the device (non-blocking); no-op when none are dirty."""
+        dirty = np.flatnonzero(self._dirty)
+        n = int(dirty.size)
+        if n == 0:
+            return
+        self._dirty[:] = False
+        if not self._async:
+            # CPU device: a plain copy, same rows, same semantics.
+            if n == self.num_rows:
+                self.device.copy_(self.host)
+            else:
+                index = torch.from_numpy(dirty)
+                self.device.index_copy_(0, index, self.host.index_select(0, index))
+            return
+        rows, index = self._take_buffer()
+        if n > _DENSE_FRACTION * self.num_rows:
+            rows.copy_(self.host)
+            self.device.copy_(rows, non_blocking=True)
+        else:
+            index_np = torch.from_numpy(dirty)
+            torch.index_select(self.host, 0, index_np, out=rows[:n])
+            index[:n].copy_(index_np)
+            packed_rows = self._packed_rows[:n]
+            packed_index = self._packed_index[:n]
+            packed_rows.copy_(rows[:n], non_blocking=True)
+            packed_index.copy_(index[:n], non_blocking=True)
+            self.device.index_copy_(0, packed_index, packed_rows)
+        self._record()

@@ -1,0 +1,1 @@
+"""Triton kernels, installed as `graphsafe_sampler.kernels` (one concern per file)."""
