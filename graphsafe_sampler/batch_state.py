@@ -99,8 +99,9 @@ class BatchState:
         self.pin_memory = pin_memory
         self.max_num_reqs = config.max_num_reqs
         self.padding_slot = config.padding_slot
-        self.row_to_slot = self.staged("row_to_slot", (config.max_num_reqs,), torch.int32,
-                                       fill=self.padding_slot)
+        self.row_to_slot = self.staged(
+            "row_to_slot", (config.max_num_reqs,), torch.int32, fill=self.padding_slot
+        )
         self.num_generated = self.staged("num_generated", (config.num_slots,), torch.int32)
         # Lowest free slot first, so that a busy batch keeps its state compact.
         self._free_slots = list(range(config.max_num_reqs))
@@ -158,9 +159,7 @@ class BatchState:
         vocab = self.config.vocab_size
         for i, added in enumerate(batch_update.added):
             if not isinstance(added, tuple) or len(added) != 4:
-                raise TypeError(
-                    f"added[{i}] must be (row, params, prompt_tok_ids, output_tok_ids)"
-                )
+                raise TypeError(f"added[{i}] must be (row, params, prompt_tok_ids, output_tok_ids)")
             row, params, prompt, output = added
             row = _check_row(f"added[{i}] row", row, limit)
             if not isinstance(params, SamplingParams):

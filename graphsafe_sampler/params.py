@@ -161,9 +161,7 @@ class SamplingParams:
         def check_ids(name: str, ids: list[int]) -> None:
             for i, tok in enumerate(ids):
                 if tok >= vocab:
-                    raise ValueError(
-                        f"{name}[{i}] = {tok} is outside the vocabulary [0, {vocab})"
-                    )
+                    raise ValueError(f"{name}[{i}] = {tok} is outside the vocabulary [0, {vocab})")
 
         if self.logprobs is not None and self.logprobs > config.max_num_logprobs:
             raise ValueError(

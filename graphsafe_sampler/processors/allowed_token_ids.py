@@ -50,7 +50,9 @@ class AllowedTokenIdsLogitsProcessor(SlotLogitsProcessor):
         if params.allowed_token_ids is None:
             self.allowed.write(slot, _ALL_ALLOWED)
         else:
-            self.allowed.write(slot, pack_token_ids(params.allowed_token_ids, self.config.vocab_size))
+            self.allowed.write(
+                slot, pack_token_ids(params.allowed_token_ids, self.config.vocab_size)
+            )
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         slots = self.batch_state.slots(logits.shape[0])

@@ -43,8 +43,9 @@ class LogitsProcessor(abc.ABC):
     graph_safe: ClassVar[bool] = True
 
     @classmethod
-    def validate_params(cls, params: SamplingParams) -> None:  # noqa: B027 (optional hook)
-        """Raise ValueError for a request this processor cannot serve (before any state changes)."""
+    def validate_params(cls, params: SamplingParams) -> None:
+        """Raise ValueError for a request this processor cannot serve (before any change)."""
+        return None
 
     def __init__(self, config: SamplerConfig, device: torch.device, is_pin_memory: bool) -> None:
         self.config = config
@@ -128,9 +129,7 @@ class SlotLogitsProcessor(LogitsProcessor):
         fill: float | int = 0,
     ) -> StagedTensor:
         """A slot-indexed table `[num_slots, *row_shape]`, flushed with the batch state."""
-        table = self.batch_state.staged(
-            name, (self.config.num_slots, *row_shape), dtype, fill=fill
-        )
+        table = self.batch_state.staged(name, (self.config.num_slots, *row_shape), dtype, fill=fill)
         self._tables.append(table)
         return table
 
@@ -151,9 +150,7 @@ class SlotLogitsProcessor(LogitsProcessor):
         for table in self._tables:
             table.flush()
 
-    def commit(  # noqa: B027 (optional hook)
-        self, slots: torch.Tensor, token_ids: torch.Tensor, keep: torch.Tensor
-    ) -> None:
+    def commit(self, slots: torch.Tensor, token_ids: torch.Tensor, keep: torch.Tensor) -> None:
         """Graph-safe hook run when rows commit tokens; most processors need none."""
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:

@@ -26,7 +26,7 @@ def _check_class(obj: object, name: str) -> type[LogitsProcessor]:
 
 
 def resolve_qualname(spec: str) -> type[LogitsProcessor]:
-    """"package.module:Qual.Name" -> the class it names."""
+    """ "package.module:Qual.Name" -> the class it names."""
     module_name, sep, qualname = spec.partition(":")
     if not sep or not module_name or not qualname:
         raise ValueError(

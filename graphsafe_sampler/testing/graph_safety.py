@@ -1,0 +1,289 @@
+"""`check_graph_safety`: the proof of DESIGN §5 for any processor (and, later, the Sampler).
+
+One call runs four checks over a random sequence of persistent-batch states:
+
+1. **no sync ops**: every eager step runs under `SyncOpDetector`;
+2. **fixed addresses**: every state tensor's `data_ptr` is the same after each update;
+3. **trace once, replay anywhere**: `make_fx` traces `fn` once under the first state (module
+   tensors are kept by reference, Python branches are baked in: the CPU analogue of a CUDA
+   graph); after each later update the replay must equal eager bit for bit, outputs and the
+   state the step leaves behind;
+4. **compiles once**: `torch.compile(fn, fullgraph=True)` gives no graph break, matches eager,
+   and is not recompiled as the batch churns.
+
+On CUDA the same driver also captures `fn` in a real `torch.cuda.CUDAGraph` and replays it
+after each update under `torch.cuda.set_sync_debug_mode("error")`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import _pytree as pytree
+
+from graphsafe_sampler.config import SamplerConfig
+from graphsafe_sampler.testing.batch_driver import BatchDriver, MakeParams, random_sampling_params
+from graphsafe_sampler.testing.sync_detector import GraphSafetyError, SyncOpDetector
+
+MakeLogits = Callable[[int, torch.Generator], torch.Tensor]
+Advance = Callable[[BatchDriver, Any], None]
+
+
+@dataclass(frozen=True)
+class GraphSafetyReport:
+    """What a passing `check_graph_safety` run covered."""
+
+    steps: int
+    state_tensors: int
+    compiled: bool
+    compile_frames: int
+    cuda_graph: bool
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    leaves = pytree.tree_leaves(out)
+    if any(not isinstance(leaf, torch.Tensor) for leaf in leaves if leaf is not None):
+        raise TypeError("fn must return tensors or a pytree (tuple/list/dict) of tensors")
+    return [leaf for leaf in leaves if leaf is not None]
+
+
+def _compare(what: str, expected: Any, actual: Any, *, exact: bool) -> None:
+    exp, act = _tensors(expected), _tensors(actual)
+    if len(exp) != len(act):
+        raise GraphSafetyError(f"{what}: {len(act)} outputs, eager gave {len(exp)}")
+    for i, (e, a) in enumerate(zip(exp, act, strict=True)):
+        try:
+            if exact or not e.is_floating_point():
+                torch.testing.assert_close(a, e, rtol=0, atol=0, equal_nan=True)
+            else:
+                torch.testing.assert_close(a, e, equal_nan=True)
+        except AssertionError as exc:
+            raise GraphSafetyError(f"{what}: output {i} differs from eager: {exc}") from None
+
+
+def _compare_state(
+    what: str, expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor]
+) -> None:
+    for name, e in expected.items():
+        if not torch.equal(actual[name], e) and not (
+            e.is_floating_point() and torch.allclose(actual[name], e, equal_nan=True)
+        ):
+            raise GraphSafetyError(f"{what}: state tensor {name!r} differs from eager's")
+
+
+def default_logits(config: SamplerConfig, device: torch.device) -> MakeLogits:
+    """Fresh random float32 logits with spread (never zeros)."""
+
+    def make(num_rows: int, gen: torch.Generator) -> torch.Tensor:
+        cpu = torch.randn(num_rows, config.vocab_size, generator=gen) * 4.0
+        return cpu.to(device)
+
+    return make
+
+
+class _StateTensors:
+    def __init__(self, target: Any) -> None:
+        if not hasattr(target, "state_tensors"):
+            raise TypeError(f"{type(target).__name__} has no state_tensors() to check")
+        self.target = target
+        self.tensors: dict[str, torch.Tensor] = dict(target.state_tensors())
+        self.ptrs = {name: t.data_ptr() for name, t in self.tensors.items()}
+
+    def check_addresses(self, step: int) -> None:
+        now = dict(self.target.state_tensors())
+        if now.keys() != self.tensors.keys():
+            added = sorted(now.keys() - self.tensors.keys())
+            gone = sorted(self.tensors.keys() - now.keys())
+            raise GraphSafetyError(
+                f"step {step}: the set of state tensors changed (new {added}, gone {gone})"
+            )
+        for name, tensor in now.items():
+            if tensor.data_ptr() != self.ptrs[name] or tensor is not self.tensors[name]:
+                raise GraphSafetyError(
+                    f"step {step}: state tensor {name!r} was reallocated by update_state "
+                    "(update state in place; a captured graph keeps the old address)"
+                )
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        return {name: t.clone() for name, t in self.tensors.items()}
+
+    def restore(self, snap: dict[str, torch.Tensor]) -> None:
+        for name, t in self.tensors.items():
+            t.copy_(snap[name])
+
+
+def _default_fn(target: Any) -> Callable[[torch.Tensor], Any]:
+    from graphsafe_sampler.processors.base import LogitsProcessor
+
+    if isinstance(target, LogitsProcessor):
+        return target.apply
+    if hasattr(target, "forward"):
+        return target.forward
+    raise TypeError(f"cannot tell what to trace on {type(target).__name__}: pass fn=")
+
+
+def _default_advance(target: Any) -> Advance | None:
+    """Standalone slot processors: commit a random token per row, as a sampler would."""
+    from graphsafe_sampler.processors.base import SlotLogitsProcessor
+
+    if not (isinstance(target, SlotLogitsProcessor) and target._owns_batch_state):
+        return None
+
+    def advance(driver: BatchDriver, out: Any) -> None:
+        num_rows = driver.config.max_num_reqs
+        tokens = [driver.rng.randrange(driver.config.vocab_size) for _ in range(num_rows)]
+        device = target.batch_state.device
+        target.batch_state.commit(torch.tensor(tokens, device=device))
+        driver.record_tokens(tokens)
+
+    return advance
+
+
+def check_graph_safety(
+    target: Any,
+    *,
+    fn: Callable[[torch.Tensor], Any] | None = None,
+    num_steps: int = 50,
+    num_rows: int | None = None,
+    seed: int = 0,
+    make_params: MakeParams = random_sampling_params,
+    make_logits: MakeLogits | None = None,
+    advance: Advance | None = None,
+    compile: bool = True,
+    cuda_graph: bool | None = None,
+) -> GraphSafetyReport:
+    """Prove `fn` (default `target.apply` / `target.forward`) graph-safe over `num_steps`
+    random batch states; raises GraphSafetyError naming the first rule broken.
+
+    target: has `config` (SamplerConfig), `device`, `update_state(BatchUpdate | None)` and
+        `state_tensors() -> dict[str, Tensor]`; `graph_safe = False` fails at once.
+    num_rows: logits rows per step (default `max_num_reqs`: rows past the batch are padding).
+    advance: called after each step with the driver and eager's output, e.g. to commit
+        tokens; standalone slot processors get one that commits random tokens.
+    cuda_graph: also capture a real CUDA graph (default: when the target is on CUDA).
+    """
+    if not getattr(target, "graph_safe", True):
+        raise GraphSafetyError(
+            f"{type(target).__name__} declares graph_safe = False: its step cannot be captured"
+        )
+    config: SamplerConfig = target.config
+    device = torch.device(getattr(target, "device", "cpu"))
+    fn = fn if fn is not None else _default_fn(target)
+    num_rows = config.max_num_reqs if num_rows is None else num_rows
+    make_logits = make_logits or default_logits(config, device)
+    if advance is None:
+        advance = _default_advance(target)
+    gen = torch.Generator().manual_seed(seed)
+    driver = BatchDriver(config, seed=seed, make_params=make_params)
+
+    target.update_state(driver.next_update())
+    state = _StateTensors(target)
+
+    def run(f: Callable[[torch.Tensor], Any], logits: torch.Tensor) -> Any:
+        return f(logits.clone())
+
+    before = state.snapshot()
+    traced = make_fx(lambda x: fn(x))(make_logits(num_rows, gen))
+    state.restore(before)
+
+    compiled = None
+    counter = None
+    if compile:
+        from torch._dynamo.testing import CompileCounterWithBackend
+
+        torch._dynamo.reset()
+        counter = CompileCounterWithBackend("inductor")
+        compiled = torch.compile(fn, fullgraph=True, backend=counter)
+
+    graph = None
+    if cuda_graph is None:
+        cuda_graph = device.type == "cuda"
+    if cuda_graph:
+        graph = _CudaGraphRunner(fn, state, make_logits(num_rows, gen))
+
+    for step in range(num_steps):
+        if step:
+            target.update_state(driver.next_update())
+        state.check_addresses(step)
+        logits = make_logits(num_rows, gen)
+        before = state.snapshot()
+        with SyncOpDetector(f"step {step}"):
+            eager = run(fn, logits)
+        after = state.snapshot()
+
+        state.restore(before)
+        _compare(f"step {step}: make_fx replay", eager, run(traced, logits), exact=True)
+        _compare_state(f"step {step}: make_fx replay", after, state.snapshot())
+
+        if compiled is not None:
+            state.restore(before)
+            _compare(f"step {step}: torch.compile", eager, run(compiled, logits), exact=False)
+            _compare_state(f"step {step}: torch.compile", after, state.snapshot())
+        if graph is not None:
+            state.restore(before)
+            _compare(f"step {step}: CUDA graph replay", eager, graph.replay(logits), exact=True)
+            _compare_state(f"step {step}: CUDA graph replay", after, state.snapshot())
+        state.restore(after)
+        if advance is not None:
+            advance(driver, eager)
+
+    frames = counter.frame_count if counter is not None else 0
+    if counter is not None and frames != 1:
+        raise GraphSafetyError(
+            f"torch.compile compiled {frames} times over {num_steps} batch states "
+            "(guards on host state: something in fn reads per-request Python state)"
+        )
+    return GraphSafetyReport(
+        steps=num_steps,
+        state_tensors=len(state.tensors),
+        compiled=compile,
+        compile_frames=frames,
+        cuda_graph=graph is not None,
+    )
+
+
+class _CudaGraphRunner:
+    """A real CUDA graph of `fn` on a static input, replayed under sync debug mode "error"."""
+
+    def __init__(
+        self, fn: Callable[[torch.Tensor], Any], state: _StateTensors, example: torch.Tensor
+    ) -> None:
+        self.static_input = example.clone()
+        snap = state.snapshot()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up: lazy inits and allocator pools outside the capture
+                fn(self.static_input.clone())
+                state.restore(snap)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.static_output = fn(self.static_input)
+        state.restore(snap)
+        torch.cuda.synchronize()
+
+    def replay(self, logits: torch.Tensor) -> Any:
+        self.static_input.copy_(logits)
+        previous = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            self.graph.replay()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+        return pytree.tree_map(
+            lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self.static_output
+        )
+
+
+def state_fingerprint(targets: Sequence[Any]) -> dict[str, torch.Tensor]:
+    """Clones of every state tensor of `targets` (to prove a rejected update changed nothing)."""
+    out = {}
+    for i, target in enumerate(targets):
+        for name, tensor in target.state_tensors().items():
+            out[f"{i}.{name}"] = tensor.clone()
+    return out
