@@ -55,6 +55,8 @@ class BatchUpdateBuilder:
 
     @property
     def removed(self) -> list[int]:
+        """Removed rows, highest first (vLLM's order); reading them closes `removed_append`."""
+        self._sort_removed()
         return self._removed
 
     def _sort_removed(self) -> None:
@@ -65,7 +67,10 @@ class BatchUpdateBuilder:
 
     def removed_append(self, index: int) -> None:
         if self._removed_sorted:
-            raise RuntimeError("cannot register a new removed row after pop_removed()")
+            raise RuntimeError(
+                "cannot register a new removed row after removed, peek_removed() or "
+                "pop_removed() was read in this step"
+            )
         self._removed.append(index)
 
     def has_removed(self) -> bool:
@@ -94,6 +99,8 @@ class BatchUpdateBuilder:
 
     def get_and_reset(self, batch_size: int) -> BatchUpdate | None:
         if not (self._removed or self.added or self.moved):
+            # Still reset: a pop_removed() that emptied the list left removed_append closed.
+            self.reset()
             return None
         update = BatchUpdate(
             batch_size=batch_size,

@@ -6,8 +6,8 @@ preallocated from it and never grow (DESIGN §1). The capacities are per request
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Literal
 
 LogprobsMode = Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
@@ -51,6 +51,8 @@ class SamplerConfig:
 
     max_num_reqs: int
     vocab_size: int
+    # DESIGN §3: everything after vocab_size is keyword-only.
+    _: KW_ONLY
     max_num_logprobs: int = 0
     logprobs_mode: LogprobsMode = "raw_logprobs"
     eos_token_id: int | None = None
@@ -98,6 +100,14 @@ class SamplerConfig:
             _positive(name, getattr(self, name))
         if self.seed is not None:
             _positive("seed", self.seed, minimum=0)
+        # A lone "module:QualName" string is iterable too; tuple() would split it into characters.
+        if isinstance(self.logits_processors, (str, bytes)) or not isinstance(
+            self.logits_processors, Iterable
+        ):
+            raise TypeError(
+                "logits_processors must be a sequence of classes or 'module:QualName' strings, "
+                f"got {type(self.logits_processors).__name__}"
+            )
         # A tuple, so that a frozen config cannot change under a live sampler.
         object.__setattr__(self, "logits_processors", tuple(self.logits_processors))
 

@@ -30,12 +30,15 @@ def _check_int(name: str, value: object) -> int:
 
 
 def _check_float(name: str, value: object) -> float:
+    # NaN passes here on purpose: every caller's range check is written `not lo <= x <= hi`,
+    # which rejects NaN with a message that names the limit.
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    value = float(value)
-    if math.isnan(value):
-        raise ValueError(f"{name} must not be NaN")
-    return value
+    try:
+        return float(value)
+    except OverflowError:
+        # an int beyond float range (float(10**400)); still a ValueError naming the field.
+        raise ValueError(f"{name} must be a finite float, got {value}") from None
 
 
 def _check_token_ids(name: str, ids: object) -> list[int]:
@@ -124,7 +127,7 @@ class SamplingParams:
                 if tok < 0:
                     raise ValueError(f"logit_bias key must be a token id >= 0, got {tok}")
                 value = _check_float(f"logit_bias[{tok}]", value)
-                if math.isinf(value):
+                if not math.isfinite(value):
                     raise ValueError(f"logit_bias[{tok}] must be finite, got {value}")
                 bias[tok] = value
             self.logit_bias = bias

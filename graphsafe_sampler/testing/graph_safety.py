@@ -186,8 +186,15 @@ def check_graph_safety(
     def run(f: Callable[[torch.Tensor], Any], logits: torch.Tensor) -> Any:
         return f(logits.clone())
 
+    # The sync rule first: a host read also breaks tracing, with a less telling message.
     before = state.snapshot()
-    traced = make_fx(lambda x: fn(x))(make_logits(num_rows, gen))
+    with SyncOpDetector("first step"):
+        run(fn, make_logits(num_rows, gen))
+    state.restore(before)
+    try:
+        traced = make_fx(lambda x: fn(x))(make_logits(num_rows, gen))
+    except Exception as exc:
+        raise GraphSafetyError(f"make_fx could not trace fn: {exc}") from exc
     state.restore(before)
 
     compiled = None

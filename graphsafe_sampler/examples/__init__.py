@@ -1,0 +1,1 @@
+"""Worked examples of custom processors written with the public helpers."""

@@ -1,0 +1,78 @@
+"""vLLM's documentation example, rewritten graph-safe.
+
+vLLM's `DummyLogitsProcessor` keeps only `extra_args["target_token"]` for the requests that
+set it. Its apply starts with `if not self.req_info: return logits` and builds index tensors
+from a dict on every step: both are baked into a captured graph, which then serves the wrong
+rows once the batch changes. Here the target lives in a slot table (-1 = no target), so
+`apply` is the same few ops whatever the batch holds.
+
+Load it by class, as "graphsafe_sampler.examples.target_token:TargetTokenLogitsProcessor",
+or through the `graphsafe_sampler.logits_processors` entry-point group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from graphsafe_sampler.batch_state import BatchState
+from graphsafe_sampler.config import SamplerConfig
+from graphsafe_sampler.params import SamplingParams
+from graphsafe_sampler.processors.base import SlotLogitsProcessor
+
+_NO_TARGET = -1
+
+
+class TargetTokenLogitsProcessor(SlotLogitsProcessor):
+    """Table: target [num_slots] int32, the only token a request may produce (-1 = any)."""
+
+    @classmethod
+    def validate_params(cls, params: SamplingParams) -> None:
+        target = (params.extra_args or {}).get("target_token")
+        if target is not None and (isinstance(target, bool) or not isinstance(target, int)):
+            raise ValueError(
+                f"extra_args['target_token'] must be an int token id, got {target!r}"
+            )
+        if target is not None and target < 0:
+            raise ValueError(f"extra_args['target_token'] must be >= 0, got {target}")
+
+    def __init__(
+        self,
+        config: SamplerConfig,
+        device: torch.device,
+        is_pin_memory: bool,
+        *,
+        batch_state: BatchState | None = None,
+    ) -> None:
+        super().__init__(config, device, is_pin_memory, batch_state=batch_state)
+        self.target = self.staged("target", (), torch.int32, fill=_NO_TARGET)
+        self.token_ids = torch.arange(config.vocab_size, device=self.device)  # [V]
+
+    def validate_request(self, params: SamplingParams) -> None:
+        super().validate_request(params)
+        target = (params.extra_args or {}).get("target_token")
+        if target is not None and target >= self.config.vocab_size:
+            raise ValueError(
+                f"extra_args['target_token'] = {target} is outside the vocabulary "
+                f"[0, {self.config.vocab_size})"
+            )
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def add_request(
+        self,
+        slot: int,
+        params: SamplingParams,
+        prompt_tok_ids: Sequence[int] | None,
+        output_tok_ids: Sequence[int],
+    ) -> None:
+        target = (params.extra_args or {}).get("target_token")
+        self.target.write(slot, _NO_TARGET if target is None else target)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        slots = self.batch_state.slots(logits.shape[0])
+        target = self.target.device[slots].long()[:, None]  # [num_rows, 1]
+        keep = (target == _NO_TARGET) | (self.token_ids == target)  # [num_rows, V]
+        return logits.masked_fill_(~keep, float("-inf"))

@@ -1,0 +1,1 @@
+"""Graph-safe tensor operations of the PyTorch backend (the reference the Triton kernels match)."""

@@ -1,0 +1,231 @@
+"""Counter-based random numbers: every draw is a pure function of (seed, position, token id, salt).
+
+No `torch.Generator`, no global state, no host reads: a row's numbers depend only on its
+request's seed and token position, never on its batch row, its neighbours or the batch size,
+and replaying a captured graph draws fresh numbers because the positions advance on the device.
+
+The algorithm (all arithmetic is on unsigned 32-bit words: `*` and `+` wrap mod 2**32, `>>`
+is a logical shift). A Triton kernel re-implements it with `tl.uint32` and must match the
+hashes and uniforms bit for bit (`tests/test_rng.py` holds known-answer vectors).
+
+    fmix32(x):                      # MurmurHash3's 32-bit finaliser, a bijection
+        x ^= x >> 16;  x *= 0x85EBCA6B
+        x ^= x >> 13;  x *= 0xC2B2AE35
+        x ^= x >> 16
+
+    Row key, from seed (64-bit) and position (64-bit) split into low/high words, and salt:
+        words  = [seed_lo, seed_hi, pos_lo, pos_hi, salt]
+        offset = 0x243F6A88         # two lanes, first 64 bits of pi's fraction:
+        mult   = 0x85A308D3         # nothing up the sleeve
+        for w in words:
+            offset = fmix32(offset ^ w)
+            mult   = fmix32(mult + w)
+        mult |= 1                   # odd, so token -> counter below is a bijection
+        key (int64) = bits of the uint64 (mult << 32) | offset
+
+    Token hash, for token id t (uint32; t = 0xFFFFFFFF is the per-row draw):
+        h = fmix32(t * mult + offset)
+
+    Uniform (23 bits, exact in fp32, strictly inside (0, 1)):
+        u = float(h >> 9) * 2**-23 + 2**-24          # in [2**-24, 1 - 2**-24]
+
+    Exponential (the full 32 bits; see `exponential`):
+        f = clamp(float_rn(h), 0.5, 2**32 - 256)     # fp32, round to nearest even
+        e = -log1p(-f * 2**-32)                      # in [2**-33, 16.64], never 0 or inf
+
+Why these choices:
+- The row key carries 63 bits (offset and an odd multiplier), so two (seed, position, salt)
+  triples give identical or shifted token rows only with probability about 2**-45, where a
+  single 32-bit key would make whole rows collide at 2**-32 (a long request covers 2**20
+  positions, enough for birthday collisions). The key costs 10 fmix32 per row, nothing per token.
+- Per token the counter `t * mult + offset` is a Weyl sequence through fmix32 (SplitMix-style):
+  1 multiply-add plus fmix32 = 7 uint32 ops in Triton; here, emulated in int64 with a mask
+  after each multiply and add, 13 integer ops, then 4 for the uniform (shift, convert,
+  multiply, add): 17 elementwise ops per token, fused by torch.compile into one loop.
+- `((h >> 8) + 0.5) * 2**-24` is NOT exact in fp32: above 2**23 the `+ 0.5` rounds (to even),
+  and h >> 8 = 2**24 - 1 gives exactly 1.0. Odd multiples of 2**-24 are the largest grid that
+  fp32 holds exactly, is symmetric about 1/2 (u and 1 - u are both exact) and excludes 0 and 1.
+- Emulating uint32 in int64: every value is kept in [0, 2**32) (masked), so the arithmetic
+  right shift of int64 equals the logical one. Multipliers >= 2**31 are applied as their
+  negative two's complement twin (C - 2**32): the product stays inside int64 (no signed
+  overflow, which is undefined behaviour in the C++ that eager and inductor run) and its low
+  32 bits are the same.
+
+The streams (salts) keep the consumers of one (seed, position) independent of one another.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SALT_SAMPLE = 0
+"""Sampling the next token: the exponential race over the vocabulary."""
+SALT_ACCEPT = 1
+"""Speculative decoding: the uniform that accepts or rejects a draft token."""
+SALT_RECOVER = 2
+"""Speculative decoding: sampling the recovered token after a rejected draft."""
+SALT_BONUS = 3
+"""Speculative decoding: sampling the bonus token after every draft was accepted."""
+
+ROW_TOKEN_ID = 0xFFFFFFFF
+"""Token id column of the per-row draws (`row_uniforms`): never a vocabulary id."""
+
+MAX_SALT = 2**32 - 1
+MAX_VOCAB_SIZE = 2**31 - 1
+
+_MASK32 = 0xFFFFFFFF
+_OFFSET_IV = 0x243F6A88
+_MULT_IV = 0x85A308D3
+_FMIX_C1 = 0x85EBCA6B
+_FMIX_C2 = 0xC2B2AE35
+
+
+def _as_int64_multiplier(c: int) -> int:
+    # why: x * (c - 2**32) for x in [0, 2**32) stays inside int64 and has the same low 32 bits
+    return c - 2**32 if c >= 2**31 else c
+
+
+_FMIX_C1_I64 = _as_int64_multiplier(_FMIX_C1)
+_FMIX_C2_I64 = _as_int64_multiplier(_FMIX_C2)
+
+
+def _fmix32_(x: torch.Tensor) -> torch.Tensor:
+    """x: int64 words in [0, 2**32), mixed in place (MurmurHash3 fmix32); returns x."""
+    x.bitwise_xor_(x >> 16)
+    x.mul_(_FMIX_C1_I64).bitwise_and_(_MASK32)
+    x.bitwise_xor_(x >> 13)
+    x.mul_(_FMIX_C2_I64).bitwise_and_(_MASK32)
+    x.bitwise_xor_(x >> 16)
+    return x
+
+
+def _check_rows(seeds: torch.Tensor, positions: torch.Tensor) -> None:
+    # Metadata only (dtype, shape, device): no host read of tensor values.
+    for name, t in (("seeds", seeds), ("positions", positions)):
+        if t.dtype != torch.int64:
+            raise ValueError(f"{name} must be int64, got {t.dtype}")
+        if t.dim() != 1:
+            raise ValueError(f"{name} must be 1-D [rows], got shape {tuple(t.shape)}")
+    if positions.shape != seeds.shape:
+        raise ValueError(
+            f"positions must have the shape of seeds {tuple(seeds.shape)}, "
+            f"got {tuple(positions.shape)}"
+        )
+    if positions.device != seeds.device:
+        raise ValueError(
+            f"positions must be on the device of seeds ({seeds.device}), got {positions.device}"
+        )
+
+
+def _check_int(name: str, value: int, lo: int, hi: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+
+
+def row_keys(seeds: torch.Tensor, positions: torch.Tensor, salt: int) -> torch.Tensor:
+    """The 63-bit key of each row's random stream.
+
+    seeds: [rows] int64, any 64-bit pattern (a uint64 seed is passed as its int64 bits)
+    positions: [rows] int64 token positions
+    salt: stream id in [0, 2**32), e.g. `SALT_SAMPLE`
+    returns: [rows] int64, the bits of (mult << 32) | offset; mult (high word) is odd.
+    """
+    _check_rows(seeds, positions)
+    _check_int("salt", salt, 0, MAX_SALT)
+    seed_lo = seeds & _MASK32
+    # why the mask after >> 32: the arithmetic shift copies the sign bit of negative seeds
+    words = ((seeds >> 32) & _MASK32, positions & _MASK32, (positions >> 32) & _MASK32)
+    offset = _fmix32_(seed_lo ^ _OFFSET_IV)
+    mult = _fmix32_(seed_lo.add_(_MULT_IV).bitwise_and_(_MASK32))
+    for w in words:
+        offset = _fmix32_(offset.bitwise_xor_(w))
+        mult = _fmix32_(mult.add_(w).bitwise_and_(_MASK32))
+    offset = _fmix32_(offset.bitwise_xor_(salt))
+    mult = _fmix32_(mult.add_(salt).bitwise_and_(_MASK32)).bitwise_or_(1)
+    # why not mult << 32: shifting into the sign bit overflows; mult - 2**32 times 2**32 cannot
+    mult_i64 = mult - (mult >> 31) * 2**32  # [-2**31, 2**31), same low 32 bits
+    return mult_i64.mul_(2**32).add_(offset)
+
+
+def hash_tokens(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """keys: [rows] int64 from `row_keys`; token_ids: [n] int64 in [0, 2**32)
+    -> [rows, n] int64 hashes in [0, 2**32)."""
+    offset = (keys & _MASK32)[:, None]
+    mult = ((keys >> 32) & _MASK32)[:, None]
+    # why the fold: t * mult < 2**63 needs t < 2**31; 0xFFFFFFFF is -1 mod 2**32
+    token_ids = token_ids - (token_ids >> 31) * 2**32
+    x = token_ids[None, :] * mult  # |x| < 2**63
+    return _fmix32_(x.add_(offset).bitwise_and_(_MASK32))
+
+
+def token_hashes(
+    seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int, salt: int
+) -> torch.Tensor:
+    """seeds, positions: [rows] int64 -> [rows, vocab_size] int64 hashes in [0, 2**32)."""
+    _check_int("vocab_size", vocab_size, 1, MAX_VOCAB_SIZE)
+    keys = row_keys(seeds, positions, salt)
+    return hash_tokens(keys, torch.arange(vocab_size, device=seeds.device))
+
+
+def uniforms_from_hashes(h: torch.Tensor) -> torch.Tensor:
+    """h: int64 hashes in [0, 2**32) -> float32 in [2**-24, 1 - 2**-24], same shape.
+
+    u = (h >> 9) * 2**-23 + 2**-24: every step is exact, so any backend gets the same bits.
+    """
+    return (h >> 9).to(torch.float32).mul_(2**-23).add_(2**-24)
+
+
+def exponentials_from_hashes(h: torch.Tensor) -> torch.Tensor:
+    """h: int64 hashes in [0, 2**32) -> float32 Exp(1) draws in [2**-33, 16.64], same shape."""
+    # why all 32 bits: the race is won by the smallest draw, e ~ h * 2**-32 near h = 0, where
+    # fp32 resolves h exactly (2**-32 steps), so tokens far below 2**-24 probability still
+    # get their share; a 24-bit uniform would floor every draw at 2**-25.
+    # why the clamp: h = 0 would give e = 0 (p / e = nan for p = 0); rounding h >= 2**32 - 128
+    # up to 2**32 would give e = inf (p / e = 0 for every token of a one-token row).
+    v = h.to(torch.float32).clamp_(0.5, 2.0**32 - 256.0).mul_(-(2.0**-32))
+    # log1p keeps the winning tail at v -> 0, where fp32 resolves it
+    return v.log1p_().neg_()
+
+
+def token_uniforms(
+    seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int, salt: int
+) -> torch.Tensor:
+    """seeds, positions: [rows] int64 -> [rows, vocab_size] float32 in (0, 1), one
+    independent uniform per (row, token id)."""
+    return uniforms_from_hashes(token_hashes(seeds, positions, vocab_size, salt))
+
+
+def row_uniforms(seeds: torch.Tensor, positions: torch.Tensor, salt: int) -> torch.Tensor:
+    """seeds, positions: [rows] int64 -> [rows] float32 in (0, 1), one draw per row.
+
+    The draw is the token hash at token id `ROW_TOKEN_ID`, so it is independent of every
+    `token_uniforms` column of the same salt.
+    """
+    keys = row_keys(seeds, positions, salt)
+    # why new_full, not torch.tensor([...]): a fill kernel, no host-to-device copy in a graph
+    row_token = keys.new_full((1,), ROW_TOKEN_ID)
+    return uniforms_from_hashes(hash_tokens(keys, row_token))[:, 0]
+
+
+def exponential(
+    seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int, salt: int
+) -> torch.Tensor:
+    """seeds, positions: [rows] int64 -> [rows, vocab_size] float32 Exp(1) noise.
+
+    The exponential race: `argmax(probs / e)` draws token i with probability probs[i]
+    (equivalently Gumbel-max, `argmax(logits - log(e))`, see `gumbel_noise`). Values lie in
+    [2**-33, 16.64]: positive and finite, so `probs / e` is finite and 0 for masked tokens.
+    The integer hash matches a Triton kernel bit for bit; `log1p` is libm's, so e may differ
+    from another backend's in the last bit.
+    """
+    return exponentials_from_hashes(token_hashes(seeds, positions, vocab_size, salt))
+
+
+def gumbel_noise(
+    seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int, salt: int
+) -> torch.Tensor:
+    """seeds, positions: [rows] int64 -> [rows, vocab_size] float32 standard Gumbel noise,
+    `-log(exponential(...))`, in [-2.82, 22.88]: `argmax(logits + g)` samples softmax(logits)."""
+    return exponential(seeds, positions, vocab_size, salt).log_().neg_()

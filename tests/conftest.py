@@ -1,0 +1,13 @@
+"""Shared fixtures: the device under test (CPU everywhere, CUDA too where present)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=DEVICES)
+def device(request: pytest.FixtureRequest) -> torch.device:
+    return torch.device(request.param)

@@ -1,0 +1,188 @@
+"""The harness on every built-in, and negative examples that must fail it (DESIGN §5)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from graphsafe_sampler import BatchUpdate, LogitsProcessor, SamplerConfig, SamplingParams
+from graphsafe_sampler.processors import BUILTIN_LOGITS_PROCESSORS, AdapterLogitsProcessor
+from graphsafe_sampler.processors.base import SlotLogitsProcessor
+from graphsafe_sampler.testing import (
+    GraphSafetyError,
+    SyncOpDetector,
+    assert_no_sync,
+    check_graph_safety,
+    random_sampling_params,
+)
+
+CONFIG = SamplerConfig(
+    max_num_reqs=6, vocab_size=111, eos_token_id=4, max_num_logprobs=2, max_stop_token_ids=5,
+    max_logit_bias_tokens=16,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("cls", BUILTIN_LOGITS_PROCESSORS, ids=lambda c: c.__name__)
+def test_builtin_processors_are_graph_safe(cls: type[SlotLogitsProcessor]) -> None:
+    proc = cls(CONFIG, torch.device("cpu"), False)
+    report = check_graph_safety(proc, num_steps=50, seed=7)
+    assert report.steps == 50 and report.compile_frames == 1
+    assert report.state_tensors >= 6  # row_to_slot, num_generated and the own tables
+
+
+def target_params(rng: random.Random, config: SamplerConfig) -> SamplingParams:
+    params = random_sampling_params(rng, config)
+    if rng.random() < 0.5:
+        params.extra_args = {"target_token": rng.randrange(config.vocab_size)}
+    return params
+
+
+class VllmDocTargetProcessor(LogitsProcessor):
+    """vLLM's documentation example as written: dict state, a host branch and index tensors
+    built from the dict inside apply. Correct eagerly; wrong once captured."""
+
+    def __init__(self, config: SamplerConfig, device: torch.device, is_pin_memory: bool) -> None:
+        super().__init__(config, device, is_pin_memory)
+        self.req_info: dict[int, int] = {}
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if batch_update is None:
+            return
+        for row in batch_update.removed:
+            self.req_info.pop(row, None)
+        for row, params, _, _ in batch_update.added:
+            target = (params.extra_args or {}).get("target_token")
+            if target is None:
+                self.req_info.pop(row, None)
+            else:
+                self.req_info[row] = target
+        for a, b, _direction in batch_update.moved:
+            a_info, b_info = self.req_info.pop(a, None), self.req_info.pop(b, None)
+            if a_info is not None:
+                self.req_info[b] = a_info
+            if b_info is not None and _direction.name == "SWAP":
+                self.req_info[a] = b_info
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.req_info:
+            return logits
+        rows_list = list(self.req_info)
+        rows = torch.tensor(rows_list, dtype=torch.long, device=logits.device)
+        cols = torch.tensor([self.req_info[r] for r in rows_list], device=logits.device)
+        kept = logits[rows, cols]
+        logits[rows] = float("-inf")
+        logits[rows, cols] = kept
+        return logits
+
+
+def test_host_branch_processor_fails_replay() -> None:
+    proc = VllmDocTargetProcessor(CONFIG, torch.device("cpu"), False)
+    with pytest.raises(GraphSafetyError, match="make_fx replay: output 0 differs from eager"):
+        check_graph_safety(proc, num_steps=20, make_params=target_params, compile=False)
+
+
+def test_host_branch_processor_recompiles() -> None:
+    # Caught by torch.compile too: its guards on the dict force a compile per batch state.
+    # Checked with the tracing and sync rules off so that the compile rule is what fails.
+    proc = VllmDocTargetProcessor(CONFIG, torch.device("cpu"), False)
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(proc.apply, fullgraph=True, backend=counter)
+    for step in range(4):
+        proc.update_state(
+            BatchUpdate(1, added=[(0, SamplingParams(extra_args={"target_token": step}), None, [])])
+        )
+        compiled(torch.randn(6, 111))
+    assert counter.frame_count > 1
+
+
+class ItemProcessor(SlotLogitsProcessor):
+    """Reads a device value on the host: `.item()` syncs (and bakes the value in)."""
+
+    def __init__(self, config: SamplerConfig, device: torch.device, is_pin_memory: bool) -> None:
+        super().__init__(config, device, is_pin_memory)
+        self.scale = self.staged("scale", (), torch.float32, fill=1.0)
+
+    def is_argmax_invariant(self) -> bool:
+        return True
+
+    def add_request(
+        self,
+        slot: int,
+        params: SamplingParams,
+        prompt_tok_ids: Sequence[int] | None,
+        output_tok_ids: Sequence[int],
+    ) -> None:
+        self.scale.write(slot, params.temperature)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        top = self.scale.device.max().item()
+        return logits * top
+
+
+def test_sync_op_fails() -> None:
+    proc = ItemProcessor(CONFIG, torch.device("cpu"), False)
+    with pytest.raises(GraphSafetyError, match="_local_scalar_dense"):
+        check_graph_safety(proc, num_steps=3, compile=False)
+
+
+class ReallocatingProcessor(ItemProcessor):
+    """Rebinds a state tensor in update_state: a captured graph keeps the old one."""
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        super().update_state(batch_update)
+        self.offsets = torch.zeros(self.config.num_slots)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits + self.offsets[: logits.shape[0], None]
+
+
+def test_reallocated_state_fails() -> None:
+    proc = ReallocatingProcessor(CONFIG, torch.device("cpu"), False)
+    with pytest.raises(GraphSafetyError, match="'offsets' was reallocated"):
+        check_graph_safety(proc, num_steps=3, compile=False)
+
+
+class AlwaysBoost(AdapterLogitsProcessor):
+    def new_req_logits_processor(self, params: SamplingParams):  # type: ignore[no-untyped-def]
+        return lambda out, row: row + 1.0
+
+
+def test_adapter_declares_itself_not_graph_safe() -> None:
+    proc = AlwaysBoost(CONFIG, torch.device("cpu"), False)
+    assert AlwaysBoost.graph_safe is False
+    with pytest.raises(GraphSafetyError, match="declares graph_safe = False"):
+        check_graph_safety(proc)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda t: t.nonzero(),
+        lambda t: t[t > 0],
+        lambda t: torch.unique(t),
+        lambda t: torch.multinomial(t.abs() + 0.1, 1),
+        lambda t: float(t.sum()),
+        lambda t: t.masked_select(t > 0),
+    ],
+    ids=["nonzero", "bool-mask-index", "unique", "multinomial", "item", "masked_select"],
+)
+def test_sync_detector_flags(op) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(GraphSafetyError):
+        assert_no_sync(op, torch.randn(4, 5))
+
+
+def test_sync_detector_passes_graph_safe_ops() -> None:
+    x = torch.randn(4, 5)
+    with SyncOpDetector():
+        idx = torch.tensor([0, 2])
+        y = x[idx].masked_fill(x[idx] > 0, 0.0).scatter_add(1, idx[:, None], x[:2, :1])
+        y.gather(1, torch.zeros(2, 1, dtype=torch.long)).softmax(-1).amax(-1)
