@@ -146,7 +146,6 @@ class BatchState:
         if not 0 <= batch_size <= limit:
             raise ValueError(f"batch_size = {batch_size} is outside [0, max_num_reqs = {limit}]")
         occupied = self.row_to_slot.np != self.padding_slot
-        occupied = occupied.copy()
         seen_removed: set[int] = set()
         for row in batch_update.removed:
             row = _check_row("removed row", row, limit)
@@ -186,7 +185,7 @@ class BatchState:
                 )
             if direction is MoveDirectionality.SWAP:
                 occupied[a], occupied[b] = occupied[b], occupied[a]
-            else:
+            elif a != b:
                 occupied[b] = occupied[a]
                 occupied[a] = False
         beyond = np.flatnonzero(occupied[batch_size:])
@@ -251,10 +250,11 @@ class BatchState:
         commit = slots != self.padding_slot
         if keep is not None:
             commit = commit & keep
-        self.num_generated.device.index_add_(0, slots, commit.to(torch.int32))
         tokens = token_ids.long()
+        # Slot states see num_generated before this token (e.g. as a ring-buffer position).
         for slot_state in self._slot_states:
             slot_state.commit(slots, tokens, commit)
+        self.num_generated.device.index_add_(0, slots, commit.to(torch.int32))
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor this state keeps across steps, host and device sides, by name."""

@@ -25,11 +25,6 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-# Up to this many dirty rows travel packed with an index_copy_; more than half the rows
-# go as one contiguous copy of the whole tensor.
-_DENSE_FRACTION = 0.5
-
-
 def pin_memory_available() -> bool:
     """Whether pinned host memory can be allocated here (needs an accelerator)."""
     return torch.cuda.is_available()
@@ -156,7 +151,9 @@ class StagedTensor:
                 self.device.index_copy_(0, index, self.host.index_select(0, index))
             return
         rows, index = self._take_buffer()
-        if n > _DENSE_FRACTION * self.num_rows:
+        # Whole-tensor copy only when every row is dirty: a partial one would overwrite rows
+        # the device advanced on its own (num_generated, histories).
+        if n == self.num_rows:
             rows.copy_(self.host)
             self.device.copy_(rows, non_blocking=True)
         else:

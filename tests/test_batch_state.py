@@ -225,3 +225,12 @@ def test_forward_rows_beyond_capacity_rejected() -> None:
     state = BatchState(CONFIG, "cpu")
     with pytest.raises(ValueError, match="num_rows = 9 exceeds max_num_reqs = 8"):
         state.slots(9)
+
+
+def test_unidirectional_move_onto_itself_keeps_the_request() -> None:
+    state = BatchState(CONFIG, "cpu")
+    state.update(BatchUpdate(2, added=[_add(0), _add(1)]))
+    with pytest.raises(ValueError, match="row 1 holds a request but batch_size = 1"):
+        state.update(BatchUpdate(1, moved=[(1, 1, UNI)]))
+    state.update(BatchUpdate(2, moved=[(1, 1, UNI)]))
+    assert _slots(state)[:2] == [0, 1]

@@ -80,3 +80,12 @@ def test_ring_reuses_pinned_buffers_only_after_their_copy() -> None:
 def test_bad_construction(shape: tuple[int, ...], ring: int, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         StagedTensor("t", shape, torch.float32, "cpu", ring=ring)
+
+
+def test_partial_flush_never_clobbers_device_rows(device: torch.device) -> None:
+    # Most rows dirty but not all: the one the device advanced must survive.
+    t = StagedTensor("t", (8,), torch.int32, device)
+    t.device[7] = 99
+    t.fill_rows(slice(0, 7), 1)
+    t.flush()
+    assert t.device.cpu().tolist() == [1] * 7 + [99]
