@@ -15,12 +15,11 @@ hashes and uniforms bit for bit (`tests/test_rng.py` holds known-answer vectors)
 
     Row key, from seed (64-bit) and position (64-bit) split into low/high words, and salt:
         words  = [seed_lo, seed_hi, pos_lo, pos_hi, salt]
-        offset = 0x243F6A88         # two lanes, first 64 bits of pi's fraction:
-        mult   = 0x85A308D3         # nothing up the sleeve
-        for w in words:
-            offset = fmix32(offset ^ w)
-            mult   = fmix32(mult + w)
-        mult |= 1                   # odd, so token -> counter below is a bijection
+        A      = [0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F, 0x165667B1]  # xxHash32 primes
+        B      = [A[1], A[2], A[3], A[4], A[0]]
+        t[i]   = fmix32(words[i])
+        offset = fmix32(0x243F6A88 + sum(A[i] * t[i]))  # IVs: first 64 bits of pi's fraction
+        mult   = fmix32(0x85A308D3 + sum(B[i] * t[i])) | 1   # odd: token -> counter is 1:1
         key (int64) = bits of the uint64 (mult << 32) | offset
 
     Token hash, for token id t (uint32; t = 0xFFFFFFFF is the per-row draw):
@@ -34,13 +33,19 @@ hashes and uniforms bit for bit (`tests/test_rng.py` holds known-answer vectors)
         e = -log1p(-f * 2**-32)                      # in [2**-33, 16.64], never 0 or inf
 
 Why these choices:
-- The row key carries 63 bits (offset and an odd multiplier), so two (seed, position, salt)
-  triples give identical or shifted token rows only with probability about 2**-45, where a
-  single 32-bit key would make whole rows collide at 2**-32 (a long request covers 2**20
-  positions, enough for birthday collisions). The key costs 10 fmix32 per row, nothing per token.
+- The row key carries 63 bits (offset and an odd multiplier): two unrelated (seed, position,
+  salt) triples give identical token rows only if both words match (about 2**-63), and rows
+  shifted by a few token ids at about 2**-45, where a single 32-bit key would make whole rows
+  collide at 2**-32 (a long request covers 2**20 positions, enough for birthday collisions).
+  Each word is mixed on its own, then the lanes take different odd-weighted sums: inputs that
+  differ in one word (the next position, another salt) always get a different offset, and
+  inputs that differ in several collide in both lanes with probability about 2**-60. The
+  words are mixed side by side, not chained: a chain of five fmix32 compiles ~20 s slower
+  (inductor inlines every reuse of x in x ^ (x >> 16), so nested mixers blow up its codegen).
+  7 fmix32 per row, nothing per token.
 - Per token the counter `t * mult + offset` is a Weyl sequence through fmix32 (SplitMix-style):
-  1 multiply-add plus fmix32 = 7 uint32 ops in Triton; here, emulated in int64 with a mask
-  after each multiply and add, 13 integer ops, then 4 for the uniform (shift, convert,
+  a multiply, an add and fmix32's 8 = 10 uint32 ops in Triton; here, emulated in int64 with
+  a mask after each multiply and add, 13 integer ops, then 4 for the uniform (shift, convert,
   multiply, add): 17 elementwise ops per token, fused by torch.compile into one loop.
 - `((h >> 8) + 0.5) * 2**-24` is NOT exact in fp32: above 2**23 the `+ 0.5` rounds (to even),
   and h >> 8 = 2**24 - 1 gives exactly 1.0. Odd multiples of 2**-24 are the largest grid that
@@ -76,6 +81,9 @@ MAX_VOCAB_SIZE = 2**31 - 1
 _MASK32 = 0xFFFFFFFF
 _OFFSET_IV = 0x243F6A88
 _MULT_IV = 0x85A308D3
+_XXH32_PRIMES = (0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F, 0x165667B1)
+# Weights of [seed_lo, seed_hi, pos_lo, pos_hi, salt] in the offset and mult lanes.
+_LANE_WEIGHTS = (_XXH32_PRIMES, _XXH32_PRIMES[1:] + _XXH32_PRIMES[:1])
 _FMIX_C1 = 0x85EBCA6B
 _FMIX_C2 = 0xC2B2AE35
 
@@ -97,6 +105,15 @@ def _fmix32_(x: torch.Tensor) -> torch.Tensor:
     x.mul_(_FMIX_C2_I64).bitwise_and_(_MASK32)
     x.bitwise_xor_(x >> 16)
     return x
+
+
+def _fmix32_int(x: int) -> int:
+    """fmix32 of a Python int in [0, 2**32): the salt's word, folded at trace time."""
+    x ^= x >> 16
+    x = (x * _FMIX_C1) & _MASK32
+    x ^= x >> 13
+    x = (x * _FMIX_C2) & _MASK32
+    return x ^ (x >> 16)
 
 
 def _check_rows(seeds: torch.Tensor, positions: torch.Tensor) -> None:
@@ -124,6 +141,21 @@ def _check_int(name: str, value: int, lo: int, hi: int) -> None:
         raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
 
 
+def _lane(
+    mixed: list[torch.Tensor], weights: tuple[int, ...], iv: int, salt_mixed: int
+) -> torch.Tensor:
+    """fmix32(iv + sum(weights[i] * mixed[i]) + weights[4] * salt_mixed), all mod 2**32.
+
+    mixed: 4 x [rows] int64 words in [0, 2**32) -> [rows] int64 in [0, 2**32)
+    """
+    # each term is masked below 2**32, so the sum of five stays far below 2**63
+    acc = mixed[0] * _as_int64_multiplier(weights[0]) & _MASK32
+    for t, w in zip(mixed[1:], weights[1:4], strict=True):
+        acc += t * _as_int64_multiplier(w) & _MASK32
+    acc += (iv + weights[4] * salt_mixed) & _MASK32
+    return _fmix32_(acc.bitwise_and_(_MASK32))
+
+
 def row_keys(seeds: torch.Tensor, positions: torch.Tensor, salt: int) -> torch.Tensor:
     """The 63-bit key of each row's random stream.
 
@@ -134,16 +166,16 @@ def row_keys(seeds: torch.Tensor, positions: torch.Tensor, salt: int) -> torch.T
     """
     _check_rows(seeds, positions)
     _check_int("salt", salt, 0, MAX_SALT)
-    seed_lo = seeds & _MASK32
-    # why the mask after >> 32: the arithmetic shift copies the sign bit of negative seeds
-    words = ((seeds >> 32) & _MASK32, positions & _MASK32, (positions >> 32) & _MASK32)
-    offset = _fmix32_(seed_lo ^ _OFFSET_IV)
-    mult = _fmix32_(seed_lo.add_(_MULT_IV).bitwise_and_(_MASK32))
-    for w in words:
-        offset = _fmix32_(offset.bitwise_xor_(w))
-        mult = _fmix32_(mult.add_(w).bitwise_and_(_MASK32))
-    offset = _fmix32_(offset.bitwise_xor_(salt))
-    mult = _fmix32_(mult.add_(salt).bitwise_and_(_MASK32)).bitwise_or_(1)
+    words = (
+        seeds & _MASK32,
+        (seeds >> 32) & _MASK32,  # why the mask: >> copies the sign bit of negative seeds
+        positions & _MASK32,
+        (positions >> 32) & _MASK32,
+    )
+    mixed = [_fmix32_(w) for w in words]
+    salt_mixed = _fmix32_int(salt)  # one constant for every row: folded on the host
+    offset = _lane(mixed, _LANE_WEIGHTS[0], _OFFSET_IV, salt_mixed)
+    mult = _lane(mixed, _LANE_WEIGHTS[1], _MULT_IV, salt_mixed).bitwise_or_(1)
     # why not mult << 32: shifting into the sign bit overflows; mult - 2**32 times 2**32 cannot
     mult_i64 = mult - (mult >> 31) * 2**32  # [-2**31, 2**31), same low 32 bits
     return mult_i64.mul_(2**32).add_(offset)
