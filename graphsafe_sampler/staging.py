@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+
 def pin_memory_available() -> bool:
     """Whether pinned host memory can be allocated here (needs an accelerator)."""
     return torch.cuda.is_available()

@@ -59,3 +59,68 @@ def min_p_threshold(row: np.ndarray, req: DriverRequest | None) -> float:
     if req is None or req.params.min_p == 0.0:
         return -math.inf
     return float(row.max() + math.log(req.params.min_p))
+
+
+def bad_words(row: np.ndarray, req: DriverRequest | None) -> np.ndarray:
+    if req is None or not req.params.bad_words_token_ids:
+        return row
+    out = row.copy()
+    past = req.output_tok_ids
+    for word in req.params.bad_words_token_ids:
+        prefix = word[:-1]
+        if len(past) >= len(prefix) and (not prefix or list(past[-len(prefix) :]) == prefix):
+            out[word[-1]] = -math.inf
+    return out
+
+
+def penalties(row: np.ndarray, req: DriverRequest | None) -> np.ndarray:
+    if req is None:
+        return row
+    p = req.params
+    out = row.copy()
+    counts: dict[int, int] = {}
+    for tok in req.output_tok_ids:
+        counts[tok] = counts.get(tok, 0) + 1
+    seen = set(req.prompt_tok_ids or ()) | set(counts)
+    for tok in seen:
+        out[tok] = (
+            out[tok] / p.repetition_penalty if out[tok] > 0 else out[tok] * p.repetition_penalty
+        )
+    for tok, n in counts.items():
+        out[tok] -= p.frequency_penalty * n + p.presence_penalty
+    return out
+
+
+def top_k_top_p(row: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
+    out = row.copy()
+    if 0 < top_k < len(row):
+        kth = np.sort(out)[::-1][top_k - 1]
+        out[out < kth] = -math.inf
+    if top_p < 1.0:
+        finite = out > -math.inf
+        probs = np.zeros_like(out)
+        probs[finite] = np.exp(out[finite] - out[finite].max())
+        probs /= probs.sum()
+        order = np.sort(probs[finite])[::-1]
+        mass = np.cumsum(order)
+        t = order[min(int(np.searchsorted(mass, top_p)), len(order) - 1)]
+        out[probs < t] = -math.inf
+    return out
+
+
+def pipeline(
+    row: np.ndarray, req: DriverRequest | None, config: SamplerConfig
+) -> tuple[np.ndarray, int, bool]:
+    """DESIGN §4 steps 2-8 for one row: (processed logits, greedy token, is greedy)."""
+    if req is None:
+        return row, int(np.argmax(row)), True
+    x = allowed_token_ids(row, req)
+    x = bad_words(x, req)
+    x = min_tokens(x, req, config)
+    x = logit_bias(x, req)
+    x = penalties(x, req)
+    greedy = int(np.argmax(x))
+    is_greedy = req.params.temperature < 1e-5
+    x = x / (1.0 if is_greedy else req.params.temperature)
+    x = min_p(x, req)
+    return top_k_top_p(x, req.params.top_k, req.params.top_p), greedy, is_greedy

@@ -31,9 +31,7 @@ class TargetTokenLogitsProcessor(SlotLogitsProcessor):
     def validate_params(cls, params: SamplingParams) -> None:
         target = (params.extra_args or {}).get("target_token")
         if target is not None and (isinstance(target, bool) or not isinstance(target, int)):
-            raise ValueError(
-                f"extra_args['target_token'] must be an int token id, got {target!r}"
-            )
+            raise ValueError(f"extra_args['target_token'] must be an int token id, got {target!r}")
         if target is not None and target < 0:
             raise ValueError(f"extra_args['target_token'] must be >= 0, got {target}")
 

@@ -1,0 +1,161 @@
+"""top-k and top-p filtering (DESIGN §4 step 8), exact, without sorting the vocabulary.
+
+Semantics, per row:
+- top-k (`top_k` <= 0 or >= V is off): keep every token whose logit is >= the k-th largest
+  logit, ties at the boundary included. A row with fewer finite logits than k has -inf as
+  its k-th largest value and loses nothing.
+- top-p (`top_p` >= 1 is off), on the top-k survivors renormalised: keep every token with
+  probability >= t, where t is the largest value such that the tokens with probability >= t
+  hold at least `top_p` of the mass. Ties are kept and the row's maximum always survives.
+Masked tokens become -inf.
+
+Both filters are threshold searches: find the largest float32 threshold t whose weight
+W(t) (of the tokens with logit >= t) reaches a target. For top-k, W counts tokens and the
+target is k; for top-p, W sums the unnormalised masses exp(l - l_max) of the top-k survivors
+and the target is top_p times their total. W only grows as t falls, so t can be found one
+digit at a time, most significant first, in an order-preserving integer image of float32:
+`ordered = bits if bits >= 0 else bits ^ 0x7FFFFFFF` for the float's bits read as int32, so
+that a < b as floats exactly when ordered(a) < ordered(b) as int32 (-0.0 sits just below
++0.0), and the map is its own inverse.
+
+The algorithm: a radix search over those 32 bits, `_BITS_PER_PASS` = 2 bits per pass. A pass
+measures W at the 3 smallest thresholds with the next digit = 1, 2, 3 (3 masked sums over
+the row, fused into one loop; they compare `logits >= candidate` as floats, the candidates
+being made on [num_rows, 1] tensors, so no token is bit-cast); the digit is how many of them
+still reach the target. Branch-free: every row pays the same work whether its filters are on
+or off.
+
+Passes over [num_rows, V] under torch.compile: 16 for top-k (one of them also takes the row
+max), 16 for top-p (the first also writes the survivors' masses and sums their total), and 1
+writing the mask: 33 in all, each one fused loop. Prototypes of the alternatives, compiled on
+CPU for [64, 128256] LLM-like logits: 1 bit per pass (64 passes of one masked sum) took ~1.8x
+as long; 4 bits per pass (15 sums per pass) is compute-bound, ~2x slower and ~3x slower to
+compile; digit histograms with `scatter_add_` fall back to eager scatter in inductor (~90 ms
+per histogram alone). Eager, every masked sum is its own full-size ops, so uncompiled on CPU
+this is about as slow as a full sort: compile it.
+
+Exactness: top-k is exact (integer counts). top-p sums float32 masses, in another order than
+a float64 sort-and-cumsum reference; the two can disagree only where the mass of some
+candidate set lies within float32 rounding of `top_p * total` (either answer is then right
+up to rounding). The sums are monotone in the threshold (same order, non-negative terms), a
+threshold at the top-k boundary always reaches the target (its sum is the total itself), and
+the row max always survives, whatever top_p (even 0) and rounding do.
+
+Edges of the integer image: thresholds above +inf are NaN bit patterns, which compare false,
+so nothing reaches them (right: no token is above +inf); thresholds below -inf are clamped
+to -inf. Compared as floats, -0.0 and +0.0 are one value, as in the float references. NaN
+logits are neither counted nor masked; rows holding them are outside these semantics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+_BITS_PER_PASS = 2
+_INT32_MIN = -(2**31)
+# ordered(-inf): bits 0xFF800000 (as int32) ^ 0x7FFFFFFF. Anything below is a negative NaN.
+_ORDERED_NEG_INF = -0x00800000 ^ 0x7FFFFFFF
+
+
+def _ordered_int(values: torch.Tensor) -> torch.Tensor:
+    """float32 -> int32 with the same order (its own inverse: see `_ordered_value`)."""
+    bits = values.contiguous().view(torch.int32)
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+def _ordered_value(ordered: torch.Tensor) -> torch.Tensor:
+    """int32 from `_ordered_int` -> the float32 it came from."""
+    return torch.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).view(torch.float32)
+
+
+def _largest_threshold(
+    weight_at_or_above: Callable[[torch.Tensor], torch.Tensor],
+    target: torch.Tensor,  # [num_rows, 1]
+    num_rows: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """[num_rows, 1] int32: ordered image of the largest t with weight_at_or_above(t) >= target.
+
+    weight_at_or_above(t [num_rows, 1] float32) -> [num_rows, 1] must not shrink as t falls.
+    Where no t reaches the target, the answer is -inf's image (keep everything).
+    """
+    # The answer + 2**31, in [0, 2**32), built from the top digit down; int64 so that the
+    # arithmetic never wraps and each candidate converts to int32 exactly.
+    offset = torch.zeros(num_rows, 1, dtype=torch.int64, device=device)
+    for shift in range(32 - _BITS_PER_PASS, -1, -_BITS_PER_PASS):
+        digit = torch.zeros(num_rows, 1, dtype=torch.int64, device=device)
+        for candidate_digit in range(1, 1 << _BITS_PER_PASS):
+            # The smallest threshold with this next digit: if it reaches the target, the
+            # answer's digit is at least `candidate_digit`.
+            candidate = _offset_to_ordered(offset + (candidate_digit << shift))
+            digit += weight_at_or_above(_ordered_value(candidate)) >= target
+        offset = offset + (digit << shift)
+    return _offset_to_ordered(offset)
+
+
+def _offset_to_ordered(offset: torch.Tensor) -> torch.Tensor:
+    """int64 in [0, 2**32) -> int32 ordered image, negative NaNs clamped to -inf."""
+    # Inlined into every one of the 33 loops, 3 times each: inductor's codegen time grows with
+    # those ops (a 14-op version of this conversion took 44 s to compile instead of 33 s).
+    return (offset + _INT32_MIN).clamp(min=_ORDERED_NEG_INF).to(torch.int32)
+
+
+def top_k_threshold(
+    logits: torch.Tensor,  # [num_rows, V] float32
+    top_k: torch.Tensor,  # [num_rows] int; <= 0 or >= V is off
+) -> torch.Tensor:
+    """[num_rows, 1] float32: the k-th largest logit (-inf where top-k is off).
+
+    top-k keeps `logits >= threshold`.
+    """
+    num_rows, vocab_size = logits.shape
+    k = top_k.to(torch.int64)[:, None]
+    is_off = (k <= 0) | (k >= vocab_size)
+
+    def count_at_or_above(threshold: torch.Tensor) -> torch.Tensor:
+        return (logits >= threshold).sum(-1, keepdim=True, dtype=torch.int32)
+
+    ordered = _largest_threshold(count_at_or_above, k, num_rows, logits.device)
+    return torch.where(is_off, float("-inf"), _ordered_value(ordered))
+
+
+def top_p_threshold(
+    logits: torch.Tensor,  # [num_rows, V] float32
+    top_p: torch.Tensor,  # [num_rows] float32; >= 1 is off
+    floor: torch.Tensor | None = None,  # [num_rows, 1] float32: only logits >= floor count
+) -> torch.Tensor:
+    """[num_rows, 1] float32: top-p over the tokens with logits >= floor (all when None).
+
+    top-p keeps `logits >= threshold`; the threshold is >= floor, never above the row max,
+    and equals floor (or -inf) where top-p is off.
+    """
+    num_rows = logits.shape[0]
+    if floor is None:
+        floor = torch.full((num_rows, 1), float("-inf"), device=logits.device, dtype=logits.dtype)
+    row_max = logits.amax(-1, keepdim=True)
+    # An all -inf row would give exp(-inf - -inf) = nan; its masses are all 0 instead.
+    shift = torch.where(torch.isfinite(row_max), row_max, 0.0)
+    mass = torch.where(logits >= floor, torch.exp(logits - shift), 0.0)
+    total = mass.sum(-1, keepdim=True)
+    p = top_p.to(torch.float32)[:, None]
+
+    def mass_at_or_above(threshold: torch.Tensor) -> torch.Tensor:
+        return torch.where(logits >= threshold, mass, 0.0).sum(-1, keepdim=True)
+
+    ordered = _largest_threshold(mass_at_or_above, p * total, num_rows, logits.device)
+    # Never above the row max (top_p = 0 would otherwise give an empty row).
+    ordered = torch.minimum(ordered, _ordered_int(row_max))
+    threshold = torch.maximum(_ordered_value(ordered), floor)
+    return torch.where(p >= 1.0, floor, threshold)
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor,  # [num_rows, V] float32, updated in place
+    top_k: torch.Tensor,  # [num_rows] int; 0, -1 (any <= 0) or >= V is off
+    top_p: torch.Tensor,  # [num_rows] float32; 1.0 (any >= 1) is off
+) -> torch.Tensor:
+    """Set the logits that top-k, then top-p, remove to -inf, in place; returns `logits`."""
+    threshold = top_p_threshold(logits, top_p, top_k_threshold(logits, top_k))
+    return logits.masked_fill_(logits < threshold, float("-inf"))

@@ -1,0 +1,31 @@
+"""What `Sampler.forward` returns. NamedTuples, so torch.compile and pytree see through them."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class LogprobsTensors(NamedTuple):
+    """Per-row logprobs (DESIGN §4, step 10); K = SamplerConfig.max_num_logprobs.
+
+    logprob_token_ids: [num_rows, K + 1] int32; column 0 is the sampled token, columns
+        1..K the top-K tokens in descending order.
+    logprobs: [num_rows, K + 1] float32, matching logprob_token_ids (raw or processed per
+        logprobs_mode; logits instead of logprobs in the *_logits modes).
+    selected_token_ranks: [num_rows] int32, 1-based rank of the sampled token: the number of
+        tokens whose value is >= the sampled token's.
+    """
+
+    logprob_token_ids: torch.Tensor
+    logprobs: torch.Tensor
+    selected_token_ranks: torch.Tensor
+
+
+class SamplerOutput(NamedTuple):
+    """sampled_token_ids: [num_rows, 1] int32; logprobs_tensors: None when
+    max_num_logprobs == 0."""
+
+    sampled_token_ids: torch.Tensor
+    logprobs_tensors: LogprobsTensors | None

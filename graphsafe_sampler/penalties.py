@@ -1,0 +1,115 @@
+"""Repetition, frequency and presence penalties (DESIGN §4, step 4), vLLM's definitions.
+
+Repetition applies to tokens seen in the prompt or the output: `l / r` if `l > 0` else
+`l * r`. Frequency and presence apply to output tokens only: `l -= f * count`,
+`l -= p * (count > 0)`.
+
+State per slot: the three penalties (staged), the prompt's token set as a bitmask
+(`[num_slots, ceil(V/32)]` int32, built on the host at add time) and the output counts
+(`[num_slots, V]` int32, device only). Counts are advanced by `commit` inside the graph from
+the tokens the sampler itself produced; they are never rebuilt from host lists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from graphsafe_sampler.batch_state import BatchState
+from graphsafe_sampler.bitmask import BitmaskUnpacker, num_words, pack_token_ids
+from graphsafe_sampler.config import SamplerConfig
+from graphsafe_sampler.params import SamplingParams
+
+
+def apply_penalties(
+    logits: torch.Tensor,  # [num_rows, V] float32
+    counts: torch.Tensor,  # [num_rows, V] int32 output-token counts
+    in_prompt: torch.Tensor,  # [num_rows, V] bool
+    repetition: torch.Tensor,  # [num_rows] float32 (1 = off)
+    frequency: torch.Tensor,  # [num_rows] float32 (0 = off)
+    presence: torch.Tensor,  # [num_rows] float32 (0 = off)
+) -> torch.Tensor:
+    in_output = counts > 0
+    rep = repetition[:, None]
+    penalised = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(in_prompt | in_output, penalised, logits)
+    logits = logits - frequency[:, None] * counts.to(logits.dtype)
+    return logits - presence[:, None] * in_output.to(logits.dtype)
+
+
+class PenaltyState:
+    """Slot state for penalties (see the module docstring)."""
+
+    def __init__(self, config: SamplerConfig, batch_state: BatchState) -> None:
+        self.config = config
+        self.batch_state = batch_state
+        self.repetition = batch_state.staged(
+            "repetition", (config.num_slots,), torch.float32, fill=1.0
+        )
+        self.frequency = batch_state.staged("frequency", (config.num_slots,), torch.float32)
+        self.presence = batch_state.staged("presence", (config.num_slots,), torch.float32)
+        self.prompt_mask = batch_state.staged(
+            "prompt_mask", (config.num_slots, num_words(config.vocab_size)), torch.int32
+        )
+        self.counts = torch.zeros(
+            config.num_slots, config.vocab_size, dtype=torch.int32, device=batch_state.device
+        )
+        self.unpacker = BitmaskUnpacker(config.vocab_size, batch_state.device)
+        # Rows to reset at the next flush: slot -> output tokens the request already has.
+        self._pending: dict[int, Sequence[int]] = {}
+        batch_state.register(self)
+
+    def validate_request(self, params: SamplingParams) -> None:
+        return None
+
+    def add_request(
+        self,
+        slot: int,
+        params: SamplingParams,
+        prompt_tok_ids: Sequence[int] | None,
+        output_tok_ids: Sequence[int],
+    ) -> None:
+        self.repetition.write(slot, params.repetition_penalty)
+        self.frequency.write(slot, params.frequency_penalty)
+        self.presence.write(slot, params.presence_penalty)
+        self.prompt_mask.write(slot, pack_token_ids(prompt_tok_ids or (), self.config.vocab_size))
+        self._pending[slot] = list(output_tok_ids)
+
+    def flush(self) -> None:
+        for table in (self.repetition, self.frequency, self.presence, self.prompt_mask):
+            table.flush()
+        if not self._pending:
+            return
+        # Reset the new requests' count rows and count their resumed outputs. Stream-ordered
+        # device ops from host-built index lists: no sync, and only on steps with adds.
+        device = self.counts.device
+        slots = list(self._pending)
+        self.counts.index_fill_(0, torch.tensor(slots, device=device), 0)
+        rows = [s for s, toks in self._pending.items() for _ in toks]
+        cols = [t for toks in self._pending.values() for t in toks]
+        if cols:
+            index = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
+            ones = torch.ones(len(cols), dtype=torch.int32, device=device)
+            self.counts.index_put_(index, ones, accumulate=True)
+        self._pending.clear()
+
+    def commit(self, slots: torch.Tensor, token_ids: torch.Tensor, keep: torch.Tensor) -> None:
+        # Padded rows all point at the padding slot with keep=False: they add 0.
+        self.counts.index_put_((slots, token_ids), keep.to(torch.int32), accumulate=True)
+
+    def apply(self, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        return apply_penalties(
+            logits,
+            self.counts[slots],
+            self.unpacker.unpack(self.prompt_mask.device[slots]),
+            self.repetition.device[slots],
+            self.frequency.device[slots],
+            self.presence.device[slots],
+        )
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        out = {"counts": self.counts}
+        for t in (self.repetition, self.frequency, self.presence, self.prompt_mask):
+            out[f"{t.name}.host"], out[f"{t.name}.device"] = t.host, t.device
+        return out

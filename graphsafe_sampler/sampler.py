@@ -1,0 +1,255 @@
+"""`Sampler`: the whole sampling step as one graph-safe `nn.Module` (PyTorch backend).
+
+`update_state(batch_update)` is the host side: it validates the update whole, then writes
+slot tables and flushes them (H2D copies, plus stream-ordered scatters for new requests'
+count rows). `forward(logits)` is the device side: DESIGN §4's pipeline, branch-free on
+request state, with no host reads, and by default it commits each row's token to the
+request's device-side history (counts, generated-token count, bad-words window), inside the
+graph.
+
+Pipeline (float32): raw logprobs kept -> allowed ids, bad words, grammar bitmask ->
+min_tokens, logit_bias, custom processors -> penalties -> greedy argmax -> temperature ->
+min_p, custom argmax-invariant processors -> top-k, top-p -> exponential race ->
+merge greedy/random per row -> logprobs -> commit.
+
+Rows past the batch (padding) map to the padding slot: greedy, no filters, and they commit
+nothing. A NaN row returns the index of its first NaN (argmax's choice); a row with every
+token masked returns token 0. Both are valid ids in [0, V).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from graphsafe_sampler.bad_words import BadWordsState
+from graphsafe_sampler.batch_state import BatchState
+from graphsafe_sampler.batch_update import BatchUpdate
+from graphsafe_sampler.config import SamplerConfig
+from graphsafe_sampler.ops.rng import SALT_SAMPLE, gumbel_noise
+from graphsafe_sampler.ops.top_k_top_p import apply_top_k_top_p
+from graphsafe_sampler.output import LogprobsTensors, SamplerOutput
+from graphsafe_sampler.params import GREEDY_TEMPERATURE
+from graphsafe_sampler.penalties import PenaltyState
+from graphsafe_sampler.processors.allowed_token_ids import AllowedTokenIdsLogitsProcessor
+from graphsafe_sampler.processors.base import LogitsProcessor
+from graphsafe_sampler.processors.loading import build_logits_processors, load_logits_processors
+from graphsafe_sampler.processors.logit_bias import LogitBiasLogitsProcessor
+from graphsafe_sampler.processors.min_p import MinPLogitsProcessor
+from graphsafe_sampler.processors.min_tokens import MinTokensLogitsProcessor
+from graphsafe_sampler.sampling_state import SamplingState
+from graphsafe_sampler.structured_output import GrammarBitmask
+
+_LOGITS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _resolve_backend(config: SamplerConfig, device: torch.device) -> str:
+    if config.backend == "triton":
+        raise NotImplementedError("backend='triton' is not available yet; use 'torch'")
+    return "torch"
+
+
+class Sampler(nn.Module):
+    """Turns `[num_rows, V]` logits into next tokens (and logprobs) inside one graph.
+
+    config: sizes and capacities (SamplerConfig). device: where state lives and logits come
+    from (default: CUDA if available, else CPU).
+    """
+
+    def __init__(self, config: SamplerConfig, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        if not isinstance(config, SamplerConfig):
+            raise TypeError(f"config must be a SamplerConfig, got {type(config).__name__}")
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.config = config
+        self.device = torch.device(device)
+        self.backend = _resolve_backend(config, self.device)
+        self.batch_state = BatchState(config, self.device)
+        state, pin = self.batch_state, self.batch_state.pin_memory
+        # Registration order is add order; the pipeline order is fixed in forward.
+        self.allowed = AllowedTokenIdsLogitsProcessor(config, self.device, pin, batch_state=state)
+        self.bad_words = BadWordsState(config, state)
+        self.grammar = GrammarBitmask(config, state)
+        self.min_tokens = MinTokensLogitsProcessor(config, self.device, pin, batch_state=state)
+        self.logit_bias = LogitBiasLogitsProcessor(config, self.device, pin, batch_state=state)
+        self.penalties = PenaltyState(config, state)
+        self.sampling = SamplingState(config, state)
+        self.min_p = MinPLogitsProcessor(config, self.device, pin, batch_state=state)
+        classes = load_logits_processors(config.logits_processors)
+        self.custom: list[LogitsProcessor] = build_logits_processors(
+            classes, config, self.device, pin, state
+        )
+        self.graph_safe = all(p.graph_safe for p in self.custom)
+        self._ready = False
+
+    # ----------------------------------------------------------------- host side
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        """Apply one step's batch changes: validated whole first, then host writes and H2D
+        copies. A rejected update raises and changes nothing (host RNG included)."""
+        if batch_update is not None:
+            for added in batch_update.added:
+                if isinstance(added, tuple) and len(added) == 4:
+                    for proc in self.custom:
+                        type(proc).validate_params(added[1])
+        self.batch_state.update(batch_update)
+        # Slot processors on the shared state were updated above (their update_state is a
+        # no-op); row-indexed ones apply the update themselves.
+        for proc in self.custom:
+            proc.update_state(batch_update)
+        self._ready = True
+
+    def stage_grammar_bitmask(
+        self, bitmask: torch.Tensor | np.ndarray | None, rows: Sequence[int] | None = None
+    ) -> None:
+        """Stage this step's structured-output bitmask (int32 [len(rows), ceil(V/32)], bit
+        set = allowed, xgrammar's layout) for batch `rows`; other rows are unconstrained.
+        It stays in force until the next call; `None` clears it."""
+        self.grammar.stage(bitmask, rows)
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor kept across steps, by name (the graph-safety harness checks them)."""
+        out = dict(self.batch_state.state_tensors())
+        parts: dict[str, object] = {
+            "allowed": self.allowed,
+            "bad_words": self.bad_words,
+            "min_tokens": self.min_tokens,
+            "logit_bias": self.logit_bias,
+            "penalties": self.penalties,
+            "sampling": self.sampling,
+            "min_p": self.min_p,
+        }
+        for i, proc in enumerate(self.custom):
+            parts[f"custom{i}"] = proc
+        for prefix, part in parts.items():
+            for name, tensor in part.state_tensors().items():  # type: ignore[attr-defined]
+                if not name.startswith("batch_state."):
+                    out[f"{prefix}.{name}"] = tensor
+        out["grammar.bitmask.host"] = self.grammar.bitmask.host
+        out["grammar.bitmask.device"] = self.grammar.bitmask.device
+        return out
+
+    def _check_logits(self, logits: torch.Tensor) -> None:
+        if not isinstance(logits, torch.Tensor):
+            raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+        if logits.dim() != 2:
+            raise ValueError(f"logits must be 2-D [num_rows, vocab_size], got {logits.dim()}-D")
+        if logits.dtype not in _LOGITS_DTYPES:
+            raise TypeError(f"logits must be float32, float16 or bfloat16, got {logits.dtype}")
+        if logits.device != self.device and not (
+            logits.device.type == self.device.type == "cuda" and self.device.index is None
+        ):
+            raise ValueError(f"logits are on {logits.device}, the sampler on {self.device}")
+        rows, vocab = logits.shape
+        if vocab != self.config.vocab_size:
+            raise ValueError(f"logits have {vocab} columns, vocab_size is {self.config.vocab_size}")
+        if not 1 <= rows <= self.config.max_num_reqs:
+            raise ValueError(
+                f"logits have {rows} rows; forward takes 1 to max_num_reqs = "
+                f"{self.config.max_num_reqs}"
+            )
+        if not self._ready:
+            raise RuntimeError("forward before any update_state: there is no batch yet")
+
+    # ----------------------------------------------------------------- device side
+
+    def forward(
+        self,
+        logits: torch.Tensor,
+        commit_mask: torch.Tensor | None = None,
+        *,
+        commit: bool = True,
+    ) -> SamplerOutput:
+        """logits: [num_rows, V] float32/float16/bfloat16, row i = batch row i (rows past
+        the batch are padding). commit_mask: optional [num_rows] bool device tensor; rows
+        with False (a chunked-prefill step whose token the engine discards) keep their
+        history. commit=False skips the commit for every row (e.g. the engine commits later
+        with `commit_tokens`)."""
+        self._check_logits(logits)
+        num_rows = logits.shape[0]
+        config = self.config
+        slots = self.batch_state.slots(num_rows)  # [num_rows] int64
+        raw = logits
+        x = logits.to(torch.float32, copy=True)  # [num_rows, V]; never written in place
+
+        x = self.allowed.apply(x)
+        x = self.bad_words.apply(x, slots)
+        x = self.grammar.apply(x)
+        x = self.min_tokens.apply(x)
+        x = self.logit_bias.apply(x)
+        for proc in self.custom:
+            if not proc.is_argmax_invariant():
+                x = proc.apply(x)
+        x = self.penalties.apply(x, slots)
+
+        greedy_tokens = x.argmax(dim=-1)  # [num_rows]; lowest index on ties
+        temperature = self.sampling.temperature.device[slots]
+        is_greedy = temperature < GREEDY_TEMPERATURE
+        x = x / torch.where(is_greedy, 1.0, temperature)[:, None]
+        x = self.min_p.apply(x)
+        for proc in self.custom:
+            if proc.is_argmax_invariant():
+                x = proc.apply(x)
+        x = apply_top_k_top_p(
+            x, self.sampling.top_k.device[slots], self.sampling.top_p.device[slots]
+        )
+        positions = self.sampling.positions(slots)
+        seeds = self.sampling.seed.device[slots]
+        noise = gumbel_noise(seeds, positions, config.vocab_size, SALT_SAMPLE)
+        random_tokens = (x + noise).argmax(dim=-1)
+        tokens = torch.where(is_greedy, greedy_tokens, random_tokens)  # [num_rows] int64
+
+        logprobs = None
+        if config.max_num_logprobs > 0:
+            logprobs = self._logprobs(raw, x, tokens)
+        if commit:
+            self.batch_state.commit(tokens, commit_mask)
+        return SamplerOutput(tokens.to(torch.int32)[:, None], logprobs)
+
+    def commit_tokens(
+        self,
+        token_ids: torch.Tensor,
+        num_tokens: torch.Tensor | None = None,
+        commit_mask: torch.Tensor | None = None,
+    ) -> None:
+        """Graph-safe: append tokens to the requests' device-side history.
+
+        token_ids: [num_rows] (one token per row) or [num_rows, n] (up to n per row, e.g.
+            accepted speculative tokens, committed in column order).
+        num_tokens: [num_rows] int device tensor, how many of a row's n columns to commit
+            (2-D only; default all n).
+        commit_mask: [num_rows] bool device tensor; rows with False commit nothing.
+        """
+        if token_ids.dim() == 1:
+            if num_tokens is not None:
+                raise ValueError("num_tokens needs 2-D token_ids [num_rows, n]")
+            self.batch_state.commit(token_ids, commit_mask)
+            return
+        if token_ids.dim() != 2:
+            raise ValueError(f"token_ids must be 1-D or 2-D, got {token_ids.dim()}-D")
+        for j in range(token_ids.shape[1]):  # static n: unrolled into the graph
+            keep = commit_mask
+            if num_tokens is not None:
+                column_kept = num_tokens > j
+                keep = column_kept if keep is None else keep & column_kept
+            self.batch_state.commit(token_ids[:, j], keep)
+
+    def _logprobs(
+        self, raw: torch.Tensor, processed: torch.Tensor, tokens: torch.Tensor
+    ) -> LogprobsTensors:
+        mode = self.config.logprobs_mode
+        source = raw.to(torch.float32) if mode.startswith("raw") else processed
+        values = source.log_softmax(dim=-1) if mode.endswith("logprobs") else source
+        k = self.config.max_num_logprobs
+        top_values, top_ids = values.topk(k, dim=-1)  # [num_rows, K]
+        sampled = values.gather(1, tokens[:, None])  # [num_rows, 1]
+        ranks = (values >= sampled).sum(dim=-1)  # [num_rows]
+        return LogprobsTensors(
+            torch.cat([tokens[:, None], top_ids], dim=1).to(torch.int32),
+            torch.cat([sampled, top_values], dim=1),
+            ranks.to(torch.int32),
+        )

@@ -1,0 +1,76 @@
+"""The per-step structured-output bitmask (xgrammar's format), staged by batch row.
+
+The engine stages the bitmask rows of the requests that have a grammar before each step
+(`Sampler.stage_grammar_bitmask`); every other row is all-ones (unconstrained). The staged
+mask is row-indexed and stays in force until the next call, so an engine that stops calling
+must call once with `None` to clear it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from graphsafe_sampler.batch_state import BatchState
+from graphsafe_sampler.bitmask import BitmaskUnpacker, num_words
+from graphsafe_sampler.config import SamplerConfig
+
+_ALL_ALLOWED = -1
+
+
+class GrammarBitmask:
+    """bitmask: staged [max_num_reqs, ceil(V/32)] int32, row-indexed (bit set = allowed)."""
+
+    def __init__(self, config: SamplerConfig, batch_state: BatchState) -> None:
+        self.config = config
+        self.words = num_words(config.vocab_size)
+        self.bitmask = batch_state.staged(
+            "grammar_bitmask", (config.max_num_reqs, self.words), torch.int32, fill=_ALL_ALLOWED
+        )
+        self.unpacker = BitmaskUnpacker(config.vocab_size, batch_state.device)
+        self._constrained_rows: set[int] = set()
+
+    def stage(
+        self, bitmask: torch.Tensor | np.ndarray | None, rows: Sequence[int] | None = None
+    ) -> None:
+        """bitmask: [len(rows), ceil(V/32)] int32 for batch `rows` (default 0..n-1), or None
+        to clear. Validated whole before anything is written."""
+        if bitmask is None:
+            new_rows: list[int] = []
+            values = np.zeros((0, self.words), dtype=np.int32)
+        else:
+            if isinstance(bitmask, torch.Tensor):
+                if bitmask.device.type != "cpu":
+                    raise ValueError("the grammar bitmask must be a host tensor (it is staged)")
+                bitmask = bitmask.numpy()
+            values = np.asarray(bitmask)
+            if values.dtype != np.int32:
+                raise TypeError(f"grammar bitmask must be int32, got {values.dtype}")
+            if values.ndim != 2 or values.shape[1] != self.words:
+                raise ValueError(
+                    f"grammar bitmask must have shape [rows, {self.words}], got {values.shape}"
+                )
+            new_rows = list(range(values.shape[0])) if rows is None else [int(r) for r in rows]
+            if len(new_rows) != values.shape[0]:
+                raise ValueError(
+                    f"grammar bitmask has {values.shape[0]} rows for {len(new_rows)} batch rows"
+                )
+            for r in new_rows:
+                if not 0 <= r < self.config.max_num_reqs:
+                    raise ValueError(
+                        f"grammar bitmask row {r} is outside [0, {self.config.max_num_reqs})"
+                    )
+        stale = sorted(self._constrained_rows - set(new_rows))
+        if stale:
+            self.bitmask.fill_rows(stale, _ALL_ALLOWED)
+        if new_rows:
+            self.bitmask.np[new_rows] = values
+            self.bitmask.mark_dirty(new_rows)
+        self._constrained_rows = set(new_rows)
+        self.bitmask.flush()
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        allowed = self.unpacker.unpack(self.bitmask.device[: logits.shape[0]])
+        return logits.masked_fill_(~allowed, float("-inf"))

@@ -1,0 +1,293 @@
+"""Sampler (PyTorch backend): the DESIGN §4 pipeline against the float64 reference, seeded
+determinism across layouts, sampling statistics, graph safety, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+import graphsafe_sampler as gs
+import reference
+from graphsafe_sampler import BatchUpdate, MoveDirectionality, Sampler, SamplerConfig
+from graphsafe_sampler import SamplingParams as SP
+from graphsafe_sampler.testing import BatchDriver, check_graph_safety
+
+V = 111
+
+
+def _processed(out: gs.SamplerOutput, rows: int) -> np.ndarray:
+    """Rebuild [rows, V] processed logits from the K = V logprobs columns."""
+    lp = out.logprobs_tensors
+    assert lp is not None
+    full = np.full((rows, V), np.nan)
+    ids = lp.logprob_token_ids[:, 1:].long().numpy()
+    vals = lp.logprobs[:, 1:].double().numpy()
+    np.put_along_axis(full, ids, vals, axis=1)
+    return full
+
+
+def test_pipeline_matches_reference_under_churn() -> None:
+    config = SamplerConfig(
+        max_num_reqs=17, vocab_size=V, eos_token_id=3, max_num_logprobs=V,
+        logprobs_mode="processed_logits", max_logit_bias_tokens=16, max_stop_token_ids=4,
+        max_bad_word_len=4, seed=0,
+    )  # fmt: skip
+    sampler = Sampler(config, "cpu")
+    driver = BatchDriver(config, seed=5, churn=0.15)
+    gen = torch.Generator().manual_seed(5)
+    boundary = 0
+    for _step in range(40):
+        sampler.update_state(driver.next_update())
+        logits = torch.randn(17, V, generator=gen) * 3
+        out = sampler(logits)
+        got = _processed(out, 17)
+        tokens = out.sampled_token_ids[:, 0].tolist()
+        for r, req in enumerate(driver.rows):
+            want, greedy, is_greedy = reference.pipeline(logits[r].double().numpy(), req, config)
+            if is_greedy:
+                assert tokens[r] == greedy, (r, req)
+            else:
+                assert not math.isinf(want[tokens[r]]), "sampled a masked token"
+            finite_got, finite_want = np.isfinite(got[r]), np.isfinite(want)
+            boundary += int((finite_got != finite_want).sum())
+            both = finite_got & finite_want
+            np.testing.assert_allclose(got[r][both], want[both], rtol=1e-5, atol=1e-5)
+        driver.record_tokens(tokens)
+    assert boundary <= 2, f"{boundary} tokens masked differently from the reference"
+
+
+def _run(sampler: Sampler, row: int, num_rows: int, steps: int) -> list[int]:
+    out = []
+    for _ in range(steps):
+        logits = torch.linspace(-2.0, 2.0, V).repeat(num_rows, 1)
+        out.append(int(sampler(logits).sampled_token_ids[row, 0]))
+    return out
+
+
+def test_seeded_tokens_do_not_depend_on_row_batch_or_padding() -> None:
+    config = SamplerConfig(max_num_reqs=9, vocab_size=V, seed=1)
+    params = SP(temperature=1.3, top_k=40, top_p=0.9, seed=1234)
+    a = Sampler(config, "cpu")
+    a.update_state(BatchUpdate(1, added=[(0, params, [5, 6], [])]))
+    alone = _run(a, 0, 1, 12)
+    b = Sampler(config, "cpu")
+    b.update_state(
+        BatchUpdate(
+            6,
+            added=[(r, SP(temperature=0.7, seed=r), None, []) for r in range(5)]
+            + [(5, params, [5, 6], [])],
+            moved=[(5, 2, MoveDirectionality.SWAP)],
+        )
+    )
+    crowded = _run(b, 2, 9, 12)  # row 2, a full batch, 3 padded rows
+    assert alone == crowded
+    assert len(set(alone)) > 3  # really random
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        pytest.param(SP(), id="plain"),
+        pytest.param(SP(top_k=9), id="top_k"),
+        pytest.param(SP(top_p=0.7), id="top_p"),
+        pytest.param(SP(top_k=20, top_p=0.8), id="top_k+top_p"),
+        pytest.param(SP(min_p=0.1), id="min_p"),
+        pytest.param(
+            SP(
+                temperature=0.7, repetition_penalty=1.4, frequency_penalty=0.3, presence_penalty=0.2
+            ),
+            id="penalties+temperature",
+        ),
+    ],
+)
+def test_chi_square_against_reference_distribution(params: SP) -> None:
+    vocab, rows, steps = 64, 1024, 200  # 204,800 draws
+    # Small capacities for the features these rows leave off: the torch backend pays for
+    # every capacity slot, and 200 steps of 1,024 rows must stay quick.
+    config = SamplerConfig(
+        max_num_reqs=rows, vocab_size=vocab, seed=11, max_bad_words=1, max_bad_word_len=2,
+        max_logit_bias_tokens=2, max_stop_token_ids=1,
+    )  # fmt: skip
+    sampler = Sampler(config, "cpu")
+    prompt = [1, 2, 3]
+    output = [4, 4, 9]
+    sampler.update_state(
+        BatchUpdate(
+            rows,
+            added=[
+                (r, SP(**{**params.__dict__, "seed": 1000 + r}), prompt, list(output))
+                for r in range(rows)
+            ],
+        )
+    )
+    base = torch.from_numpy(np.random.default_rng(3).normal(0, 1.5, vocab)).float()
+    req = reference.DriverRequest(params, prompt, list(output))
+    probs_logits, _, _ = reference.pipeline(base.double().numpy(), req, config)
+    want = np.exp(probs_logits - probs_logits.max())
+    want /= want.sum()
+    counts = np.zeros(vocab)
+    logits = base.repeat(rows, 1)
+    for _ in range(steps):
+        # commit=False: the distribution stays fixed; positions must still differ, so
+        # advance them through the generated count alone (no token enters the counts).
+        toks = sampler(logits, commit=False).sampled_token_ids[:, 0].numpy()
+        np.add.at(counts, toks, 1)
+        sampler.batch_state.num_generated.device[:rows] += 1
+    support = want > 0
+    assert counts[~support].sum() == 0, "drew a token outside the support"
+    expected = want[support] * counts.sum()
+    merged = expected >= 5  # chi-square needs expected counts >= 5; pool the rest
+    obs = np.append(counts[support][merged], counts[support][~merged].sum())
+    exp = np.append(expected[merged], expected[~merged].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    assert stats.chisquare(obs, exp).pvalue > 1e-3
+
+
+def test_graph_safety_of_the_whole_sampler() -> None:
+    config = SamplerConfig(
+        max_num_reqs=6, vocab_size=V, eos_token_id=2, max_num_logprobs=3, seed=0,
+        max_logit_bias_tokens=8, max_stop_token_ids=4, max_bad_word_len=4,
+    )  # fmt: skip
+    sampler = Sampler(config, "cpu")
+    report = check_graph_safety(sampler, num_steps=50, seed=4, fn=lambda x: tuple(sampler(x)))
+    assert report.compile_frames == 1
+
+
+@pytest.mark.parametrize(
+    ("logits", "exc", "match"),
+    [
+        (torch.randn(3, V, dtype=torch.float64), TypeError, "float32, float16 or bfloat16"),
+        (torch.randn(V), ValueError, "must be 2-D"),
+        (torch.randn(3, V + 1), ValueError, f"{V + 1} columns, vocab_size is {V}"),
+        (torch.randn(5, V), ValueError, "5 rows; forward takes 1 to max_num_reqs = 4"),
+        ([[0.0] * V], TypeError, "must be a torch.Tensor"),
+    ],
+    ids=["float64", "1-D", "vocab", "too-many-rows", "list"],
+)
+def test_bad_logits(logits: object, exc: type, match: str) -> None:
+    sampler = Sampler(SamplerConfig(max_num_reqs=4, vocab_size=V), "cpu")
+    sampler.update_state(None)
+    with pytest.raises(exc, match=match):
+        sampler(logits)
+
+
+def test_forward_before_update_state() -> None:
+    sampler = Sampler(SamplerConfig(max_num_reqs=4, vocab_size=V), "cpu")
+    with pytest.raises(RuntimeError, match="forward before any update_state"):
+        sampler(torch.randn(2, V))
+
+
+def test_nan_and_fully_masked_rows_give_valid_ids() -> None:
+    config = SamplerConfig(max_num_reqs=3, vocab_size=V)
+    sampler = Sampler(config, "cpu")
+    sampler.update_state(
+        BatchUpdate(3, added=[(r, SP(seed=r, top_p=0.5), None, []) for r in range(3)])
+    )
+    logits = torch.randn(3, V)
+    logits[0, 7] = float("nan")
+    logits[1] = float("-inf")
+    logits[2] = float("nan")
+    toks = sampler(logits).sampled_token_ids[:, 0]
+    assert ((toks >= 0) & (toks < V)).all()
+
+
+def test_bfloat16_logits_and_rng_draws_stay_in_range() -> None:
+    sampler = Sampler(SamplerConfig(max_num_reqs=2, vocab_size=V, max_num_logprobs=2), "cpu")
+    sampler.update_state(BatchUpdate(2, added=[(0, SP(seed=5), None, []), (1, SP(), None, [])]))
+    out = sampler(torch.randn(2, V).bfloat16())
+    assert out.logprobs_tensors is not None
+    assert (
+        out.logprobs_tensors.logprob_token_ids[:, 0].tolist()
+        == out.sampled_token_ids[:, 0].tolist()
+    )
+    assert (out.logprobs_tensors.selected_token_ranks >= 1).all()
+
+
+def test_commit_masks_and_multi_token_commits_enter_history() -> None:
+    config = SamplerConfig(max_num_reqs=4, vocab_size=V, max_num_logprobs=V,
+                           logprobs_mode="processed_logits")  # fmt: skip
+    sampler = Sampler(config, "cpu")
+    pen = SP(temperature=0.0, presence_penalty=1.0)
+    sampler.update_state(BatchUpdate(3, added=[(r, pen, None, []) for r in range(3)]))
+    logits = torch.randn(4, V)
+    # Row 1 is a chunked-prefill row this step: its token must not count.
+    out = sampler(logits, commit_mask=torch.tensor([True, False, True, True]))
+    first = out.sampled_token_ids[:, 0]
+    gen = sampler.batch_state.num_generated.device
+    slots = [sampler.batch_state.slot_of_row(r) for r in range(3)]
+    assert [int(gen[s]) for s in slots] == [1, 0, 1]
+    processed = _processed(sampler(logits, commit=False), 4)
+    assert processed[0, int(first[0])] == pytest.approx(float(logits[0, int(first[0])]) - 1.0)
+    assert processed[1, int(first[1])] == pytest.approx(float(logits[1, int(first[1])]))
+    # Speculative decoding: a variable number of tokens per row.
+    drafts = torch.tensor([[5, 6, 7], [8, 9, 10], [11, 12, 13], [1, 1, 1]])
+    sampler.commit_tokens(drafts, num_tokens=torch.tensor([3, 0, 2, 3]))
+    assert [int(gen[s]) for s in slots] == [4, 0, 3]
+    counts = sampler.penalties.counts
+    assert counts[slots[0], [5, 6, 7]].tolist() == [1, 1, 1]
+    assert counts[slots[1]].sum() == 0 and counts[slots[2], 13] == 0
+
+
+def test_grammar_bitmask_rows_and_clearing() -> None:
+    from graphsafe_sampler.bitmask import pack_token_ids
+
+    config = SamplerConfig(max_num_reqs=3, vocab_size=V, max_num_logprobs=V,
+                           logprobs_mode="processed_logits")  # fmt: skip
+    sampler = Sampler(config, "cpu")
+    sampler.update_state(BatchUpdate(3, added=[(r, SP(seed=r), None, []) for r in range(3)]))
+    mask = np.stack([pack_token_ids([3, 50], V)])
+    sampler.stage_grammar_bitmask(mask, rows=[1])
+    logits = torch.randn(3, V)
+    for _ in range(5):
+        out = sampler(logits)
+        assert int(out.sampled_token_ids[1, 0]) in (3, 50)
+        got = _processed(out, 3)
+        assert np.isfinite(got[1]).sum() == 2 and np.isfinite(got[[0, 2]]).all()
+    sampler.stage_grammar_bitmask(None)
+    assert np.isfinite(_processed(sampler(logits), 3)).all()
+    with pytest.raises(TypeError, match="grammar bitmask must be int32, got int64"):
+        sampler.stage_grammar_bitmask(mask.astype(np.int64), rows=[1])
+    with pytest.raises(ValueError, match=r"must have shape \[rows, 4\]"):
+        sampler.stage_grammar_bitmask(np.zeros((1, 5), dtype=np.int32), rows=[1])
+    with pytest.raises(ValueError, match=r"grammar bitmask row 3 is outside \[0, 3\)"):
+        sampler.stage_grammar_bitmask(mask, rows=[3])
+
+
+@pytest.mark.parametrize(
+    "mode", ["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
+)
+def test_logprobs_modes(mode: str) -> None:
+    k = 4
+    config = SamplerConfig(max_num_reqs=5, vocab_size=V, max_num_logprobs=k, logprobs_mode=mode)
+    sampler = Sampler(config, "cpu")
+    params = [SP(temperature=0.0), SP(temperature=0.8, top_k=5, seed=1), SP(min_p=0.2, seed=2)]
+    sampler.update_state(BatchUpdate(3, added=[(r, p, None, []) for r, p in enumerate(params)]))
+    logits = torch.randn(5, V) * 2
+    out = sampler(logits)
+    lp = out.logprobs_tensors
+    assert lp is not None and lp.logprobs.shape == (5, k + 1)
+    tokens = out.sampled_token_ids[:, 0]
+    assert torch.equal(lp.logprob_token_ids[:, 0], tokens)
+    for r in range(3):
+        req = reference.DriverRequest(params[r], None, [])
+        raw = logits[r].double().numpy()
+        source = raw if mode.startswith("raw") else reference.pipeline(raw, req, config)[0]
+        if mode.endswith("logprobs"):
+            finite = np.isfinite(source)
+            lse = np.log(np.exp(source[finite] - source[finite].max()).sum()) + source.max()
+            values = source - lse
+        else:
+            values = source
+        order = np.argsort(-values, kind="stable")[:k]
+        np.testing.assert_allclose(lp.logprobs[r, 1:].double().numpy(), values[order], rtol=1e-5)
+        finite = np.isfinite(values[order])  # ties at -inf come in any order
+        got_ids = lp.logprob_token_ids[r, 1:].numpy()
+        assert got_ids[finite].tolist() == order[finite].tolist()
+        sampled = values[int(tokens[r])]
+        assert lp.logprobs[r, 0].item() == pytest.approx(sampled, rel=1e-5)
+        assert lp.selected_token_ranks[r].item() == int((values >= sampled - 1e-6).sum())

@@ -1,0 +1,330 @@
+"""top-k / top-p filtering (graphsafe_sampler.ops.top_k_top_p) against a float64 sort reference.
+
+Every test draws fresh inputs from a new seed, printed so that a failure can be replayed.
+top-k must match the reference exactly. top-p sums float32 masses where the reference sums
+float64 ones in sorted order, so a row may differ where some candidate set's mass lies within
+float rounding of top_p: such a row must still keep a valid top-p set for a top_p within
+`MASS_TOL` (an upper set of the top-k survivors, whole tie groups, holding >= top_p - tol,
+that would hold < top_p + tol without its lowest group).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from graphsafe_sampler.ops.top_k_top_p import (
+    apply_top_k_top_p,
+    top_k_threshold,
+    top_p_threshold,
+)
+from graphsafe_sampler.testing import SyncOpDetector
+
+MASS_TOL = 1e-5
+NEG_INF = float("-inf")
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    seed = random.randrange(2**31)
+    print(f"seed={seed}")  # shown by pytest when the test fails
+    return torch.Generator().manual_seed(seed)
+
+
+# --- inputs -------------------------------------------------------------------------------
+
+
+def llm_logits(num_rows: int, vocab_size: int, gen: torch.Generator) -> torch.Tensor:
+    """A few tokens hold most of the mass, then a long tail; token order shuffled per row."""
+    rank = torch.arange(1, vocab_size + 1, dtype=torch.float32)
+    slope = torch.rand(num_rows, 1, generator=gen) * 3.0 + 0.5
+    noise = torch.randn(num_rows, vocab_size, generator=gen) * 0.5
+    values = -slope * rank.log() + noise + torch.randn(num_rows, 1, generator=gen) * 5.0
+    order = torch.rand(num_rows, vocab_size, generator=gen).argsort(dim=-1)
+    return values.gather(1, order)
+
+
+def tied_logits(num_rows: int, vocab_size: int, gen: torch.Generator) -> torch.Tensor:
+    """Few distinct values: ties everywhere, at every boundary."""
+    return torch.randint(-6, 3, (num_rows, vocab_size), generator=gen).float()
+
+
+def randn_logits(num_rows: int, vocab_size: int, gen: torch.Generator) -> torch.Tensor:
+    return torch.randn(num_rows, vocab_size, generator=gen) * 3.0
+
+
+def random_top_k(num_rows: int, vocab_size: int, gen: torch.Generator) -> torch.Tensor:
+    choices = [0, -1, 1, 2, 5, 50, vocab_size - 1, vocab_size, vocab_size + 7]
+    picks = torch.randint(0, len(choices) + 2, (num_rows,), generator=gen).tolist()
+    drawn = torch.randint(1, vocab_size + 1, (num_rows,), generator=gen).tolist()
+    return torch.tensor(
+        [choices[i] if i < len(choices) else d for i, d in zip(picks, drawn, strict=True)],
+        dtype=torch.int32,
+    )
+
+
+def random_top_p(num_rows: int, gen: torch.Generator) -> torch.Tensor:
+    choices = [1.0, 1.0, 0.5, 1e-7, 0.9999]
+    picks = torch.randint(0, len(choices) + 3, (num_rows,), generator=gen).tolist()
+    drawn = (torch.rand(num_rows, generator=gen) * 0.95 + 0.05).tolist()
+    return torch.tensor(
+        [choices[i] if i < len(choices) else d for i, d in zip(picks, drawn, strict=True)],
+        dtype=torch.float32,
+    )
+
+
+# --- reference ----------------------------------------------------------------------------
+
+
+def reference_keep(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """DESIGN §4 step 8 for one [V] row, in float64 with a full sort: the kept tokens."""
+    x = logits.double()
+    vocab_size = x.shape[0]
+    keep = torch.ones(vocab_size, dtype=torch.bool)
+    if 0 < top_k < vocab_size:
+        keep = x >= x.sort(descending=True).values[top_k - 1]
+    if top_p < 1.0:
+        probs = survivor_probs(x, keep)
+        sorted_probs = probs.sort(descending=True).values
+        cut = min(int((sorted_probs.cumsum(0) < top_p).sum()), vocab_size - 1)
+        keep &= probs >= sorted_probs[cut]
+    return keep
+
+
+def survivor_probs(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """float64 softmax of x over `keep` (0 elsewhere)."""
+    masked = torch.where(keep, x.double(), NEG_INF)
+    return torch.softmax(masked, dim=0)
+
+
+def rounding_explains(out_row: torch.Tensor, logits_row: torch.Tensor, k: int, p: float) -> bool:
+    """Whether `out_row` keeps a valid top-p set for some top_p within MASS_TOL of p."""
+    kept = out_row > NEG_INF
+    top_k_kept = reference_keep(logits_row, k, 1.0)
+    if not kept.any() or (kept & ~top_k_kept).any():
+        return False
+    x = logits_row.double()
+    lowest = x[kept].min()
+    if not torch.equal(kept, top_k_kept & (x >= lowest)):
+        return False
+    probs = survivor_probs(x, top_k_kept)
+    mass = float(probs[kept].sum())
+    mass_above_lowest = float(probs[kept & (x > lowest)].sum())
+    return mass >= p - MASS_TOL and mass_above_lowest < p + MASS_TOL
+
+
+def check_filtered(
+    out: torch.Tensor, logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> set[int]:
+    """Assert `out` is logits filtered per the reference; return the rows within rounding."""
+    assert out.shape == logits.shape and out.dtype == torch.float32
+    rounding_rows = set()
+    for row in range(logits.shape[0]):
+        k, p = int(top_k[row]), float(top_p[row])
+        keep = reference_keep(logits[row], k, p)
+        expected = torch.where(keep, logits[row], NEG_INF)
+        if torch.equal(out[row], expected):
+            continue
+        kept_values_intact = torch.equal(
+            out[row], torch.where(out[row] > NEG_INF, logits[row], NEG_INF)
+        )
+        assert kept_values_intact and p < 1.0 and rounding_explains(out[row], logits[row], k, p), (
+            f"row {row} (top_k={k}, top_p={p}): kept {int((out[row] > NEG_INF).sum())} tokens, "
+            f"reference keeps {int(keep.sum())}"
+        )
+        rounding_rows.add(row)
+    return rounding_rows
+
+
+def filtered(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """apply_top_k_top_p on a copy, checking that it works in place and returns its input."""
+    work = logits.clone()
+    out = apply_top_k_top_p(work, top_k, top_p)
+    assert out is work
+    return out
+
+
+# --- random mixes -------------------------------------------------------------------------
+
+GENERATORS = {"llm": llm_logits, "tied": tied_logits, "randn": randn_logits}
+
+
+@pytest.mark.parametrize(
+    ("num_rows", "vocab_size", "kind"),
+    [
+        pytest.param(1, 111, "llm", id="R1-V111-llm"),
+        pytest.param(3, 1023, "llm", id="R3-V1023-llm"),
+        pytest.param(17, 4099, "llm", id="R17-V4099-llm"),
+        pytest.param(17, 111, "tied", id="R17-V111-tied"),
+        pytest.param(3, 4099, "tied", id="R3-V4099-tied"),
+        pytest.param(17, 1023, "randn", id="R17-V1023-randn"),
+    ],
+)
+def test_random_mix_matches_reference(
+    num_rows: int, vocab_size: int, kind: str, gen: torch.Generator
+) -> None:
+    for _ in range(3):
+        logits = GENERATORS[kind](num_rows, vocab_size, gen)
+        top_k = random_top_k(num_rows, vocab_size, gen)
+        top_p = random_top_p(num_rows, gen)
+        check_filtered(filtered(logits, top_k, top_p), logits, top_k, top_p)
+
+
+# --- edge cases ---------------------------------------------------------------------------
+
+
+def one_finite(gen: torch.Generator) -> torch.Tensor:
+    logits = torch.full((8, 1023), NEG_INF)
+    cols = torch.randint(0, 1023, (8,), generator=gen)
+    logits[torch.arange(8), cols] = torch.randn(8, generator=gen) * 1e3
+    return logits
+
+
+def five_finite(gen: torch.Generator) -> torch.Tensor:
+    logits = torch.full((8, 1023), NEG_INF)
+    cols = torch.rand(8, 1023, generator=gen).argsort(dim=-1)[:, :5]
+    logits.scatter_(1, cols, torch.randn(8, 5, generator=gen))
+    return logits
+
+
+def thousand_ties(gen: torch.Generator) -> torch.Tensor:
+    # 1000 tokens tied at the top (each 1/1000 of the mass, up to 23 tiny ones), shuffled.
+    logits = torch.cat([torch.full((8, 1000), 2.0), torch.randn(8, 23, generator=gen) - 30.0], 1)
+    return logits.gather(1, torch.rand(8, 1023, generator=gen).argsort(dim=-1))
+
+
+def plus_minus_1e9(gen: torch.Generator) -> torch.Tensor:
+    signs = torch.randint(0, 2, (8, 111), generator=gen).float() * 2 - 1
+    logits = signs * 1e9
+    logits[:4, ::7] = torch.randn(4, 16, generator=gen)  # mixed with ordinary values
+    return logits
+
+
+def boundary_duplicates(gen: torch.Generator) -> torch.Tensor:
+    logits = torch.tensor([[5.0, 4.0, 3.0, 3.0, 3.0, 2.0, 1.0]]).repeat(8, 1)
+    return logits.gather(1, torch.rand(8, 7, generator=gen).argsort(dim=-1))
+
+
+def signed_zeros(gen: torch.Generator) -> torch.Tensor:
+    logits = torch.tensor([[1.0, 0.0, -0.0, -1.0, -0.0, 0.0, -2.0]]).repeat(8, 1)
+    return logits.gather(1, torch.rand(8, 7, generator=gen).argsort(dim=-1))
+
+
+def extreme_values(gen: torch.Generator) -> torch.Tensor:
+    # Float32's ends: the largest magnitudes, denormals, signed zeros and -inf.
+    values = torch.tensor(
+        [-3.4e38, -3.0e38, -1e30, NEG_INF, -1e-45, -0.0, 0.0, 1e-45, 3.0e38, 3.4e38]
+    )
+    # Rows 4-7 draw only from the negative end, where thresholds sit just above -inf.
+    high = torch.tensor([[len(values)]] * 4 + [[4]] * 4)
+    return values[(torch.rand(8, 111, generator=gen) * high).long()]
+
+
+def llm_batch(gen: torch.Generator) -> torch.Tensor:
+    return llm_logits(8, 1023, gen)
+
+
+def full(value: float, num_rows: int = 8) -> torch.Tensor:
+    return torch.full((num_rows,), value)
+
+
+EDGE_CASES = {
+    # name: (logits, top_k (a function of V), top_p, expected kept count per row or None)
+    "all-inf-but-one-k5": (one_finite, lambda v: 5, full(1.0), 1),
+    "all-inf-but-one-k1-tiny-p": (one_finite, lambda v: 1, full(1e-7), 1),
+    "all-inf-but-one-p0.5": (one_finite, lambda v: 0, full(0.5), 1),
+    "fewer-finite-than-k": (five_finite, lambda v: 10, full(1.0), 5),
+    "fewer-finite-than-k-p0.9": (five_finite, lambda v: 1000, full(0.9), None),
+    "1000-ties-p0.5": (thousand_ties, lambda v: 0, full(0.5), 1000),
+    "1000-ties-k10": (thousand_ties, lambda v: 10, full(1.0), 1000),
+    "1000-ties-k10-p0.5": (thousand_ties, lambda v: 10, full(0.5), 1000),
+    "pm-1e9-k50-p0.9": (plus_minus_1e9, lambda v: 50, full(0.9), None),
+    "pm-1e9-off": (plus_minus_1e9, lambda v: 0, full(1.0), None),
+    "k1": (llm_batch, lambda v: 1, full(1.0), 1),
+    "k1-p0.3": (llm_batch, lambda v: 1, full(0.3), 1),
+    "kV": (llm_batch, lambda v: v, full(1.0), 1023),
+    "kV-1": (llm_batch, lambda v: v - 1, full(1.0), 1022),
+    "tiny-p": (llm_batch, lambda v: 0, full(1e-7), 1),
+    "tiny-p-k200": (llm_batch, lambda v: 200, full(1e-30), 1),
+    "dup-boundary-k3": (boundary_duplicates, lambda v: 3, full(1.0), 5),
+    "dup-boundary-k4-p0.99": (boundary_duplicates, lambda v: 4, full(0.99), None),
+    "signed-zero-k2": (signed_zeros, lambda v: 2, full(1.0), 5),
+    "extremes-k5": (extreme_values, lambda v: 5, full(1.0), None),
+    "extremes-k30-p0.7": (extreme_values, lambda v: 30, full(0.7), None),
+    "extremes-k100": (extreme_values, lambda v: 100, full(1.0), None),
+    "p0": (llm_batch, lambda v: 0, full(0.0), 1),
+}
+
+
+@pytest.mark.parametrize("case", list(EDGE_CASES))
+def test_edge_case(case: str, gen: torch.Generator) -> None:
+    make_logits, make_k, top_p, expected_count = EDGE_CASES[case]
+    logits = make_logits(gen)
+    top_k = torch.full((8,), make_k(logits.shape[1]), dtype=torch.int64)
+    out = filtered(logits, top_k, top_p)
+    check_filtered(out, logits, top_k, top_p)
+    if expected_count is not None:
+        assert (out > NEG_INF).sum(-1).tolist() == [expected_count] * 8
+    # Whatever survives, the row max does.
+    assert torch.equal(out.amax(-1), logits.amax(-1))
+
+
+# --- the threshold helpers ----------------------------------------------------------------
+
+
+def test_top_k_threshold_is_kth_largest(gen: torch.Generator) -> None:
+    logits = tied_logits(17, 1023, gen)
+    logits[::2] = llm_logits(9, 1023, gen)
+    top_k = random_top_k(17, 1023, gen)
+    is_on = (top_k > 0) & (top_k < 1023)
+    kth = logits.sort(dim=-1, descending=True).values.gather(
+        1, (top_k.long().clamp(1, 1023) - 1)[:, None]
+    )
+    expected = torch.where(is_on[:, None], kth, NEG_INF)
+    assert torch.equal(top_k_threshold(logits, top_k), expected)
+
+
+def test_top_p_threshold_alone_matches_reference(gen: torch.Generator) -> None:
+    logits = llm_logits(17, 1023, gen)
+    top_p = random_top_p(17, gen)
+    threshold = top_p_threshold(logits, top_p)
+    out = logits.masked_fill(logits < threshold, NEG_INF)
+    check_filtered(out, logits, torch.zeros(17, dtype=torch.int32), top_p)
+
+
+# --- graph safety -------------------------------------------------------------------------
+
+
+def test_no_sync_ops(gen: torch.Generator) -> None:
+    logits = llm_logits(17, 1023, gen)
+    top_k, top_p = random_top_k(17, 1023, gen), random_top_p(17, gen)
+    with SyncOpDetector("apply_top_k_top_p"):
+        out = apply_top_k_top_p(logits.clone(), top_k, top_p)
+    check_filtered(out, logits, top_k, top_p)
+
+
+def test_compiled_fullgraph_equals_eager(gen: torch.Generator) -> None:
+    """The one compile of this file: a single shape, fed random and edge-case batches."""
+    num_rows, vocab_size = 17, 1023
+    compiled = torch.compile(apply_top_k_top_p, fullgraph=True, dynamic=False)
+    batches = []
+    for _ in range(3):
+        logits = llm_logits(num_rows, vocab_size, gen)
+        logits[:8] = torch.where(torch.rand(8, 1, generator=gen) < 0.5, one_finite(gen), logits[:8])
+        logits[8:16] = torch.where(
+            torch.rand(8, 1, generator=gen) < 0.5, thousand_ties(gen), tied_logits(8, 1023, gen)
+        )
+        batches.append(
+            (logits, random_top_k(num_rows, vocab_size, gen), random_top_p(num_rows, gen))
+        )
+    for logits, top_k, top_p in batches:
+        eager_out = apply_top_k_top_p(logits.clone(), top_k, top_p)
+        compiled_out = compiled(logits.clone(), top_k, top_p)
+        # The two sum masses in different orders; a row may differ only where both are
+        # within rounding of the reference.
+        rounding_rows = check_filtered(eager_out, logits, top_k, top_p)
+        rounding_rows |= check_filtered(compiled_out, logits, top_k, top_p)
+        same = [r for r in range(num_rows) if r not in rounding_rows]
+        assert torch.equal(compiled_out[same], eager_out[same])
