@@ -154,7 +154,19 @@ def test_graph_safety_of_the_whole_sampler() -> None:
         max_logit_bias_tokens=8, max_stop_token_ids=4, max_bad_word_len=4,
     )  # fmt: skip
     sampler = Sampler(config, "cpu")
-    report = check_graph_safety(sampler, num_steps=50, seed=4, fn=lambda x: tuple(sampler(x)))
+    rng = np.random.default_rng(4)
+    words = (V + 31) // 32
+
+    def advance(driver: BatchDriver, out: gs.SamplerOutput) -> None:
+        # The engine side of a step: record tokens, stage the next grammar bitmask rows.
+        driver.record_tokens(out.sampled_token_ids[:, 0].tolist())
+        rows = sorted(rng.choice(6, size=int(rng.integers(0, 4)), replace=False).tolist())
+        mask = rng.integers(-(2**31), 2**31, size=(len(rows), words), dtype=np.int64)
+        sampler.stage_grammar_bitmask(mask.astype(np.int32), rows=rows)
+
+    report = check_graph_safety(
+        sampler, num_steps=50, seed=4, fn=lambda x: sampler(x), advance=advance
+    )
     assert report.compile_frames == 1
 
 
@@ -291,3 +303,18 @@ def test_logprobs_modes(mode: str) -> None:
         sampled = values[int(tokens[r])]
         assert lp.logprobs[r, 0].item() == pytest.approx(sampled, rel=1e-5)
         assert lp.selected_token_ranks[r].item() == int((values >= sampled - 1e-6).sum())
+
+
+def test_padded_rows_touch_no_request_state() -> None:
+    config = SamplerConfig(max_num_reqs=6, vocab_size=V, seed=2)
+    sampler = Sampler(config, "cpu")
+    sampler.update_state(BatchUpdate(2, added=[(r, SP(), [1], []) for r in range(2)]))
+    before = {k: t.clone() for k, t in sampler.state_tensors().items()}
+    sampler(torch.randn(6, V))  # 2 requests, 4 padded rows
+    after = sampler.state_tensors()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed == {"num_generated.device", "penalties.counts", "bad_words.recent_tokens.device"}
+    live = [sampler.batch_state.slot_of_row(r) for r in range(2)]
+    others = [s for s in range(config.num_slots) if s not in live]
+    for key in changed:
+        assert torch.equal(before[key][others], after[key][others]), key
