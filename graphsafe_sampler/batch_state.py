@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from graphsafe_sampler.batch_update import BatchUpdate, MoveDirectionality
+from graphsafe_sampler.bitmask import BitmaskUnpacker
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.staging import StagedTensor, pin_memory_available
@@ -107,6 +108,7 @@ class BatchState:
         self._free_slots = list(range(config.max_num_reqs))
         heapq.heapify(self._free_slots)
         self._slot_states: list[SlotState] = []
+        self._unpacker: BitmaskUnpacker | None = None
         self.batch_size = 0
 
     def staged(
@@ -119,6 +121,13 @@ class BatchState:
     ) -> StagedTensor:
         """A StagedTensor on this state's device with its pinning policy."""
         return StagedTensor(name, shape, dtype, self.device, fill=fill, pin_memory=self.pin_memory)
+
+    @property
+    def bitmask_unpacker(self) -> BitmaskUnpacker:
+        """One vocabulary-sized unpacker shared by every bitmask user of this state."""
+        if self._unpacker is None:
+            self._unpacker = BitmaskUnpacker(self.config.vocab_size, self.device)
+        return self._unpacker
 
     def register(self, slot_state: SlotState) -> None:
         """Add a slot state; it sees every request added from now on."""

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from graphsafe_sampler.batch_state import BatchState
-from graphsafe_sampler.bitmask import BitmaskUnpacker, num_words, pack_token_ids
+from graphsafe_sampler.bitmask import num_words, pack_token_ids
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
 
@@ -55,7 +55,7 @@ class PenaltyState:
         self.counts = torch.zeros(
             config.num_slots, config.vocab_size, dtype=torch.int32, device=batch_state.device
         )
-        self.unpacker = BitmaskUnpacker(config.vocab_size, batch_state.device)
+        self.unpacker = batch_state.bitmask_unpacker
         # Rows to reset at the next flush: slot -> output tokens the request already has.
         self._pending: dict[int, Sequence[int]] = {}
         batch_state.register(self)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from graphsafe_sampler.batch_state import BatchState
-from graphsafe_sampler.bitmask import BitmaskUnpacker, num_words
+from graphsafe_sampler.bitmask import num_words
 from graphsafe_sampler.config import SamplerConfig
 
 _ALL_ALLOWED = -1
@@ -29,7 +29,7 @@ class GrammarBitmask:
         self.bitmask = batch_state.staged(
             "grammar_bitmask", (config.max_num_reqs, self.words), torch.int32, fill=_ALL_ALLOWED
         )
-        self.unpacker = BitmaskUnpacker(config.vocab_size, batch_state.device)
+        self.unpacker = batch_state.bitmask_unpacker
         self._constrained_rows: set[int] = set()
 
     def stage(

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from graphsafe_sampler.batch_state import BatchState
-from graphsafe_sampler.bitmask import BitmaskUnpacker, num_words, pack_token_ids
+from graphsafe_sampler.bitmask import num_words, pack_token_ids
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.processors.base import SlotLogitsProcessor
@@ -35,7 +35,7 @@ class AllowedTokenIdsLogitsProcessor(SlotLogitsProcessor):
         self.allowed = self.staged(
             "allowed", (num_words(config.vocab_size),), torch.int32, fill=_ALL_ALLOWED
         )
-        self.unpacker = BitmaskUnpacker(config.vocab_size, self.device)
+        self.unpacker = self.batch_state.bitmask_unpacker
 
     def is_argmax_invariant(self) -> bool:
         return False
