@@ -176,11 +176,14 @@ class Sampler(nn.Module):
         raw = logits
         x = logits.to(torch.float32, copy=True)  # [num_rows, V]; never written in place
 
-        x = self.allowed.apply(x)
-        x = self.bad_words.apply(x, slots)
-        x = self.grammar.apply(x)
-        x = self.min_tokens.apply(x)
+        # Steps 2-3 are -inf masks and finite additive biases, which commute: the sparse
+        # scatters go first, in place on the fresh copy (a scatter into a later fused
+        # intermediate makes inductor copy the whole tensor), then the dense masks.
         x = self.logit_bias.apply(x)
+        x = self.min_tokens.apply(x)
+        x = self.bad_words.apply(x, slots)
+        x = self.allowed.apply(x)
+        x = self.grammar.apply(x)
         for proc in self.custom:
             if not proc.is_argmax_invariant():
                 x = proc.apply(x)
@@ -243,13 +246,19 @@ class Sampler(nn.Module):
     ) -> LogprobsTensors:
         mode = self.config.logprobs_mode
         source = raw.to(torch.float32) if mode.startswith("raw") else processed
-        values = source.log_softmax(dim=-1) if mode.endswith("logprobs") else source
         k = self.config.max_num_logprobs
-        top_values, top_ids = values.topk(k, dim=-1)  # [num_rows, K]
-        sampled = values.gather(1, tokens[:, None])  # [num_rows, 1]
-        ranks = (values >= sampled).sum(dim=-1)  # [num_rows]
+        # Top-K, the sampled value and the rank are taken on the logits: log_softmax only
+        # shifts a row, so the order is the same and no [num_rows, V] logprobs tensor is
+        # written. (A rank counts tokens >= the sampled logit; float rounding of the shift
+        # could only merge neighbours, never reorder them.)
+        top_values, top_ids = source.topk(k, dim=-1)  # [num_rows, K]
+        sampled = source.gather(1, tokens[:, None])  # [num_rows, 1]
+        ranks = (source >= sampled).sum(dim=-1)  # [num_rows]
+        values = torch.cat([sampled, top_values], dim=1)
+        if mode.endswith("logprobs"):
+            values = values - source.logsumexp(dim=-1, keepdim=True)
         return LogprobsTensors(
             torch.cat([tokens[:, None], top_ids], dim=1).to(torch.int32),
-            torch.cat([sampled, top_values], dim=1),
+            values,
             ranks.to(torch.int32),
         )

@@ -216,8 +216,11 @@ def check_agreement(case: Case) -> dict[str, object]:
         torch.testing.assert_close(
             lp_ours.logprob_token_ids[:, 1:], lp_theirs.logprob_token_ids[:, 1:]
         )
-        torch.testing.assert_close(lp_ours.logprobs[:, 1:], lp_theirs.logprobs[:, 1:])
-        torch.testing.assert_close(lp_ours.logprobs[greedy], lp_theirs.logprobs[greedy])
+        # torch's float32 CPU log_softmax over 128k tokens is off by up to ~5e-5 from
+        # float64 (the Sampler's logits - logsumexp by ~2e-6): compare at that scale.
+        close = {"rtol": 1e-4, "atol": 1e-4}
+        torch.testing.assert_close(lp_ours.logprobs[:, 1:], lp_theirs.logprobs[:, 1:], **close)
+        torch.testing.assert_close(lp_ours.logprobs[greedy], lp_theirs.logprobs[greedy], **close)
         torch.testing.assert_close(
             lp_ours.selected_token_ranks[greedy], lp_theirs.selected_token_ranks[greedy]
         )

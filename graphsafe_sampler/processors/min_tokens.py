@@ -64,6 +64,6 @@ class MinTokensLogitsProcessor(SlotLogitsProcessor):
         generated = self.batch_state.num_generated.device[slots]
         active = generated < self.min_tokens.device[slots]  # [num_rows] bool
         ids = self.stop_ids.device[slots].long()  # [num_rows, C]
-        current = logits.gather(1, ids)
-        masked = torch.where(active[:, None], float("-inf"), current)
-        return logits.scatter_(1, ids, masked)
+        # amin with +inf leaves a logit as it is; duplicate ids carry the same value.
+        ban = torch.where(active, float("-inf"), float("inf")).to(logits.dtype)
+        return logits.scatter_reduce_(1, ids, ban[:, None].expand_as(ids), reduce="amin")
