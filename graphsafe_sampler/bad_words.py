@@ -18,26 +18,23 @@ import torch
 from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
+from graphsafe_sampler.slot_tables import SlotTables
 
 
-class BadWordsState:
+class BadWordsState(SlotTables):
     """Slot state for bad words (see the module docstring)."""
 
     def __init__(self, config: SamplerConfig, batch_state: BatchState) -> None:
+        super().__init__(batch_state)
         self.config = config
-        self.batch_state = batch_state
-        slots, words, length = config.num_slots, config.max_bad_words, config.max_bad_word_len
+        words, length = config.max_bad_words, config.max_bad_word_len
         self.length = length
-        self.words = batch_state.staged("bad_words", (slots, words, length), torch.int32)
-        self.word_lens = batch_state.staged("bad_word_lens", (slots, words), torch.int32)
-        self.window = batch_state.staged("recent_tokens", (slots, length), torch.int32)
-        device = batch_state.device
+        self.words = self.staged("bad_words", (words, length), torch.int32)
+        self.word_lens = self.staged("bad_word_lens", (words,), torch.int32)
+        self.window = self.staged("recent_tokens", (length,), torch.int32)
         # steps back from the newest output token: 1 .. L-1
-        self.back = torch.arange(1, length, device=device)  # [L-1]
+        self.back = torch.arange(1, length, device=batch_state.device)  # [L-1]
         batch_state.register(self)
-
-    def validate_request(self, params: SamplingParams) -> None:
-        return None
 
     def add_request(
         self,
@@ -58,10 +55,6 @@ class BadWordsState:
         for g in range(max(0, n - self.length), n):
             window[g % self.length] = output_tok_ids[g]
         self.window.write(slot, window)
-
-    def flush(self) -> None:
-        for table in (self.words, self.word_lens, self.window):
-            table.flush()
 
     def commit(self, slots: torch.Tensor, token_ids: torch.Tensor, keep: torch.Tensor) -> None:
         position = self.batch_state.num_generated.device[slots].long() % self.length  # [rows]
@@ -91,9 +84,3 @@ class BadWordsState:
         ban = torch.where(match, float("-inf"), float("inf")).to(logits.dtype)
         # amin: a token banned by any word is -inf; +inf leaves a logit as it is.
         return logits.scatter_reduce_(1, last, ban, reduce="amin")
-
-    def state_tensors(self) -> dict[str, torch.Tensor]:
-        out = {}
-        for t in (self.words, self.word_lens, self.window):
-            out[f"{t.name}.host"], out[f"{t.name}.device"] = t.host, t.device
-        return out

@@ -20,6 +20,7 @@ from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.bitmask import num_words, pack_token_ids
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
+from graphsafe_sampler.slot_tables import SlotTables
 
 
 def apply_penalties(
@@ -38,30 +39,21 @@ def apply_penalties(
     return logits - presence[:, None] * in_output.to(logits.dtype)
 
 
-class PenaltyState:
+class PenaltyState(SlotTables):
     """Slot state for penalties (see the module docstring)."""
 
     def __init__(self, config: SamplerConfig, batch_state: BatchState) -> None:
+        super().__init__(batch_state)
         self.config = config
-        self.batch_state = batch_state
-        self.repetition = batch_state.staged(
-            "repetition", (config.num_slots,), torch.float32, fill=1.0
-        )
-        self.frequency = batch_state.staged("frequency", (config.num_slots,), torch.float32)
-        self.presence = batch_state.staged("presence", (config.num_slots,), torch.float32)
-        self.prompt_mask = batch_state.staged(
-            "prompt_mask", (config.num_slots, num_words(config.vocab_size)), torch.int32
-        )
-        self.counts = torch.zeros(
-            config.num_slots, config.vocab_size, dtype=torch.int32, device=batch_state.device
-        )
+        self.repetition = self.staged("repetition", (), torch.float32, fill=1.0)
+        self.frequency = self.staged("frequency", (), torch.float32)
+        self.presence = self.staged("presence", (), torch.float32)
+        self.prompt_mask = self.staged("prompt_mask", (num_words(config.vocab_size),), torch.int32)
+        self.counts = self.device_only("counts", (config.vocab_size,), torch.int32)
         self.unpacker = batch_state.bitmask_unpacker
         # Rows to reset at the next flush: slot -> output tokens the request already has.
         self._pending: dict[int, Sequence[int]] = {}
         batch_state.register(self)
-
-    def validate_request(self, params: SamplingParams) -> None:
-        return None
 
     def add_request(
         self,
@@ -77,8 +69,7 @@ class PenaltyState:
         self._pending[slot] = list(output_tok_ids)
 
     def flush(self) -> None:
-        for table in (self.repetition, self.frequency, self.presence, self.prompt_mask):
-            table.flush()
+        super().flush()
         if not self._pending:
             return
         # Reset the new requests' count rows and count their resumed outputs. Stream-ordered
@@ -107,9 +98,3 @@ class PenaltyState:
             self.frequency.device[slots],
             self.presence.device[slots],
         )
-
-    def state_tensors(self) -> dict[str, torch.Tensor]:
-        out = {"counts": self.counts}
-        for t in (self.repetition, self.frequency, self.presence, self.prompt_mask):
-            out[f"{t.name}.host"], out[f"{t.name}.device"] = t.host, t.device
-        return out

@@ -16,7 +16,7 @@ import torch
 from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
-from graphsafe_sampler.staging import StagedTensor
+from graphsafe_sampler.slot_tables import SlotTables
 
 _UINT64 = 2**64
 _INT64_HALF = 2**63
@@ -28,24 +28,20 @@ def _as_int64(seed: int) -> int:
     return seed - _UINT64 if seed >= _INT64_HALF else seed
 
 
-class SamplingState:
+class SamplingState(SlotTables):
     """Slot state for temperature, top-k, top-p, seeds and positions."""
 
     def __init__(self, config: SamplerConfig, batch_state: BatchState) -> None:
+        super().__init__(batch_state)
         self.config = config
-        self.batch_state = batch_state
-        n = (config.num_slots,)
         # The padding slot is greedy: padded rows cost an argmax and return a valid id.
-        self.temperature = batch_state.staged("temperature", n, torch.float32, fill=0.0)
-        self.top_k = batch_state.staged("top_k", n, torch.int32)
-        self.top_p = batch_state.staged("top_p", n, torch.float32, fill=1.0)
-        self.seed = batch_state.staged("seed", n, torch.int64)
-        self.prompt_len = batch_state.staged("prompt_len", n, torch.int64)
+        self.temperature = self.staged("temperature", (), torch.float32, fill=0.0)
+        self.top_k = self.staged("top_k", (), torch.int32)
+        self.top_p = self.staged("top_p", (), torch.float32, fill=1.0)
+        self.seed = self.staged("seed", (), torch.int64)
+        self.prompt_len = self.staged("prompt_len", (), torch.int64)
         self.host_rng = random.Random(config.seed)
         batch_state.register(self)
-
-    def validate_request(self, params: SamplingParams) -> None:
-        return None
 
     def add_request(
         self,
@@ -62,23 +58,7 @@ class SamplingState:
         self.seed.write(slot, _as_int64(seed))
         self.prompt_len.write(slot, len(prompt_tok_ids or ()))
 
-    def flush(self) -> None:
-        for table in self._tables():
-            table.flush()
-
-    def commit(self, slots: torch.Tensor, token_ids: torch.Tensor, keep: torch.Tensor) -> None:
-        return None
-
     def positions(self, slots: torch.Tensor) -> torch.Tensor:
         """[num_rows] int64 position of the token each row samples now."""
         generated = self.batch_state.num_generated.device[slots].long()
         return self.prompt_len.device[slots] + generated
-
-    def _tables(self) -> tuple[StagedTensor, ...]:
-        return (self.temperature, self.top_k, self.top_p, self.seed, self.prompt_len)
-
-    def state_tensors(self) -> dict[str, torch.Tensor]:
-        out = {}
-        for t in self._tables():
-            out[f"{t.name}.host"], out[f"{t.name}.device"] = t.host, t.device
-        return out

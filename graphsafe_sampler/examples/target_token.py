@@ -16,8 +16,6 @@ from collections.abc import Sequence
 
 import torch
 
-from graphsafe_sampler.batch_state import BatchState
-from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.processors.base import SlotLogitsProcessor
 
@@ -35,15 +33,8 @@ class TargetTokenLogitsProcessor(SlotLogitsProcessor):
         if target is not None and target < 0:
             raise ValueError(f"extra_args['target_token'] must be >= 0, got {target}")
 
-    def __init__(
-        self,
-        config: SamplerConfig,
-        device: torch.device,
-        is_pin_memory: bool,
-        *,
-        batch_state: BatchState | None = None,
-    ) -> None:
-        super().__init__(config, device, is_pin_memory, batch_state=batch_state)
+    def init_tables(self) -> None:
+        config = self.config
         self.target = self.staged("target", (), torch.int32, fill=_NO_TARGET)
         self.token_ids = torch.arange(config.vocab_size, device=self.device)  # [V]
 

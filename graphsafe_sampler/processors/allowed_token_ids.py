@@ -11,9 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.bitmask import num_words, pack_token_ids
-from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.processors.base import SlotLogitsProcessor
 
@@ -23,15 +21,8 @@ _ALL_ALLOWED = -1  # int32 with every bit set
 class AllowedTokenIdsLogitsProcessor(SlotLogitsProcessor):
     """Table: allowed [num_slots, ceil(V/32)] int32 bitmask (bit set = allowed)."""
 
-    def __init__(
-        self,
-        config: SamplerConfig,
-        device: torch.device,
-        is_pin_memory: bool,
-        *,
-        batch_state: BatchState | None = None,
-    ) -> None:
-        super().__init__(config, device, is_pin_memory, batch_state=batch_state)
+    def init_tables(self) -> None:
+        config = self.config
         self.allowed = self.staged(
             "allowed", (num_words(config.vocab_size),), torch.int32, fill=_ALL_ALLOWED
         )

@@ -27,6 +27,7 @@ import torch
 from graphsafe_sampler.batch_update import BatchUpdate
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
+from graphsafe_sampler.slot_tables import SlotTables
 from graphsafe_sampler.staging import StagedTensor
 
 if TYPE_CHECKING:
@@ -89,13 +90,14 @@ def _walk_state(obj: object, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
                 yield f"{path}.{key}", tensor
 
 
-class SlotLogitsProcessor(LogitsProcessor):
+class SlotLogitsProcessor(LogitsProcessor, SlotTables):
     """A processor whose per-request state lives in slots of a shared `BatchState`.
 
-    Subclasses allocate their tables with `self.batch_state.staged(...)` (shape
-    `[config.num_slots, ...]`, the padding slot holding neutral values), write a new
-    request's row in `add_request` and read their rows in `apply` through
-    `self.batch_state.slots(num_rows)`. Moves in the batch then cost nothing here.
+    Subclasses allocate their tables in `init_tables` with `self.staged(name, row_shape,
+    dtype, fill=neutral)` (shape `[config.num_slots, *row_shape]`; the padding slot keeps
+    the neutral value), write a new request's row in `add_request` and read their rows in
+    `apply` through `self.batch_state.slots(num_rows)`. Moves in the batch then cost nothing
+    here.
 
     Inside a Sampler the processor shares the Sampler's BatchState (passed as
     `batch_state=`), which calls `add_request`/`flush`/`commit`; used alone it owns one and
@@ -112,26 +114,17 @@ class SlotLogitsProcessor(LogitsProcessor):
     ) -> None:
         from graphsafe_sampler.batch_state import BatchState
 
-        super().__init__(config, device, is_pin_memory)
+        LogitsProcessor.__init__(self, config, device, is_pin_memory)
         self._owns_batch_state = batch_state is None
         if batch_state is None:
             batch_state = BatchState(config, self.device, pin_memory=is_pin_memory)
-        self.batch_state = batch_state
-        self._tables: list[StagedTensor] = []
+        SlotTables.__init__(self, batch_state)
+        self.init_tables()
         batch_state.register(self)
 
-    def staged(
-        self,
-        name: str,
-        row_shape: Sequence[int],
-        dtype: torch.dtype,
-        *,
-        fill: float | int = 0,
-    ) -> StagedTensor:
-        """A slot-indexed table `[num_slots, *row_shape]`, flushed with the batch state."""
-        table = self.batch_state.staged(name, (self.config.num_slots, *row_shape), dtype, fill=fill)
-        self._tables.append(table)
-        return table
+    def init_tables(self) -> None:
+        """Allocate this processor's tables with `self.staged(...)` (called once)."""
+        return None
 
     def validate_request(self, params: SamplingParams) -> None:
         type(self).validate_params(params)
@@ -145,13 +138,6 @@ class SlotLogitsProcessor(LogitsProcessor):
         output_tok_ids: Sequence[int],
     ) -> None:
         """Host-side: write the request's parameters into row `slot` of each table."""
-
-    def flush(self) -> None:
-        for table in self._tables:
-            table.flush()
-
-    def commit(self, slots: torch.Tensor, token_ids: torch.Tensor, keep: torch.Tensor) -> None:
-        """Graph-safe hook run when rows commit tokens; most processors need none."""
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         if self._owns_batch_state:

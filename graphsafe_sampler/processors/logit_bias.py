@@ -7,8 +7,6 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from graphsafe_sampler.batch_state import BatchState
-from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.processors.base import SlotLogitsProcessor
 
@@ -17,15 +15,8 @@ class LogitBiasLogitsProcessor(SlotLogitsProcessor):
     """Sparse tables: bias_ids [num_slots, C] int32 and bias_values [num_slots, C] float32,
     C = max_logit_bias_tokens; unused entries are (token 0, +0.0)."""
 
-    def __init__(
-        self,
-        config: SamplerConfig,
-        device: torch.device,
-        is_pin_memory: bool,
-        *,
-        batch_state: BatchState | None = None,
-    ) -> None:
-        super().__init__(config, device, is_pin_memory, batch_state=batch_state)
+    def init_tables(self) -> None:
+        config = self.config
         self.capacity = config.max_logit_bias_tokens
         self.bias_ids = self.staged("bias_ids", (self.capacity,), torch.int32)
         self.bias_values = self.staged("bias_values", (self.capacity,), torch.float32)

@@ -10,8 +10,6 @@ from collections.abc import Sequence
 
 import torch
 
-from graphsafe_sampler.batch_state import BatchState
-from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.processors.base import SlotLogitsProcessor
 
@@ -25,15 +23,7 @@ def min_p_threshold(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 class MinPLogitsProcessor(SlotLogitsProcessor):
     """Table: min_p [num_slots] float32 (0 = off). Argmax-invariant."""
 
-    def __init__(
-        self,
-        config: SamplerConfig,
-        device: torch.device,
-        is_pin_memory: bool,
-        *,
-        batch_state: BatchState | None = None,
-    ) -> None:
-        super().__init__(config, device, is_pin_memory, batch_state=batch_state)
+    def init_tables(self) -> None:
         self.min_p = self.staged("min_p", (), torch.float32)
 
     def is_argmax_invariant(self) -> bool:

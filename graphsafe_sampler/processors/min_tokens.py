@@ -12,8 +12,6 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from graphsafe_sampler.batch_state import BatchState
-from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.processors.base import SlotLogitsProcessor
 
@@ -22,15 +20,8 @@ class MinTokensLogitsProcessor(SlotLogitsProcessor):
     """Tables: min_tokens [num_slots] int32 (0 = inactive), stop_ids [num_slots, C] int32
     with C = max_stop_token_ids + 1 (room for EOS)."""
 
-    def __init__(
-        self,
-        config: SamplerConfig,
-        device: torch.device,
-        is_pin_memory: bool,
-        *,
-        batch_state: BatchState | None = None,
-    ) -> None:
-        super().__init__(config, device, is_pin_memory, batch_state=batch_state)
+    def init_tables(self) -> None:
+        config = self.config
         self.capacity = config.max_stop_token_ids + 1
         self.min_tokens = self.staged("min_tokens", (), torch.int32)
         self.stop_ids = self.staged("stop_ids", (self.capacity,), torch.int32)
