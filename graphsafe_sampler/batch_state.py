@@ -15,7 +15,7 @@ advances the device-side history of the rows the engine keeps.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -26,6 +26,11 @@ from graphsafe_sampler.bitmask import BitmaskUnpacker
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.staging import StagedTensor, pin_memory_available
+
+# write_added(table, row, params, prompt_tok_ids, output_tok_ids): fill an added row.
+WriteAdded = Callable[
+    [StagedTensor, int, SamplingParams, "Sequence[int] | None", "Sequence[int]"], None
+]
 
 
 class SlotState(Protocol):
@@ -108,6 +113,7 @@ class BatchState:
         self._free_slots = list(range(config.max_num_reqs))
         heapq.heapify(self._free_slots)
         self._slot_states: list[SlotState] = []
+        self._row_tables: list[tuple[StagedTensor, WriteAdded | None]] = []
         self._unpacker: BitmaskUnpacker | None = None
         self.batch_size = 0
 
@@ -128,6 +134,29 @@ class BatchState:
         if self._unpacker is None:
             self._unpacker = BitmaskUnpacker(self.config.vocab_size, self.device)
         return self._unpacker
+
+    def row_staged(
+        self,
+        name: str,
+        row_shape: Sequence[int],
+        dtype: torch.dtype,
+        *,
+        fill: float | int = 0,
+        write_added: WriteAdded | None = None,
+    ) -> StagedTensor:
+        """A row-indexed staged table `[max_num_reqs, *row_shape]` that follows the batch.
+
+        For vLLM-style state kept by batch row: `update` resets removed rows to `fill`,
+        resets an added row and calls `write_added(table, row, params, prompt_tok_ids,
+        output_tok_ids)` (at the add, before the moves, as vLLM orders them), and moves
+        and swaps rows as the requests move. A move costs a host row copy plus the H2D of
+        the touched rows; state the device updates belongs in slots instead.
+        """
+        if self.num_requests:
+            raise RuntimeError("register row tables before the first request is added")
+        table = self.staged(name, (self.max_num_reqs, *row_shape), dtype, fill=fill)
+        self._row_tables.append((table, write_added))
+        return table
 
     def register(self, slot_state: SlotState) -> None:
         """Add a slot state; it sees every request added from now on."""
@@ -213,6 +242,8 @@ class BatchState:
         for row in batch_update.removed:
             self._release(int(row_slot.np[row]))
             row_slot.write(row, pad)
+            for table, _ in self._row_tables:
+                table.fill_rows(row, table.fill)
         for row, params, prompt, output in batch_update.added:
             self._release(int(row_slot.np[row]))  # an add may replace the row's request
             slot = heapq.heappop(self._free_slots)
@@ -220,14 +251,19 @@ class BatchState:
             self.num_generated.write(slot, len(output))
             for slot_state in self._slot_states:
                 slot_state.add_request(slot, params, prompt, output)
+            for table, write_added in self._row_tables:
+                table.fill_rows(row, table.fill)
+                if write_added is not None:
+                    write_added(table, row, params, prompt, output)
         for a, b, direction in batch_update.moved:
             if direction is MoveDirectionality.SWAP:
-                row_slot.copy_rows([a, b], [b, a])
-            else:
-                if a != b:
-                    self._release(int(row_slot.np[b]))
-                    row_slot.copy_rows([b], [a])
-                    row_slot.write(a, pad)
+                for table in (row_slot, *(t for t, _ in self._row_tables)):
+                    table.copy_rows([a, b], [b, a])
+            elif a != b:
+                self._release(int(row_slot.np[b]))
+                for table in (row_slot, *(t for t, _ in self._row_tables)):
+                    table.copy_rows([b], [a])
+                    table.fill_rows(a, table.fill)
         self.batch_size = batch_update.batch_size
         self.flush()
 
@@ -238,6 +274,8 @@ class BatchState:
     def flush(self) -> None:
         self.row_to_slot.flush()
         self.num_generated.flush()
+        for table, _ in self._row_tables:
+            table.flush()
         for slot_state in self._slot_states:
             slot_state.flush()
 
@@ -268,7 +306,7 @@ class BatchState:
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor this state keeps across steps, host and device sides, by name."""
         out = {}
-        for staged in (self.row_to_slot, self.num_generated):
+        for staged in (self.row_to_slot, self.num_generated, *(t for t, _ in self._row_tables)):
             out[f"{staged.name}.host"] = staged.host
             out[f"{staged.name}.device"] = staged.device
         return out

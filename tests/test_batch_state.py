@@ -234,3 +234,22 @@ def test_unidirectional_move_onto_itself_keeps_the_request() -> None:
         state.update(BatchUpdate(1, moved=[(1, 1, UNI)]))
     state.update(BatchUpdate(2, moved=[(1, 1, UNI)]))
     assert _slots(state)[:2] == [0, 1]
+
+
+def test_row_tables_follow_requests_through_churn() -> None:
+    # vLLM-style row-indexed state: removes reset, adds write, moves and swaps carry rows.
+    state = BatchState(CONFIG, "cpu")
+
+    def write_added(table, row, params, prompt, output) -> None:  # type: ignore[no-untyped-def]
+        table.write(row, params.temperature)
+
+    temperature = state.row_staged("temperature", (), torch.float32, fill=-1.0,
+                                   write_added=write_added)  # fmt: skip
+    assert "temperature.device" in state.state_tensors()
+    driver = BatchDriver(CONFIG, seed=9, churn=0.3)
+    for _ in range(300):
+        state.update(driver.next_update())
+        want = [-1.0 if req is None else req.params.temperature for req in driver.rows]
+        assert temperature.device.tolist() == pytest.approx(want)
+    with pytest.raises(RuntimeError, match="before the first request"):
+        state.row_staged("late", (), torch.float32)
