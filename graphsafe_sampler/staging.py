@@ -37,6 +37,9 @@ class StagedTensor:
     host: the authoritative host copy; write it through `write`/`fill_rows` or by indexing
         `host`/`np` and calling `mark_dirty(rows)`.
     device: the device tensor; its `data_ptr` is fixed for the life of the object.
+    ring: pinned staging buffers, used round-robin (2 lets the host run a step ahead).
+    use_staging: force the staging path (True) or the direct copy (False); default: stage
+        where the device is not the CPU.
     """
 
     def __init__(
@@ -49,6 +52,7 @@ class StagedTensor:
         fill: float | int = 0,
         pin_memory: bool | None = None,
         ring: int = 2,
+        use_staging: bool | None = None,
     ) -> None:
         if len(shape) < 1 or any(s < 1 for s in shape):
             raise ValueError(f"{name}: shape must be non-empty with positive sizes, got {shape}")
@@ -66,7 +70,10 @@ class StagedTensor:
         # numpy view of `host` (same memory) for cheap host-side writes.
         self.np: np.ndarray = self.host.numpy()
         self.device = torch.full(self.shape, fill, dtype=dtype, device=device)
-        self._async = self.device.device.type != "cpu"
+        # use_staging=None: stage through the ring exactly where copies are asynchronous
+        # (a non-CPU device). True forces the ring on the CPU too, so that the packed-row
+        # path runs in CPU-only tests.
+        self._async = self.device.device.type != "cpu" if use_staging is None else use_staging
         rows = self.shape[0]
         # The staging ring and the device landing area for packed rows only exist where the
         # copy is asynchronous; on a CPU device the flush copies host -> device directly.
@@ -130,7 +137,7 @@ class StagedTensor:
         return self._staging[k], self._staging_index[k]
 
     def _record(self) -> None:
-        if self._async and self.pin_memory:
+        if self._async and self.pin_memory and self.device.is_cuda:
             k = (self._next - 1) % len(self._staging)
             event = torch.cuda.Event()
             event.record()

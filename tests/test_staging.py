@@ -8,8 +8,10 @@ import torch
 from graphsafe_sampler.staging import StagedTensor, pin_memory_available
 
 
-def test_flush_sends_only_dirty_rows(device: torch.device) -> None:
-    t = StagedTensor("t", (9, 3), torch.float32, device, fill=-1.0)
+@pytest.mark.parametrize("use_staging", [None, True], ids=["auto", "ring"])
+def test_flush_sends_only_dirty_rows(device: torch.device, use_staging: bool | None) -> None:
+    # use_staging=True runs the pinned-ring path (packed rows + index_copy_) on the CPU too.
+    t = StagedTensor("t", (9, 3), torch.float32, device, fill=-1.0, use_staging=use_staging)
     ptr = t.device.data_ptr()
     assert torch.equal(t.device.cpu(), torch.full((9, 3), -1.0))
     # The device advances rows on its own (as commits do); a flush must not undo that.
@@ -82,10 +84,26 @@ def test_bad_construction(shape: tuple[int, ...], ring: int, match: str) -> None
         StagedTensor("t", shape, torch.float32, "cpu", ring=ring)
 
 
-def test_partial_flush_never_clobbers_device_rows(device: torch.device) -> None:
+@pytest.mark.parametrize("use_staging", [None, True], ids=["auto", "ring"])
+def test_partial_flush_never_clobbers_device_rows(
+    device: torch.device, use_staging: bool | None
+) -> None:
     # Most rows dirty but not all: the one the device advanced must survive.
-    t = StagedTensor("t", (8,), torch.int32, device)
+    t = StagedTensor("t", (8,), torch.int32, device, use_staging=use_staging)
     t.device[7] = 99
     t.fill_rows(slice(0, 7), 1)
     t.flush()
     assert t.device.cpu().tolist() == [1] * 7 + [99]
+
+
+def test_ring_path_matches_host_through_many_flushes() -> None:
+    # The staged path on the CPU: ring buffers rotate, packed and dense flushes alternate.
+    t = StagedTensor("t", (33, 5), torch.int64, "cpu", use_staging=True, ring=3)
+    assert len(t._staging) == 3
+    gen = torch.Generator().manual_seed(0)
+    for step in range(40):
+        rows = torch.randperm(33, generator=gen)[: 1 + step % 33].tolist()
+        for r in rows:
+            t.write(r, torch.randint(100, (5,), generator=gen).numpy())
+        t.flush()
+        assert torch.equal(t.device, t.host), step
