@@ -318,3 +318,43 @@ def test_padded_rows_touch_no_request_state() -> None:
     others = [s for s in range(config.num_slots) if s not in live]
     for key in changed:
         assert torch.equal(before[key][others], after[key][others]), key
+
+
+def test_custom_processors_run_inside_the_sampler() -> None:
+    from graphsafe_sampler.examples.target_token import TargetTokenLogitsProcessor
+    from graphsafe_sampler.testing import GraphSafetyError
+
+    config = SamplerConfig(
+        max_num_reqs=3,
+        vocab_size=V,
+        logits_processors=["graphsafe_sampler.examples.target_token:TargetTokenLogitsProcessor"],
+    )
+    sampler = Sampler(config, "cpu")
+    (proc,) = sampler.custom
+    assert isinstance(proc, TargetTokenLogitsProcessor) and proc.batch_state is sampler.batch_state
+    assert sampler.graph_safe
+    sampler.update_state(
+        BatchUpdate(
+            2,
+            added=[
+                (0, SP(seed=1, extra_args={"target_token": 42}), None, []),
+                (1, SP(seed=2), None, []),
+            ],
+        )
+    )
+    for _ in range(3):
+        tokens = sampler(torch.randn(3, V)).sampled_token_ids[:, 0]
+        assert int(tokens[0]) == 42
+    with pytest.raises(ValueError, match=r"target_token'\] = 111 is outside the vocabulary"):
+        sampler.update_state(
+            BatchUpdate(3, added=[(2, SP(extra_args={"target_token": V}), None, [])])
+        )
+
+    class Boost(gs.AdapterLogitsProcessor):
+        def new_req_logits_processor(self, params: SP):  # type: ignore[no-untyped-def]
+            return None
+
+    eager_only = Sampler(SamplerConfig(max_num_reqs=3, vocab_size=V, logits_processors=[Boost]))
+    assert not eager_only.graph_safe
+    with pytest.raises(GraphSafetyError, match="declares graph_safe = False"):
+        check_graph_safety(eager_only)
