@@ -51,28 +51,39 @@ def _tensors(out: Any) -> list[torch.Tensor]:
     return [leaf for leaf in leaves if leaf is not None]
 
 
+def _mismatch(expected: torch.Tensor, actual: torch.Tensor, *, exact: bool) -> str | None:
+    """None if equal (bit for bit where `exact` or for non-floats), else why not."""
+    try:
+        if exact or not expected.is_floating_point():
+            torch.testing.assert_close(actual, expected, rtol=0, atol=0, equal_nan=True)
+        else:
+            torch.testing.assert_close(actual, expected, equal_nan=True)
+    except AssertionError as exc:
+        return str(exc)
+    return None
+
+
 def _compare(what: str, expected: Any, actual: Any, *, exact: bool) -> None:
     exp, act = _tensors(expected), _tensors(actual)
     if len(exp) != len(act):
         raise GraphSafetyError(f"{what}: {len(act)} outputs, eager gave {len(exp)}")
     for i, (e, a) in enumerate(zip(exp, act, strict=True)):
-        try:
-            if exact or not e.is_floating_point():
-                torch.testing.assert_close(a, e, rtol=0, atol=0, equal_nan=True)
-            else:
-                torch.testing.assert_close(a, e, equal_nan=True)
-        except AssertionError as exc:
-            raise GraphSafetyError(f"{what}: output {i} differs from eager: {exc}") from None
+        why = _mismatch(e, a, exact=exact)
+        if why is not None:
+            raise GraphSafetyError(f"{what}: output {i} differs from eager: {why}")
 
 
 def _compare_state(
-    what: str, expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor]
+    what: str,
+    expected: dict[str, torch.Tensor],
+    actual: dict[str, torch.Tensor],
+    *,
+    exact: bool,
 ) -> None:
     for name, e in expected.items():
-        if not torch.equal(actual[name], e) and not (
-            e.is_floating_point() and torch.allclose(actual[name], e, equal_nan=True)
-        ):
-            raise GraphSafetyError(f"{what}: state tensor {name!r} differs from eager's")
+        why = _mismatch(e, actual[name], exact=exact)
+        if why is not None:
+            raise GraphSafetyError(f"{what}: state tensor {name!r} differs from eager's: {why}")
 
 
 def default_logits(config: SamplerConfig, device: torch.device) -> MakeLogits:
@@ -224,16 +235,16 @@ def check_graph_safety(
 
         state.restore(before)
         _compare(f"step {step}: make_fx replay", eager, run(traced, logits), exact=True)
-        _compare_state(f"step {step}: make_fx replay", after, state.snapshot())
+        _compare_state(f"step {step}: make_fx replay", after, state.snapshot(), exact=True)
 
         if compiled is not None:
             state.restore(before)
             _compare(f"step {step}: torch.compile", eager, run(compiled, logits), exact=False)
-            _compare_state(f"step {step}: torch.compile", after, state.snapshot())
+            _compare_state(f"step {step}: torch.compile", after, state.snapshot(), exact=False)
         if graph is not None:
             state.restore(before)
             _compare(f"step {step}: CUDA graph replay", eager, graph.replay(logits), exact=True)
-            _compare_state(f"step {step}: CUDA graph replay", after, state.snapshot())
+            _compare_state(f"step {step}: CUDA graph replay", after, state.snapshot(), exact=True)
         state.restore(after)
         if advance is not None:
             advance(driver, eager)
