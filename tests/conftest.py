@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
+# Triton kernels run through the numpy interpreter here (no GPU on CI). It must be set
+# before Triton is first imported; set TRITON_INTERPRET=0 to run them on a GPU.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import pytest
 import torch
 

@@ -1,0 +1,78 @@
+"""The min_p Triton kernel (interpreted on CPU) against the PyTorch backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphsafe_sampler import triton_ops
+from graphsafe_sampler.processors.min_p import min_p_threshold
+
+
+def _reference(logits: torch.Tensor, slots: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    threshold = min_p_threshold(logits, min_p[slots])
+    return logits.masked_fill(logits < threshold, float("-inf"))
+
+
+@pytest.mark.parametrize(
+    ("rows", "vocab"),
+    [pytest.param(1, 111, id="R1-V111"), pytest.param(3, 1023, id="R3-V1023"),
+     pytest.param(17, 4099, id="R17-V4099")],
+)  # fmt: skip
+def test_matches_torch_backend(rows: int, vocab: int) -> None:
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    logits = torch.randn(rows, vocab, generator=gen) * 4
+    min_p = torch.rand(rows + 1, generator=gen) * 0.3
+    min_p[0] = 0.0  # off
+    slots = torch.randperm(rows + 1, generator=gen)[:rows]
+    got = logits.clone()
+    triton_ops.apply_min_p(got, slots, min_p)
+    assert torch.equal(got, _reference(logits, slots, min_p))
+
+
+def test_edge_rows() -> None:
+    logits = torch.randn(4, 300)
+    logits[0] = float("-inf")
+    logits[0, 17] = 2.0  # all -inf but one
+    logits[1, :5] = 1e9  # huge logits
+    logits[2] = -1e9
+    slots = torch.arange(4)
+    min_p = torch.tensor([0.5, 0.5, 1.0, 0.0, 0.0])
+    got = logits.clone()
+    triton_ops.apply_min_p(got, slots, min_p)
+    assert torch.equal(got, _reference(logits, slots, min_p))
+    assert torch.isfinite(got[0]).sum() == 1 and torch.isfinite(got[1]).sum() == 5
+
+
+def test_non_contiguous_row_stride() -> None:
+    base = torch.randn(6, 257)
+    before = base.clone()
+    logits = base[::2, :200]  # row stride 514, not the vocabulary size
+    slots = torch.tensor([0, 1, 2])
+    min_p = torch.tensor([0.2, 0.05, 0.5, 0.0])
+    want = _reference(logits, slots, min_p)
+    triton_ops.apply_min_p(logits, slots, min_p)
+    assert torch.equal(logits, want)
+    # Odd rows and the columns past the view are outside it: not one element may change.
+    assert torch.equal(base[1::2], before[1::2])
+    assert torch.equal(base[::2, 200:], before[::2, 200:])
+
+
+def test_opcheck_and_compile() -> None:
+    logits = torch.randn(3, 129)
+    slots = torch.tensor([2, 0, 1])
+    min_p = torch.tensor([0.1, 0.0, 0.4, 0.0])
+    torch.library.opcheck(triton_ops.apply_min_p, (logits.clone(), slots, min_p))
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        x = x * 1.0
+        triton_ops.apply_min_p(x, slots, min_p)
+        return x
+
+    compiled = torch.compile(step, fullgraph=True)
+    assert torch.equal(compiled(logits), _reference(logits, slots, min_p))
+
+
+def test_rejects_wrong_dtype() -> None:
+    with pytest.raises(TypeError, match=r"logits must be float32, got torch\.float16"):
+        triton_ops.apply_min_p(torch.randn(2, 8).half(), torch.tensor([0, 1]), torch.zeros(3))
