@@ -232,11 +232,13 @@ class BatchState:
                 f"row {batch_size + int(beyond[0])} holds a request but batch_size = {batch_size}"
             )
 
-    def update(self, batch_update: BatchUpdate | None) -> None:
-        """Validate, then apply `batch_update` (None = no change) and flush all staged state."""
+    def update(self, batch_update: BatchUpdate | None, *, validated: bool = False) -> None:
+        """Validate (unless the caller just did), then apply `batch_update` (None = no
+        change) and flush all staged state."""
         if batch_update is None:
             return
-        self.validate(batch_update)
+        if not validated:
+            self.validate(batch_update)
         row_slot = self.row_to_slot
         pad = self.padding_slot
         for row in batch_update.removed:

@@ -92,11 +92,11 @@ class Sampler(nn.Module):
         """Apply one step's batch changes: validated whole first, then host writes and H2D
         copies. A rejected update raises and changes nothing (host RNG included)."""
         if batch_update is not None:
-            for added in batch_update.added:
-                if isinstance(added, tuple) and len(added) == 4:
-                    for proc in self.custom:
-                        type(proc).validate_params(added[1])
-        self.batch_state.update(batch_update)
+            # Everything that can reject the update runs before anything changes.
+            self.batch_state.validate(batch_update)
+            for proc in self.custom:
+                proc.validate_update(batch_update)
+        self.batch_state.update(batch_update, validated=True)
         # Slot processors on the shared state were updated above (their update_state is a
         # no-op); row-indexed ones apply the update themselves.
         for proc in self.custom:
@@ -108,7 +108,8 @@ class Sampler(nn.Module):
     ) -> None:
         """Stage this step's structured-output bitmask (int32 [len(rows), ceil(V/32)], bit
         set = allowed, xgrammar's layout) for batch `rows`; other rows are unconstrained.
-        It stays in force until the next call; `None` clears it."""
+        A row's mask moves with its request and is cleared when the request leaves;
+        otherwise it stays in force until the next call (`None` clears every row)."""
         self.grammar.stage(bitmask, rows)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
@@ -129,8 +130,6 @@ class Sampler(nn.Module):
             for name, tensor in part.state_tensors().items():  # type: ignore[attr-defined]
                 if not name.startswith("batch_state."):
                     out[f"{prefix}.{name}"] = tensor
-        out["grammar.bitmask.host"] = self.grammar.bitmask.host
-        out["grammar.bitmask.device"] = self.grammar.bitmask.device
         return out
 
     def _check_logits(self, logits: torch.Tensor) -> None:

@@ -1,9 +1,10 @@
 """The per-step structured-output bitmask (xgrammar's format), staged by batch row.
 
 The engine stages the bitmask rows of the requests that have a grammar before each step
-(`Sampler.stage_grammar_bitmask`); every other row is all-ones (unconstrained). The staged
-mask is row-indexed and stays in force until the next call, so an engine that stops calling
-must call once with `None` to clear it.
+(`Sampler.stage_grammar_bitmask`); every other row is all-ones (unconstrained). The mask
+belongs to the request at its row: it moves with the request on swaps and condensing moves,
+and is cleared when the request leaves or another is added at its row. Otherwise it stays in
+force until the next call (`None` clears every row).
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ class GrammarBitmask:
     def __init__(self, config: SamplerConfig, batch_state: BatchState) -> None:
         self.config = config
         self.words = num_words(config.vocab_size)
-        self.bitmask = batch_state.staged(
-            "grammar_bitmask", (config.max_num_reqs, self.words), torch.int32, fill=_ALL_ALLOWED
+        # Row tables: the batch state clears them on removes and adds and moves them with
+        # their requests. `active` marks constrained rows (host bookkeeping for `stage`).
+        self.bitmask = batch_state.row_staged(
+            "grammar_bitmask", (self.words,), torch.int32, fill=_ALL_ALLOWED
         )
+        self.active = batch_state.row_staged("grammar_active", (), torch.bool, fill=False)
         self.unpacker = batch_state.bitmask_unpacker
-        self._constrained_rows: set[int] = set()
 
     def stage(
         self, bitmask: torch.Tensor | np.ndarray | None, rows: Sequence[int] | None = None
@@ -62,14 +65,16 @@ class GrammarBitmask:
                     raise ValueError(
                         f"grammar bitmask row {r} is outside [0, {self.config.max_num_reqs})"
                     )
-        stale = sorted(self._constrained_rows - set(new_rows))
+        stale = sorted(set(np.flatnonzero(self.active.np).tolist()) - set(new_rows))
         if stale:
             self.bitmask.fill_rows(stale, _ALL_ALLOWED)
+            self.active.fill_rows(stale, False)
         if new_rows:
             self.bitmask.np[new_rows] = values
             self.bitmask.mark_dirty(new_rows)
-        self._constrained_rows = set(new_rows)
+            self.active.fill_rows(new_rows, True)
         self.bitmask.flush()
+        self.active.flush()
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         allowed = self.unpacker.unpack(self.bitmask.device[: logits.shape[0]])

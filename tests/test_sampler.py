@@ -358,3 +358,50 @@ def test_custom_processors_run_inside_the_sampler() -> None:
     assert not eager_only.graph_safe
     with pytest.raises(GraphSafetyError, match="declares graph_safe = False"):
         check_graph_safety(eager_only)
+
+
+def test_grammar_mask_follows_its_request() -> None:
+    from graphsafe_sampler.bitmask import pack_token_ids
+
+    config = SamplerConfig(max_num_reqs=3, vocab_size=V)
+    sampler = Sampler(config, "cpu")
+    logits = torch.zeros(3, V)
+    logits[:, 9] = 50.0  # unconstrained rows take token 9
+    sampler.update_state(
+        BatchUpdate(2, added=[(r, SP(temperature=0.0), None, []) for r in range(2)])
+    )
+    sampler.stage_grammar_bitmask(np.stack([pack_token_ids([5], V)]), rows=[1])
+    assert sampler(logits).sampled_token_ids[:2, 0].tolist() == [9, 5]
+    # Row 0 leaves; the constrained request condenses from row 1 to row 0: its mask goes too.
+    uni = MoveDirectionality.UNIDIRECTIONAL
+    sampler.update_state(BatchUpdate(1, removed=[0], moved=[(1, 0, uni)]))
+    assert sampler(logits).sampled_token_ids[0, 0].item() == 5
+    # It finishes and a new request takes row 0 without a restage: no stale grammar.
+    sampler.update_state(BatchUpdate(1, added=[(0, SP(temperature=0.0), None, [])]))
+    assert sampler(logits).sampled_token_ids[0, 0].item() == 9
+
+
+def test_rejected_update_leaves_the_whole_sampler_untouched() -> None:
+    from graphsafe_sampler.testing import state_fingerprint
+
+    class WrongArity(gs.AdapterLogitsProcessor):
+        def new_req_logits_processor(self, params: SP):  # type: ignore[no-untyped-def]
+            return (lambda row: row) if params.extra_args else None
+
+    sampler = Sampler(SamplerConfig(max_num_reqs=4, vocab_size=V, logits_processors=[WrongArity]))
+    sampler.update_state(BatchUpdate(1, added=[(0, SP(), None, [])]))  # unseeded: host RNG
+    before = state_fingerprint([sampler])
+    rng_before = sampler.sampling.host_rng.getstate()
+    bad = BatchUpdate(
+        3,
+        added=[(1, SP(), [1, 2], []), (2, SP(extra_args={"x": 1}), None, [])],
+        moved=[(0, 1, MoveDirectionality.SWAP)],
+    )
+    with pytest.raises(TypeError, match=r"takes \(output_ids, logits_row\)"):
+        sampler.update_state(bad)
+    after = state_fingerprint([sampler])
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert sampler.sampling.host_rng.getstate() == rng_before
+    assert sampler.batch_state.num_requests == 1
+    with pytest.raises(TypeError, match="params must be SamplingParams"):
+        sampler.update_state(BatchUpdate(2, added=[(1, {"temperature": 1.0}, None, [])]))

@@ -40,23 +40,41 @@ class AdapterLogitsProcessor(LogitsProcessor):
         self._requests: dict[
             int, tuple[RequestLogitsProcessor, bool, Sequence[int], Sequence[int]]
         ] = {}
+        # (the update validate_update last saw, its callables and whether each takes
+        # prompt ids), consumed by the next update_state of that same update
+        self._validated: (
+            tuple[BatchUpdate, list[tuple[RequestLogitsProcessor, bool] | None]] | None
+        ) = None
 
     @abc.abstractmethod
     def new_req_logits_processor(self, params: SamplingParams) -> RequestLogitsProcessor | None:
         """The callable for one request, or None if this processor leaves it alone."""
 
+    def validate_update(self, batch_update: BatchUpdate) -> None:
+        """Build (and check) every added request's callable before anything changes; the
+        following `update_state` of the same update uses them."""
+        made = []
+        for _row, params, _prompt, _output in batch_update.added:
+            type(self).validate_params(params)
+            fn = self.new_req_logits_processor(params)
+            made.append(None if fn is None else (fn, _num_positional_params(fn) == 3))
+        self._validated = (batch_update, made)
+
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         if batch_update is None:
             return
+        if self._validated is None or self._validated[0] is not batch_update:
+            self.validate_update(batch_update)
+        assert self._validated is not None  # set by validate_update
+        made = self._validated[1]
+        self._validated = None
         for row in batch_update.removed:
             self._requests.pop(row, None)
-        for row, params, prompt, output in batch_update.added:
-            fn = self.new_req_logits_processor(params)
-            if fn is None:
+        for (row, _params, prompt, output), entry in zip(batch_update.added, made, strict=True):
+            if entry is None:
                 self._requests.pop(row, None)
-                continue
-            takes_prompt = _num_positional_params(fn) == 3
-            self._requests[row] = (fn, takes_prompt, prompt or (), output)
+            else:
+                self._requests[row] = (entry[0], entry[1], prompt or (), output)
         for a, b, direction in batch_update.moved:
             entry_a = self._requests.pop(a, None)
             entry_b = self._requests.pop(b, None)

@@ -48,6 +48,15 @@ class LogitsProcessor(abc.ABC):
         """Raise ValueError for a request this processor cannot serve (before any change)."""
         return None
 
+    def validate_update(self, batch_update: BatchUpdate) -> None:
+        """Raise if `batch_update` cannot be applied here; runs before anything changes.
+
+        The default checks every added request with `validate_params`. Override it for
+        checks that need the instance (and cache what you computed for `update_state`).
+        """
+        for _row, params, _prompt, _output in batch_update.added:
+            type(self).validate_params(params)
+
     def __init__(self, config: SamplerConfig, device: torch.device, is_pin_memory: bool) -> None:
         self.config = config
         self.device = torch.device(device)
