@@ -238,11 +238,15 @@ def test_commit_masks_and_multi_token_commits_enter_history() -> None:
     assert processed[1, int(first[1])] == pytest.approx(float(logits[1, int(first[1])]))
     # Speculative decoding: a variable number of tokens per row.
     drafts = torch.tensor([[5, 6, 7], [8, 9, 10], [11, 12, 13], [1, 1, 1]])
+    counts = sampler.penalties.counts
+    before = counts.clone()  # the sampled tokens above may be any of the drafted ids
     sampler.commit_tokens(drafts, num_tokens=torch.tensor([3, 0, 2, 3]))
     assert [int(gen[s]) for s in slots] == [4, 0, 3]
-    counts = sampler.penalties.counts
-    assert counts[slots[0], [5, 6, 7]].tolist() == [1, 1, 1]
-    assert counts[slots[1]].sum() == 0 and counts[slots[2], 13] == 0
+    added = counts - before
+    assert added[slots[0], [5, 6, 7]].tolist() == [1, 1, 1] and added[slots[0]].sum() == 3
+    assert added[slots[1]].sum() == 0
+    assert added[slots[2], [11, 12]].tolist() == [1, 1] and added[slots[2]].sum() == 2
+    assert added.sum() == 5  # the padded row commits nothing
 
 
 def test_grammar_bitmask_rows_and_clearing() -> None:
