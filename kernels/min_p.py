@@ -28,10 +28,15 @@ def _min_p_kernel(
         return
     row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
     row_max = tl.full((), float("-inf"), tl.float32)
+    nan_count = tl.zeros((), tl.int32)
     for start in range(0, vocab_size, BLOCK_SIZE):
         cols = start + tl.arange(0, BLOCK_SIZE)
         x = tl.load(row_ptr + cols, mask=cols < vocab_size, other=float("-inf"))
         row_max = tl.maximum(row_max, tl.max(x, axis=0))
+        nan_count += tl.sum((x != x).to(tl.int32), axis=0)
+    # torch.amax propagates NaN and tl.max drops it: a NaN row gets a NaN threshold, which
+    # masks nothing, on both backends.
+    row_max = tl.where(nan_count > 0, float("nan"), row_max)
     threshold = row_max + tl.log(min_p)
     for start in range(0, vocab_size, BLOCK_SIZE):
         cols = start + tl.arange(0, BLOCK_SIZE)
