@@ -21,6 +21,7 @@ from graphsafe_sampler.bitmask import num_words, pack_token_ids
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.slot_tables import SlotTables
+from graphsafe_sampler.staging import index_to_device
 
 
 def apply_penalties(
@@ -74,13 +75,13 @@ class PenaltyState(SlotTables):
             return
         # Reset the new requests' count rows and count their resumed outputs. Stream-ordered
         # device ops from host-built index lists: no sync, and only on steps with adds.
-        device = self.counts.device
+        device, pin = self.counts.device, self.batch_state.pin_memory
         slots = list(self._pending)
-        self.counts.index_fill_(0, torch.tensor(slots, device=device), 0)
+        self.counts.index_fill_(0, index_to_device(slots, device, pin=pin), 0)
         rows = [s for s, toks in self._pending.items() for _ in toks]
         cols = [t for toks in self._pending.values() for t in toks]
         if cols:
-            index = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
+            index = (index_to_device(rows, device, pin=pin), index_to_device(cols, device, pin=pin))
             ones = torch.ones(len(cols), dtype=torch.int32, device=device)
             self.counts.index_put_(index, ones, accumulate=True)
         self._pending.clear()

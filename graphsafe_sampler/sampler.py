@@ -153,6 +153,12 @@ class Sampler(nn.Module):
             )
         if not self._ready:
             raise RuntimeError("forward before any update_state: there is no batch yet")
+        # Host state, so not under torch.compile (it would guard on the batch size and
+        # recompile as the batch changes); eager calls and traces check it.
+        if not torch.compiler.is_compiling() and rows < self.batch_state.batch_size:
+            raise ValueError(
+                f"logits have {rows} rows but the batch holds {self.batch_state.batch_size}"
+            )
 
     # ----------------------------------------------------------------- device side
 
@@ -246,16 +252,21 @@ class Sampler(nn.Module):
         mode = self.config.logprobs_mode
         source = raw.to(torch.float32) if mode.startswith("raw") else processed
         k = self.config.max_num_logprobs
-        # Top-K, the sampled value and the rank are taken on the logits: log_softmax only
-        # shifts a row, so the order is the same and no [num_rows, V] logprobs tensor is
-        # written. (A rank counts tokens >= the sampled logit; float rounding of the shift
-        # could only merge neighbours, never reorder them.)
+        # Top-K and the sampled value are taken on the logits, then shifted: log_softmax
+        # only shifts a row, so the order is the same and no [num_rows, V] logprobs tensor
+        # is written.
         top_values, top_ids = source.topk(k, dim=-1)  # [num_rows, K]
         sampled = source.gather(1, tokens[:, None])  # [num_rows, 1]
-        ranks = (source >= sampled).sum(dim=-1)  # [num_rows]
         values = torch.cat([sampled, top_values], dim=1)
         if mode.endswith("logprobs"):
-            values = values - source.logsumexp(dim=-1, keepdim=True)
+            lse = source.logsumexp(dim=-1, keepdim=True)  # [num_rows, 1]
+            # A row with every token masked has lse = -inf: keep its logprobs at -inf, not NaN.
+            lse = torch.where(lse.isfinite(), lse, 0.0)
+            values = values - lse
+            # Ranks compare logprobs (as vLLM does): the shift can merge neighbouring logits.
+            ranks = (source - lse >= values[:, :1]).sum(dim=-1)
+        else:
+            ranks = (source >= sampled).sum(dim=-1)  # [num_rows]
         return LogprobsTensors(
             torch.cat([tokens[:, None], top_ids], dim=1).to(torch.int32),
             values,

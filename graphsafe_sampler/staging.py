@@ -140,7 +140,9 @@ class StagedTensor:
         if self._async and self.pin_memory and self.device.is_cuda:
             k = (self._next - 1) % len(self._staging)
             event = torch.cuda.Event()
-            event.record()
+            # The copies ran on the target device's current stream, which need not be the
+            # current device's.
+            event.record(torch.cuda.current_stream(self.device.device))
             self._events[k] = event
 
     def flush(self) -> None:
@@ -174,3 +176,14 @@ class StagedTensor:
             packed_index.copy_(index[:n], non_blocking=True)
             self.device.index_copy_(0, packed_index, packed_rows)
         self._record()
+
+
+def index_to_device(values: Sequence[int], device: torch.device, *, pin: bool) -> torch.Tensor:
+    """[len(values)] int64 on `device` without a host sync: a copy from pageable memory
+    waits for the stream, one from pinned memory does not."""
+    host = torch.tensor(values, dtype=torch.int64)
+    if device.type == "cpu":
+        return host
+    if pin:
+        host = host.pin_memory()
+    return host.to(device, non_blocking=pin)

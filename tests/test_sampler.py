@@ -409,3 +409,24 @@ def test_rejected_update_leaves_the_whole_sampler_untouched() -> None:
     assert sampler.batch_state.num_requests == 1
     with pytest.raises(TypeError, match="params must be SamplingParams"):
         sampler.update_state(BatchUpdate(2, added=[(1, {"temperature": 1.0}, None, [])]))
+
+
+def test_fewer_rows_than_the_batch_is_refused() -> None:
+    sampler = Sampler(SamplerConfig(max_num_reqs=4, vocab_size=V), "cpu")
+    sampler.update_state(BatchUpdate(3, added=[(r, SP(), None, []) for r in range(3)]))
+    with pytest.raises(ValueError, match="logits have 2 rows but the batch holds 3"):
+        sampler(torch.randn(2, V))
+
+
+def test_fully_masked_row_has_minus_inf_logprobs_not_nan() -> None:
+    from graphsafe_sampler.bitmask import num_words
+
+    config = SamplerConfig(max_num_reqs=2, vocab_size=V, max_num_logprobs=3,
+                           logprobs_mode="processed_logprobs")  # fmt: skip
+    sampler = Sampler(config, "cpu")
+    sampler.update_state(BatchUpdate(2, added=[(r, SP(seed=r), None, []) for r in range(2)]))
+    sampler.stage_grammar_bitmask(np.zeros((1, num_words(V)), dtype=np.int32), rows=[0])
+    lp = sampler(torch.randn(2, V)).logprobs_tensors
+    assert lp is not None
+    assert not lp.logprobs.isnan().any()
+    assert torch.isneginf(lp.logprobs[0]).all() and torch.isfinite(lp.logprobs[1]).all()

@@ -11,13 +11,14 @@ One call runs four checks over a random sequence of persistent-batch states:
 4. **compiles once**: `torch.compile(fn, fullgraph=True)` gives no graph break, matches eager,
    and is not recompiled as the batch churns.
 
-On CUDA the same driver also captures `fn` in a real `torch.cuda.CUDAGraph` and replays it
-after each update under `torch.cuda.set_sync_debug_mode("error")`.
+On CUDA every eager step also runs under `torch.cuda.set_sync_debug_mode("error")`, and the
+same driver captures `fn` in a real `torch.cuda.CUDAGraph` and replays it after each update.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -229,7 +230,7 @@ def check_graph_safety(
         state.check_addresses(step)
         logits = make_logits(num_rows, gen)
         before = state.snapshot()
-        with SyncOpDetector(f"step {step}"):
+        with SyncOpDetector(f"step {step}"), _cuda_sync_errors(device):
             eager = run(fn, logits)
         after = state.snapshot()
 
@@ -264,6 +265,20 @@ def check_graph_safety(
     )
 
 
+@contextlib.contextmanager
+def _cuda_sync_errors(device: torch.device) -> Iterator[None]:
+    """On CUDA, any op that synchronises with the host raises inside the block."""
+    if device.type != "cuda":
+        yield
+        return
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+
+
 class _CudaGraphRunner:
     """A real CUDA graph of `fn` on a static input, replayed under sync debug mode "error"."""
 
@@ -287,12 +302,7 @@ class _CudaGraphRunner:
 
     def replay(self, logits: torch.Tensor) -> Any:
         self.static_input.copy_(logits)
-        previous = torch.cuda.get_sync_debug_mode()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            self.graph.replay()
-        finally:
-            torch.cuda.set_sync_debug_mode(previous)
+        self.graph.replay()
         return pytree.tree_map(
             lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self.static_output
         )
