@@ -130,7 +130,7 @@ class ItemProcessor(SlotLogitsProcessor):
 
 def test_sync_op_fails() -> None:
     proc = ItemProcessor(CONFIG, torch.device("cpu"), False)
-    with pytest.raises(GraphSafetyError, match="_local_scalar_dense"):
+    with pytest.raises(GraphSafetyError, match=r"Tensor\.item\(\) reads on the host"):
         check_graph_safety(proc, num_steps=3, compile=False)
 
 
@@ -172,8 +172,23 @@ def test_adapter_declares_itself_not_graph_safe() -> None:
         lambda t: torch.multinomial(t.abs() + 0.1, 1),
         lambda t: float(t.sum()),
         lambda t: t.masked_select(t > 0),
+        lambda t: t.tolist(),
+        lambda t: t.numpy(),
+        lambda t: t.cpu(),
+        lambda t: t[0, 0].item(),
     ],
-    ids=["nonzero", "bool-mask-index", "unique", "multinomial", "item", "masked_select"],
+    ids=[
+        "nonzero",
+        "bool-mask-index",
+        "unique",
+        "multinomial",
+        "item",
+        "masked_select",
+        "tolist",
+        "numpy",
+        "cpu",
+        "tensor-item",
+    ],
 )
 def test_sync_detector_flags(op) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(GraphSafetyError):

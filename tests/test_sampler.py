@@ -430,3 +430,22 @@ def test_fully_masked_row_has_minus_inf_logprobs_not_nan() -> None:
     assert lp is not None
     assert not lp.logprobs.isnan().any()
     assert torch.isneginf(lp.logprobs[0]).all() and torch.isfinite(lp.logprobs[1]).all()
+
+
+def test_commit_mask_and_multi_token_commits_are_graph_safe() -> None:
+    # The engine-facing commit paths inside one traced/compiled step: a chunked-prefill
+    # mask and a speculative commit of a variable number of tokens per row, all on device.
+    config = SamplerConfig(max_num_reqs=5, vocab_size=V, seed=3, max_bad_word_len=3,
+                           max_logit_bias_tokens=4, max_stop_token_ids=2)  # fmt: skip
+    sampler = Sampler(config, "cpu")
+
+    def step(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        keep = logits[:, 0] > 0  # data-dependent, but only as a tensor
+        out = sampler(logits, commit_mask=keep)
+        drafts = logits[:, :3].abs().mul(7).long() % V  # [rows, 3]
+        num_tokens = (logits[:, 1] > 0).long() + (logits[:, 2] > 0).long()
+        sampler.commit_tokens(drafts, num_tokens=num_tokens, commit_mask=keep)
+        return out.sampled_token_ids, drafts
+
+    report = check_graph_safety(sampler, fn=step, num_steps=30, seed=8)
+    assert report.compile_frames == 1

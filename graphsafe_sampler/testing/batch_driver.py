@@ -41,17 +41,21 @@ def random_sampling_params(rng: random.Random, config: SamplerConfig) -> Samplin
     logit_bias = None
     if maybe(0.4):
         size = config.max_logit_bias_tokens if maybe(0.1) else rng.randint(1, 8)
+        size = min(size, config.max_logit_bias_tokens)
         logit_bias = {t: rng.uniform(-5.0, 5.0) for t in some_ids(size)}
     allowed = None
     if maybe(0.25):
         allowed = some_ids(max(2, vocab // 2))
-    stop = some_ids(config.max_stop_token_ids if maybe(0.1) else 4) if maybe(0.5) else None
+    stop_size = config.max_stop_token_ids if maybe(0.1) else min(4, config.max_stop_token_ids)
+    stop = some_ids(stop_size) if maybe(0.5) else None
     bad_words = None
     if maybe(0.25):
         bad_words = [
             [rng.randrange(vocab) for _ in range(rng.randint(1, min(3, config.max_bad_word_len)))]
-            for _ in range(rng.randint(1, 3))
+            for _ in range(rng.randint(1, min(3, config.max_bad_words)))
         ]
+        if sum(map(len, bad_words)) > config.max_bad_words_tokens:
+            bad_words = None
     return SamplingParams(
         temperature=0.0 if maybe(0.25) else rng.uniform(0.2, 1.5),
         top_p=1.0 if maybe(0.5) else rng.uniform(0.1, 1.0),

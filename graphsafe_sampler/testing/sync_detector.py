@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
@@ -85,8 +86,39 @@ def _is_device_to_host(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     )
 
 
+# Tensor methods that read values on the host without reaching the dispatcher when the
+# tensor is already on the CPU; forbidden in forward all the same.
+_HOST_READS = frozenset(
+    {
+        torch.Tensor.tolist,
+        torch.Tensor.numpy,
+        torch.Tensor.__array__,
+        torch.Tensor.cpu,
+        torch.Tensor.item,
+    }
+)
+
+
+class _HostReadDetector(TorchFunctionMode):
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.where = where
+
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        if func in _HOST_READS:
+            raise GraphSafetyError(f"{self.where}: Tensor.{func.__name__}() reads on the host")
+        return func(*args, **(kwargs or {}))
+
+
 class SyncOpDetector(TorchDispatchMode):
-    """Raises GraphSafetyError at the first op that would sync or give a data-dependent shape.
+    """Raises GraphSafetyError at the first op that would sync or give a data-dependent shape,
+    and at host reads (`.tolist()`, `.numpy()`, `.cpu()`, `.item()`) even of CPU tensors.
 
     Use as a context manager around the code under test (eager mode).
     """
@@ -94,6 +126,22 @@ class SyncOpDetector(TorchDispatchMode):
     def __init__(self, where: str = "forward") -> None:
         super().__init__()
         self.where = where
+        self._host_reads = _HostReadDetector(where)
+
+    def __enter__(self) -> SyncOpDetector:
+        self._host_reads.__enter__()
+        try:
+            super().__enter__()
+        except BaseException:
+            self._host_reads.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._host_reads.__exit__(*exc)
 
     def __torch_dispatch__(
         self,
