@@ -1,11 +1,22 @@
 """Bad words (DESIGN §4, step 2): a token that would complete a banned sequence is -inf.
 
 A bad word `w` of n tokens bans `w[n-1]` when the request's last n-1 *output* tokens equal
-`w[:n-1]` (vLLM's rule; one-token words are always banned). Tables per slot: the words,
-padded, `[num_slots, max_bad_words, L]` int32 with their lengths `[num_slots,
-max_bad_words]` (0 = unused), L = max_bad_word_len; and a device-side ring of the last L
-output tokens, `[num_slots, L]` int32, where generated token g sits at `g % L`. The ring is
-filled from `output_tok_ids` at add time and advanced by `commit` inside the graph.
+`w[:n-1]` (vLLM's rule; one-token words are always banned).
+
+Layout per slot, flat, so that the capacity is a number of tokens whatever the words'
+lengths (T = max_bad_words_tokens, L = max_bad_word_len):
+- tokens `[num_slots, T]` int32: the words one after another;
+- back `[num_slots, T]` int32: how many outputs back a token must sit (n-1-i for token i of
+  an n-token word; 0 marks the token to ban; -1 an unused entry);
+- word `[num_slots, T]` int32: which word a token belongs to (unused entries: word 0, with
+  back = -1, which never vetoes a match);
+- a device-side ring of the last L output tokens, `[num_slots, L]` int32, where generated
+  token g sits at `g % L`, filled from `output_tok_ids` at add time and advanced by
+  `commit` inside the graph.
+
+`apply`: each prefix token checks its ring entry; a segment-min over word ids gives each
+word's match; the matched words' last tokens are scattered to -inf. [num_rows, T] work,
+no loop over words.
 """
 
 from __future__ import annotations
@@ -20,6 +31,8 @@ from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.slot_tables import SlotTables
 
+_UNUSED = -1
+
 
 class BadWordsState(SlotTables):
     """Slot state for bad words (see the module docstring)."""
@@ -27,13 +40,12 @@ class BadWordsState(SlotTables):
     def __init__(self, config: SamplerConfig, batch_state: BatchState) -> None:
         super().__init__(batch_state)
         self.config = config
-        words, length = config.max_bad_words, config.max_bad_word_len
-        self.length = length
-        self.words = self.staged("bad_words", (words, length), torch.int32)
-        self.word_lens = self.staged("bad_word_lens", (words,), torch.int32)
+        capacity, length = config.max_bad_words_tokens, config.max_bad_word_len
+        self.capacity, self.length = capacity, length
+        self.tokens = self.staged("bad_word_tokens", (capacity,), torch.int32)
+        self.back = self.staged("bad_word_back", (capacity,), torch.int32, fill=_UNUSED)
+        self.word = self.staged("bad_word_index", (capacity,), torch.int32)
         self.window = self.staged("recent_tokens", (length,), torch.int32)
-        # steps back from the newest output token: 1 .. L-1
-        self.back = torch.arange(1, length, device=batch_state.device)  # [L-1]
         batch_state.register(self)
 
     def add_request(
@@ -43,13 +55,19 @@ class BadWordsState(SlotTables):
         prompt_tok_ids: Sequence[int] | None,
         output_tok_ids: Sequence[int],
     ) -> None:
-        words = np.zeros((self.config.max_bad_words, self.length), dtype=np.int32)
-        lens = np.zeros(self.config.max_bad_words, dtype=np.int32)
-        for i, word in enumerate(params.bad_words_token_ids or ()):
-            words[i, : len(word)] = word
-            lens[i] = len(word)
-        self.words.write(slot, words)
-        self.word_lens.write(slot, lens)
+        tokens = np.zeros(self.capacity, dtype=np.int32)
+        back = np.full(self.capacity, _UNUSED, dtype=np.int32)
+        word_index = np.zeros(self.capacity, dtype=np.int32)
+        at = 0
+        for i, bad_word in enumerate(params.bad_words_token_ids or ()):
+            n = len(bad_word)
+            tokens[at : at + n] = bad_word
+            back[at : at + n] = np.arange(n - 1, -1, -1)
+            word_index[at : at + n] = i
+            at += n
+        self.tokens.write(slot, tokens)
+        self.back.write(slot, back)
+        self.word.write(slot, word_index)
         window = np.zeros(self.length, dtype=np.int32)
         n = len(output_tok_ids)
         for g in range(max(0, n - self.length), n):
@@ -65,22 +83,19 @@ class BadWordsState(SlotTables):
         window.index_put_((slots, position), torch.where(keep, token_ids, current).int())
 
     def apply(self, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        length = self.length
-        words = self.words.device[slots].long()  # [rows, B, L]
-        lens = self.word_lens.device[slots].long()  # [rows, B]
-        prefix_len = (lens - 1).clamp_(min=0)  # [rows, B]
-        generated = self.batch_state.num_generated.device[slots].long()  # [rows]
-        # recent[:, j-1] = the output token j steps back (j = 1 .. L-1)
-        ring_pos = (generated[:, None] - self.back) % length  # [rows, L-1]
-        recent = self.window.device[slots].long().gather(1, ring_pos)  # [rows, L-1]
-        have = generated[:, None] >= self.back  # [rows, L-1] that many outputs exist
-        # The word's token that must sit j steps back: w[prefix_len - j], for j <= prefix_len.
-        needed = prefix_len[:, :, None] - self.back  # [rows, B, L-1]
-        in_prefix = needed >= 0
-        expected = words.gather(2, needed.clamp(min=0))  # [rows, B, L-1]
-        ok = ~in_prefix | ((expected == recent[:, None, :]) & have[:, None, :])
-        match = ok.all(dim=2) & (lens > 0)  # [rows, B]
-        last = words.gather(2, prefix_len[:, :, None]).squeeze(2)  # [rows, B]
-        ban = torch.where(match, float("-inf"), float("inf")).to(logits.dtype)
+        tokens = self.tokens.device[slots].long()  # [rows, T]
+        back = self.back.device[slots].long()  # [rows, T]
+        word = self.word.device[slots].long()  # [rows, T]
+        generated = self.batch_state.num_generated.device[slots].long()[:, None]  # [rows, 1]
+        # The output token `back` steps before the one being sampled now.
+        ring_pos = (generated - back.clamp(min=1)) % self.length
+        seen = self.window.device[slots].long().gather(1, ring_pos)  # [rows, T]
+        prefix = back >= 1
+        fits = (seen == tokens) & (generated >= back)
+        # 1 where a token lets its word match (non-prefix entries never veto), 0 where not.
+        vote = (~prefix | fits).to(torch.int32)
+        matched = torch.ones_like(vote).scatter_reduce_(1, word, vote, reduce="amin")
+        ban = (back == 0) & (matched.gather(1, word) == 1)  # [rows, T]
+        ban_value = torch.where(ban, float("-inf"), float("inf")).to(logits.dtype)
         # amin: a token banned by any word is -inf; +inf leaves a logit as it is.
-        return logits.scatter_reduce_(1, last, ban, reduce="amin")
+        return logits.scatter_reduce_(1, tokens, ban_value, reduce="amin")

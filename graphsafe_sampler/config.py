@@ -43,7 +43,8 @@ class SamplerConfig:
     seed: seeds the host RNG that draws seeds for unseeded requests (None = from the OS).
     max_logit_bias_tokens: logit-bias entries per request.
     max_stop_token_ids: stop token ids per request (EOS not counted).
-    max_bad_words: bad words (token sequences) per request.
+    max_bad_words: bad words (token sequences) per request (a check only: the tables are
+        sized by max_bad_words_tokens).
     max_bad_word_len: tokens in one bad word; also the device-side window of recent outputs.
     max_bad_words_tokens: bad-word tokens per request, all words together.
     pin_memory: pin the host staging buffers (None = when an accelerator exists).
@@ -61,7 +62,7 @@ class SamplerConfig:
     seed: int | None = None
     max_logit_bias_tokens: int = 1024
     max_stop_token_ids: int = 128
-    max_bad_words: int = 128
+    max_bad_words: int = 1024
     max_bad_word_len: int = 16
     max_bad_words_tokens: int = 1024
     pin_memory: bool | None = None

@@ -449,3 +449,25 @@ def test_commit_mask_and_multi_token_commits_are_graph_safe() -> None:
 
     report = check_graph_safety(sampler, fn=step, num_steps=30, seed=8)
     assert report.compile_frames == 1
+
+
+def test_bad_words_match_the_last_outputs_and_fill_the_token_capacity() -> None:
+    config = SamplerConfig(max_num_reqs=2, vocab_size=V, max_num_logprobs=V,
+                           logprobs_mode="processed_logits")  # fmt: skip
+    singles = [[t] for t in range(20, 20 + 1000)][: config.max_bad_words_tokens - 10]
+    singles = [w for w in singles if w[0] < V]
+    words = [[6, 7], [5, 6, 8], [9, 6, 10], [4], *singles]
+    sampler = Sampler(config, "cpu")
+    sampler.update_state(
+        BatchUpdate(2, added=[(0, SP(bad_words_token_ids=words), None, [5, 6]),
+                              (1, SP(bad_words_token_ids=[[6, 7]]), None, [6, 1])])
+    )  # fmt: skip
+    got = _processed(sampler(torch.randn(2, V), commit=False), 2)
+    banned = {int(t) for t in np.flatnonzero(np.isneginf(got[0]))}
+    assert banned == {7, 8, 4, *range(20, V)}
+    assert np.isfinite(got[1]).all()  # row 1's last output is 1, not 6
+    # Row 1 now outputs 6: its word [6, 7] applies from the next step on.
+    sampler.commit_tokens(torch.tensor([3, 6]))
+    got = _processed(sampler(torch.randn(2, V), commit=False), 2)
+    assert set(np.flatnonzero(np.isneginf(got[1])).tolist()) == {7}
+    assert 7 not in set(np.flatnonzero(np.isneginf(got[0])).tolist())  # row 0 ends in 3
