@@ -90,10 +90,25 @@ class PenaltyState(SlotTables):
         # Padded rows all point at the padding slot with keep=False: they add 0.
         self.counts.index_put_((slots, token_ids), keep.to(torch.int32), accumulate=True)
 
-    def apply(self, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    def apply(
+        self,
+        logits: torch.Tensor,  # [num_rows, V] float32
+        slots: torch.Tensor,  # [num_rows] int64
+        extra_tokens: torch.Tensor | None = None,  # [num_rows, n] int64
+        extra_mask: torch.Tensor | None = None,  # [num_rows, n] bool
+    ) -> torch.Tensor:
+        """Penalise `logits` by each row's slot state. `extra_tokens` (with `extra_mask`,
+        default all True) count as output tokens on top of the committed history: the drafts
+        that precede a position within one speculative step."""
+        counts = self.counts[slots]  # [num_rows, V] int32
+        if extra_tokens is not None:
+            ones = torch.ones_like(extra_tokens, dtype=torch.int32)
+            if extra_mask is not None:
+                ones = extra_mask.to(torch.int32)
+            counts = counts.scatter_add(1, extra_tokens.long(), ones)
         return apply_penalties(
             logits,
-            self.counts[slots],
+            counts,
             self.unpacker.unpack(self.prompt_mask.device[slots]),
             self.repetition.device[slots],
             self.frequency.device[slots],
