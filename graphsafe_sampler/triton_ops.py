@@ -28,3 +28,288 @@ def apply_min_p(logits: torch.Tensor, slots: torch.Tensor, min_p: torch.Tensor) 
 @apply_min_p.register_fake
 def _(logits: torch.Tensor, slots: torch.Tensor, min_p: torch.Tensor) -> None:
     return None
+
+
+def _check_logits(logits: torch.Tensor) -> None:
+    if logits.dtype != torch.float32:
+        raise TypeError(f"logits must be float32, got {logits.dtype}")
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be 2-D [num_rows, vocab_size], got {logits.dim()}-D")
+    if logits.stride(-1) != 1:
+        raise ValueError("logits rows must be contiguous (stride 1 along the vocabulary)")
+
+
+def _check_rows(name: str, t: torch.Tensor, dtype: torch.dtype, num_rows: int) -> None:
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
+    if t.shape != (num_rows,):
+        raise ValueError(f"{name} must have shape ({num_rows},), got {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+@torch.library.custom_op("graphsafe_sampler::sample_tokens", mutates_args=("tokens",))
+def sample_tokens(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    threshold: torch.Tensor | None,
+    tokens: torch.Tensor,
+    salt: int = 0,
+) -> None:
+    """Greedy argmax or the counter-based Gumbel-max race, merged per row into `tokens`.
+
+    logits [num_rows, V] float32 (read only); slots, positions [num_rows] int64; temperature
+    [num_slots] float32 (below 1e-5 is greedy); seeds [num_slots] int64; threshold
+    [num_rows] float32 or None (tokens below it count as -inf); tokens [num_rows] int64
+    (written); salt: the random stream (ops/rng.py's SALT_*).
+    """
+    from graphsafe_sampler.kernels.sampling import sample_tokens as launch
+
+    _check_logits(logits)
+    num_rows = logits.shape[0]
+    _check_rows("slots", slots, torch.int64, num_rows)
+    _check_rows("positions", positions, torch.int64, num_rows)
+    _check_rows("tokens", tokens, torch.int64, num_rows)
+    if threshold is not None:
+        _check_rows("threshold", threshold, torch.float32, num_rows)
+    if temperature.dtype != torch.float32:
+        raise TypeError(f"temperature must be float32, got {temperature.dtype}")
+    if seeds.dtype != torch.int64:
+        raise TypeError(f"seeds must be int64, got {seeds.dtype}")
+    launch(logits, slots, temperature, seeds, positions, tokens, threshold, salt)
+
+
+@sample_tokens.register_fake
+def _(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    threshold: torch.Tensor | None,
+    tokens: torch.Tensor,
+    salt: int = 0,
+) -> None:
+    return None
+
+
+@torch.library.custom_op(
+    "graphsafe_sampler::rng_noise", mutates_args=("hashes", "uniforms", "gumbels")
+)
+def rng_noise(
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    hashes: torch.Tensor,
+    uniforms: torch.Tensor,
+    gumbels: torch.Tensor,
+    salt: int = 0,
+) -> None:
+    """The sampling kernel's draws for token ids 0..V-1 (tests and debugging).
+
+    seeds, positions [num_rows] int64; hashes [num_rows, V] int64, uniforms and gumbels
+    [num_rows, V] float32, all contiguous and written.
+    """
+    from graphsafe_sampler.kernels.sampling import write_rng_noise as launch
+
+    num_rows = seeds.shape[0]
+    _check_rows("seeds", seeds, torch.int64, num_rows)
+    _check_rows("positions", positions, torch.int64, num_rows)
+    for name, t, dtype in (
+        ("hashes", hashes, torch.int64),
+        ("uniforms", uniforms, torch.float32),
+        ("gumbels", gumbels, torch.float32),
+    ):
+        if t.dtype != dtype or t.dim() != 2 or t.shape != hashes.shape:
+            raise ValueError(f"{name} must be {dtype} of shape {tuple(hashes.shape)}")
+        if not t.is_contiguous() or t.shape[0] != num_rows:
+            raise ValueError(f"{name} must be contiguous with {num_rows} rows")
+    launch(seeds, positions, hashes, uniforms, gumbels, salt)
+
+
+@rng_noise.register_fake
+def _(
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    hashes: torch.Tensor,
+    uniforms: torch.Tensor,
+    gumbels: torch.Tensor,
+    salt: int = 0,
+) -> None:
+    return None
+
+
+def _check_top_k_top_p(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    threshold: torch.Tensor,
+) -> None:
+    _check_logits(logits)
+    num_rows = logits.shape[0]
+    _check_rows("slots", slots, torch.int64, num_rows)
+    _check_rows("threshold", threshold, torch.float32, num_rows)
+    if top_k.dtype != torch.int32:
+        raise TypeError(f"top_k must be torch.int32, got {top_k.dtype}")
+    if top_p.dtype != torch.float32:
+        raise TypeError(f"top_p must be torch.float32, got {top_p.dtype}")
+
+
+@torch.library.custom_op("graphsafe_sampler::top_k_top_p_threshold", mutates_args=("threshold",))
+def top_k_top_p_threshold(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    threshold: torch.Tensor,
+) -> None:
+    """Each row's top-k-then-top-p cut into `threshold` (keep logits >= it; -inf when off),
+    without writing the logits. logits [num_rows, V] float32; slots [num_rows] int64; top_k
+    [num_slots] int32 (<= 0 or >= V off); top_p [num_slots] float32 (>= 1 off); threshold
+    [num_rows] float32."""
+    from graphsafe_sampler.kernels.top_k_top_p import top_k_top_p_threshold as launch
+
+    _check_top_k_top_p(logits, slots, top_k, top_p, threshold)
+    launch(logits, slots, top_k, top_p, threshold, apply=False)
+
+
+@top_k_top_p_threshold.register_fake
+def _(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    threshold: torch.Tensor,
+) -> None:
+    return None
+
+
+@torch.library.custom_op(
+    "graphsafe_sampler::apply_top_k_top_p", mutates_args=("logits", "threshold")
+)
+def apply_top_k_top_p(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    threshold: torch.Tensor,
+) -> None:
+    """`top_k_top_p_threshold`, then the logits below each row's cut become -inf in place
+    (ops/top_k_top_p.py's apply_top_k_top_p)."""
+    from graphsafe_sampler.kernels.top_k_top_p import top_k_top_p_threshold as launch
+
+    _check_top_k_top_p(logits, slots, top_k, top_p, threshold)
+    launch(logits, slots, top_k, top_p, threshold, apply=True)
+
+
+@apply_top_k_top_p.register_fake
+def _(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    threshold: torch.Tensor,
+) -> None:
+    return None
+
+
+def _check_table(
+    name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int | None, ...]
+) -> None:
+    """dtype, contiguity and shape (None = any size along that dimension)."""
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
+    if t.dim() != len(shape) or any(
+        n is not None and n != m for n, m in zip(shape, t.shape, strict=True)
+    ):
+        want = ", ".join("*" if n is None else str(n) for n in shape)
+        raise ValueError(f"{name} must have shape [{want}], got {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+@torch.library.custom_op("graphsafe_sampler::process_logits", mutates_args=("logits",))
+def process_logits(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    bias_ids: torch.Tensor,
+    bias_values: torch.Tensor,
+    min_tokens: torch.Tensor,
+    num_generated: torch.Tensor,
+    stop_ids: torch.Tensor,
+    allowed: torch.Tensor,
+    grammar: torch.Tensor | None,
+    counts: torch.Tensor,
+    overflow_token: torch.Tensor,
+    overflow_high: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    repetition: torch.Tensor,
+    frequency: torch.Tensor,
+    presence: torch.Tensor,
+    temperature: torch.Tensor,
+) -> None:
+    """Logit bias, min_tokens, allowed and grammar bitmasks, penalties and temperature on
+    logits [num_rows, V] float32, in place, in one pass (kernels/logits_processing.py).
+
+    Per slot ([num_slots, ...]): bias_ids int32 / bias_values float32 [C]; min_tokens,
+    num_generated int32; stop_ids int32 [S]; allowed, prompt_mask int32 [ceil(V/32)];
+    counts uint8 [V] (output count mod 256); overflow_token (-1 unused) / overflow_high
+    int32 [E] (count // 256 of tokens past 255); repetition, frequency, presence,
+    temperature float32. grammar: int32 [num_rows, ceil(V/32)] by row, or None.
+    """
+    from graphsafe_sampler.kernels.logits_processing import process_logits as launch
+
+    _check_logits(logits)
+    num_rows, vocab_size = logits.shape
+    _check_rows("slots", slots, torch.int64, num_rows)
+    num_slots, words = allowed.shape[0], (vocab_size + 31) // 32
+    for name, t, dtype, shape in (
+        ("bias_ids", bias_ids, torch.int32, (num_slots, None)),
+        ("bias_values", bias_values, torch.float32, (num_slots, bias_ids.shape[-1])),
+        ("min_tokens", min_tokens, torch.int32, (num_slots,)),
+        ("num_generated", num_generated, torch.int32, (num_slots,)),
+        ("stop_ids", stop_ids, torch.int32, (num_slots, None)),
+        ("allowed", allowed, torch.int32, (num_slots, words)),
+        ("counts", counts, torch.uint8, (num_slots, vocab_size)),
+        ("overflow_token", overflow_token, torch.int32, (num_slots, None)),
+        ("overflow_high", overflow_high, torch.int32, (num_slots, overflow_token.shape[-1])),
+        ("prompt_mask", prompt_mask, torch.int32, (num_slots, words)),
+        ("repetition", repetition, torch.float32, (num_slots,)),
+        ("frequency", frequency, torch.float32, (num_slots,)),
+        ("presence", presence, torch.float32, (num_slots,)),
+        ("temperature", temperature, torch.float32, (num_slots,)),
+    ):
+        _check_table(name, t, dtype, shape)
+    if grammar is not None:
+        _check_table("grammar", grammar, torch.int32, (num_rows, words))
+    launch(
+        logits, slots, bias_ids, bias_values, min_tokens, num_generated, stop_ids, allowed,
+        grammar, counts, overflow_token, overflow_high, prompt_mask, repetition, frequency,
+        presence, temperature,
+    )  # fmt: skip
+
+
+@process_logits.register_fake
+def _(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    bias_ids: torch.Tensor,
+    bias_values: torch.Tensor,
+    min_tokens: torch.Tensor,
+    num_generated: torch.Tensor,
+    stop_ids: torch.Tensor,
+    allowed: torch.Tensor,
+    grammar: torch.Tensor | None,
+    counts: torch.Tensor,
+    overflow_token: torch.Tensor,
+    overflow_high: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    repetition: torch.Tensor,
+    frequency: torch.Tensor,
+    presence: torch.Tensor,
+    temperature: torch.Tensor,
+) -> None:
+    return None

@@ -1,0 +1,226 @@
+"""Sampling in Triton: greedy argmax and the counter-based Gumbel-max race, one program per row.
+
+Per row r with slot s = slots[r]:
+- greedy rows (temperature[s] < GREEDY_TEMPERATURE) take argmax(logits[r]), lowest index
+  on ties;
+- random rows take argmax(logits[r] + gumbel[r]), the noise being exactly the draw of
+  `graphsafe_sampler/ops/rng.py` for (seeds[s], positions[r], token id, salt).
+Tokens below `threshold[r]` (when given: top-k/top-p/min_p fused as one per-row cut) count as
+-inf, so the filters' mask need not be written. A row holding NaN returns its first NaN's
+index and a row with every token at -inf returns 0, as `torch.argmax` does in the PyTorch
+backend (see `graphsafe_sampler/sampler.py`).
+
+Why argmax of the filtered logits is the greedy token of the pre-temperature logits: a greedy
+row divides by 1 (not by its temperature), and min_p, top-k and top-p never remove a row's
+maximum or any logit tied with it, so the maximum and its lowest index are unchanged.
+
+The hash is uint32 arithmetic (multiplies wrap mod 2**32, shifts are logical), so hashes and
+uniforms are bit-identical to ops/rng.py. The Gumbel value -log(-log1p(-u)) goes through
+`tl.log`; Triton has no portable log1p (libdevice is CUDA-only and the interpreter has none),
+so log1p(v) is Goldberg's `log(w) * v / (w - 1)` with w = 1 + v, accurate to a few ulp: the
+noise can differ from torch's libm in the last bits, which changes a token only where two
+tokens' perturbed logits are within that rounding (tests count these).
+
+Logits traffic ([num_rows, V] float32): one read per row, no write.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from graphsafe_sampler.ops.rng import SALT_SAMPLE
+from graphsafe_sampler.params import GREEDY_TEMPERATURE
+
+_INT32_MAX = 2**31 - 1
+
+
+@triton.jit
+def _fmix32(x):
+    """MurmurHash3's 32-bit finaliser on uint32 (wrapping multiplies, logical shifts)."""
+    x ^= x >> 16
+    x *= 0x85EBCA6B
+    x ^= x >> 13
+    x *= 0xC2B2AE35
+    x ^= x >> 16
+    return x
+
+
+@triton.jit
+def _row_key(seed, position, SALT: tl.constexpr):
+    """seed, position: int64 scalars -> (offset, mult) uint32, mult odd (rng.row_keys)."""
+    seed_lo = _fmix32((seed & 0xFFFFFFFF).to(tl.uint32))
+    # why the mask: >> of int64 copies the sign bit of negative seeds
+    seed_hi = _fmix32(((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
+    pos_lo = _fmix32((position & 0xFFFFFFFF).to(tl.uint32))
+    pos_hi = _fmix32(((position >> 32) & 0xFFFFFFFF).to(tl.uint32))
+    salt = _fmix32(tl.full((), SALT, tl.uint32))
+    # xxHash32's primes, rotated by one for the second lane; IVs from pi's fraction
+    offset = (
+        0x243F6A88
+        + 0x9E3779B1 * seed_lo
+        + 0x85EBCA77 * seed_hi
+        + 0xC2B2AE3D * pos_lo
+        + 0x27D4EB2F * pos_hi
+        + 0x165667B1 * salt
+    )
+    mult = (
+        0x85A308D3
+        + 0x85EBCA77 * seed_lo
+        + 0xC2B2AE3D * seed_hi
+        + 0x27D4EB2F * pos_lo
+        + 0x165667B1 * pos_hi
+        + 0x9E3779B1 * salt
+    )
+    # odd multiplier: token id -> counter is a bijection
+    return _fmix32(offset.to(tl.uint32)), _fmix32(mult.to(tl.uint32)) | 1
+
+
+@triton.jit
+def _token_hash(cols, offset, mult):
+    """cols: int32 token ids -> uint32 hashes, fmix32(t * mult + offset)."""
+    return _fmix32(cols.to(tl.uint32) * mult + offset)
+
+
+@triton.jit
+def _uniform(h):
+    """uint32 hash -> float32 in [2**-24, 1 - 2**-24]: (h >> 9) * 2**-23 + 2**-24, exact."""
+    return (h >> 9).to(tl.float32) * 1.1920928955078125e-07 + 5.960464477539063e-08
+
+
+@triton.jit
+def _gumbel(h):
+    """uint32 hash -> float32 standard Gumbel noise, -log(-log1p(-f * 2**-32))."""
+    # why the clamp: h = 0 would give e = 0, h near 2**32 would round to e = inf
+    f = tl.minimum(tl.maximum(h.to(tl.float32), 0.5), 4294967040.0)
+    v = f * -2.3283064365386963e-10  # -f * 2**-32, exact: a power-of-two scale
+    w = 1.0 + v
+    # Goldberg's log1p: the rounding error of w cancels in log(w) / (w - 1); at w == 1,
+    # log1p(v) = v to fp32 precision
+    log1p_v = tl.where(w == 1.0, v, tl.log(w) * (v / (w - 1.0)))
+    return -tl.log(-log1p_v)
+
+
+@triton.jit
+def _sample_kernel(
+    logits_ptr,  # [num_rows, V] float32, read only
+    logits_stride,  # elements between rows
+    threshold_ptr,  # [num_rows] float32: tokens below it count as -inf (HAS_THRESHOLD)
+    slots_ptr,  # [num_rows] int64 row -> slot
+    temperature_ptr,  # [num_slots] float32
+    seeds_ptr,  # [num_slots] int64
+    positions_ptr,  # [num_rows] int64 token position each row samples
+    tokens_ptr,  # [num_rows] int64, written
+    vocab_size,
+    SALT: tl.constexpr,
+    GREEDY_BELOW: tl.constexpr,
+    HAS_THRESHOLD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    row = tl.program_id(0)
+    slot = tl.load(slots_ptr + row)
+    is_random = tl.load(temperature_ptr + slot) >= GREEDY_BELOW
+    row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
+    threshold = tl.full((), float("-inf"), tl.float32)
+    if HAS_THRESHOLD:
+        threshold = tl.load(threshold_ptr + row)
+    offset = tl.zeros((), tl.uint32)
+    mult = tl.zeros((), tl.uint32)
+    if is_random:
+        offset, mult = _row_key(tl.load(seeds_ptr + slot), tl.load(positions_ptr + row), SALT)
+
+    # Running argmax with the lowest index on ties: a later tile replaces the best only when
+    # strictly greater. An all -inf row never replaces index 0, which is torch's answer.
+    best = tl.full((), float("-inf"), tl.float32)
+    best_index = tl.zeros((), tl.int32)
+    first_nan = tl.full((), 2147483647, tl.int32)
+    for start in range(0, vocab_size, BLOCK_SIZE):
+        cols = start + tl.arange(0, BLOCK_SIZE)
+        in_row = cols < vocab_size
+        x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf"))
+        # x < threshold is False for NaN: a NaN stays, as under masked_fill
+        x = tl.where(x < threshold, float("-inf"), x)
+        if is_random:
+            x = x + _gumbel(_token_hash(cols, offset, mult))
+        # torch.argmax treats NaN as the maximum: remember the first one
+        first_nan = tl.minimum(first_nan, tl.min(tl.where(x != x, cols, 2147483647), axis=0))
+        tile_max = tl.max(x, axis=0)
+        tile_index = tl.min(tl.where((x == tile_max) & in_row, cols, 2147483647), axis=0)
+        better = tile_max > best
+        best_index = tl.where(better, tile_index, best_index)
+        best = tl.where(better, tile_max, best)
+    token = tl.where(first_nan < 2147483647, first_nan, best_index)
+    tl.store(tokens_ptr + row, token.to(tl.int64))
+
+
+@triton.jit
+def _rng_noise_kernel(
+    seeds_ptr,  # [num_rows] int64
+    positions_ptr,  # [num_rows] int64
+    hashes_ptr,  # [num_rows, V] int64, written: hashes in [0, 2**32)
+    uniforms_ptr,  # [num_rows, V] float32, written
+    gumbels_ptr,  # [num_rows, V] float32, written
+    vocab_size,
+    SALT: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    row = tl.program_id(0)
+    offset, mult = _row_key(tl.load(seeds_ptr + row), tl.load(positions_ptr + row), SALT)
+    out = row.to(tl.int64) * vocab_size
+    for start in range(0, vocab_size, BLOCK_SIZE):
+        cols = start + tl.arange(0, BLOCK_SIZE)
+        in_row = cols < vocab_size
+        h = _token_hash(cols, offset, mult)
+        tl.store(hashes_ptr + out + cols, h.to(tl.int64), mask=in_row)
+        tl.store(uniforms_ptr + out + cols, _uniform(h), mask=in_row)
+        tl.store(gumbels_ptr + out + cols, _gumbel(h), mask=in_row)
+
+
+def sample_tokens(
+    logits: torch.Tensor,  # [num_rows, V] float32, processed and (unless threshold) filtered
+    slots: torch.Tensor,  # [num_rows] int64
+    temperature: torch.Tensor,  # [num_slots] float32
+    seeds: torch.Tensor,  # [num_slots] int64
+    positions: torch.Tensor,  # [num_rows] int64
+    tokens: torch.Tensor,  # [num_rows] int64, written
+    threshold: torch.Tensor | None = None,  # [num_rows] float32 per-row cut, or None
+    salt: int = SALT_SAMPLE,
+    block_size: int = 1024,
+) -> None:
+    """Launch `_sample_kernel` over the rows; allocates nothing, returns None."""
+    num_rows, vocab_size = logits.shape
+    if vocab_size > _INT32_MAX - block_size:
+        raise ValueError(f"vocab_size must be below 2**31 - {block_size}, got {vocab_size}")
+    _sample_kernel[(num_rows,)](
+        logits,
+        logits.stride(0),
+        threshold if threshold is not None else logits,  # unread without HAS_THRESHOLD
+        slots,
+        temperature,
+        seeds,
+        positions,
+        tokens,
+        vocab_size,
+        SALT=salt,
+        GREEDY_BELOW=GREEDY_TEMPERATURE,
+        HAS_THRESHOLD=threshold is not None,
+        BLOCK_SIZE=block_size,
+    )
+
+
+def write_rng_noise(
+    seeds: torch.Tensor,  # [num_rows] int64
+    positions: torch.Tensor,  # [num_rows] int64
+    hashes: torch.Tensor,  # [num_rows, V] int64, written
+    uniforms: torch.Tensor,  # [num_rows, V] float32, written
+    gumbels: torch.Tensor,  # [num_rows, V] float32, written
+    salt: int = SALT_SAMPLE,
+    block_size: int = 1024,
+) -> None:
+    """Launch `_rng_noise_kernel`: the kernel's random draws, for tests and debugging.
+    Outputs must be contiguous. Allocates nothing, returns None."""
+    num_rows, vocab_size = hashes.shape
+    _rng_noise_kernel[(num_rows,)](
+        seeds, positions, hashes, uniforms, gumbels, vocab_size, SALT=salt, BLOCK_SIZE=block_size
+    )

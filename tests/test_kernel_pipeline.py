@@ -1,0 +1,50 @@
+"""The kernels chained as the Triton backend will chain them, eager and under
+`torch.compile(fullgraph=True)` (one compile for all ops), against the PyTorch backend."""
+
+from __future__ import annotations
+
+import torch
+from test_kernel_logits_processing import _random_state, _torch_backend
+from test_kernel_sampling import _assert_same_tokens
+
+from graphsafe_sampler import triton_ops
+from graphsafe_sampler.ops import rng
+from graphsafe_sampler.ops.top_k_top_p import apply_top_k_top_p
+from graphsafe_sampler.params import GREEDY_TEMPERATURE
+
+
+def test_chained_kernels_compile_and_match_torch_backend() -> None:
+    gen = torch.Generator().manual_seed(1234)
+    rows, vocab, num_slots = 5, 1023, 7
+    state = _random_state(num_slots, vocab, gen)
+    slots = torch.tensor([1, 4, 0, 6, 2])
+    top_k = torch.tensor([0, 40, 0, 3, 0, 100, 0], dtype=torch.int32)
+    top_p = torch.tensor([1.0, 0.9, 1.0, 1.0, 0.5, 0.95, 0.8])
+    seeds = torch.randint(-(2**63), 2**63 - 1, (num_slots,), generator=gen)
+    positions = torch.randint(0, 2**40, (rows,), generator=gen)
+    logits = torch.randn(rows, vocab, generator=gen) * 3
+
+    def step(logits: torch.Tensor) -> torch.Tensor:
+        # one write of the logits (process_logits); top-k/top-p and sampling only read
+        x = logits.clone()
+        triton_ops.process_logits(x, slots, *state.kernel_args(), None, *state.penalty_args())
+        threshold = torch.empty(rows)
+        triton_ops.top_k_top_p_threshold(x, slots, top_k, top_p, threshold)
+        tokens = torch.empty(rows, dtype=torch.int64)
+        triton_ops.sample_tokens(x, slots, state.temperature, seeds, positions, threshold, tokens)
+        return tokens
+
+    eager = step(logits)
+    compiled = torch.compile(step, fullgraph=True)(logits)
+    assert torch.equal(compiled, eager)
+
+    # The PyTorch backend: greedy rows divide by 1, so the processed logits' argmax is the
+    # greedy token before temperature; then the filters and the race.
+    x = _torch_backend(logits, slots, state, None)
+    is_greedy = state.temperature[slots] < GREEDY_TEMPERATURE
+    greedy_tokens = x.argmax(-1)
+    x = apply_top_k_top_p(x, top_k[slots], top_p[slots])
+    perturbed = x + rng.gumbel_noise(seeds[slots], positions, vocab, rng.SALT_SAMPLE)
+    want = torch.where(is_greedy, greedy_tokens, perturbed.argmax(-1))
+    assert bool(is_greedy.any()) and not bool(is_greedy.all())
+    _assert_same_tokens(eager, want, torch.where(is_greedy[:, None], x, perturbed))

@@ -1,0 +1,250 @@
+"""The sampling Triton kernel (interpreted on CPU) against ops/rng.py and the PyTorch backend."""
+
+from __future__ import annotations
+
+import pytest
+import scipy.stats
+import torch
+
+from graphsafe_sampler import triton_ops
+from graphsafe_sampler.ops import rng
+from graphsafe_sampler.ops.top_k_top_p import (
+    apply_top_k_top_p,
+    top_k_threshold,
+    top_p_threshold,
+)
+from graphsafe_sampler.params import GREEDY_TEMPERATURE
+
+# Known answers shared with tests/test_rng.py: (seed, position, token id, salt) -> hash.
+KNOWN_HASHES = [
+    ((0, 0, 0, rng.SALT_SAMPLE), 0x420A2B0E),
+    ((0, 0, 1022, rng.SALT_SAMPLE), 0x1A6BBB08),
+    ((-1, 0, 0, rng.SALT_ACCEPT), 0xCA80E4DB),
+    ((2**63 - 1, 2**63 - 1, 0, rng.SALT_BONUS), 0xA6CB991D),
+    ((-(2**62) - 12345, 1, 5, 2**32 - 1), 0xD0460304),
+]
+
+
+def _gen() -> torch.Generator:
+    seed = torch.seed() % 2**31
+    print(f"generator seed {seed}")  # shown on failure: rerun with it
+    return torch.Generator().manual_seed(seed)
+
+
+def _noise(
+    seeds: torch.Tensor, positions: torch.Tensor, vocab: int, salt: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows = seeds.shape[0]
+    # poisoned outputs: an element the kernel never writes shows up
+    hashes = torch.full((rows, vocab), -1, dtype=torch.int64)
+    uniforms = torch.full((rows, vocab), float("nan"))
+    gumbels = torch.full((rows, vocab), float("nan"))
+    triton_ops.rng_noise(seeds, positions, hashes, uniforms, gumbels, salt)
+    return hashes, uniforms, gumbels
+
+
+@pytest.mark.parametrize("case", KNOWN_HASHES, ids=[f"kat{i}" for i in range(len(KNOWN_HASHES))])
+def test_known_answers(case: tuple[tuple[int, int, int, int], int]) -> None:
+    (seed, position, token, salt), expected = case
+    hashes, uniforms, _ = _noise(torch.tensor([seed]), torch.tensor([position]), token + 2, salt)
+    assert hashes[0, token].item() == expected
+    assert uniforms[0, token].item() == ((expected >> 9) * 2 + 1) / 2**24
+
+
+@pytest.mark.parametrize("salt", [rng.SALT_SAMPLE, rng.SALT_ACCEPT, rng.SALT_RECOVER, 2**32 - 1])
+def test_noise_matches_rng(salt: int) -> None:
+    gen = _gen()
+    rows, vocab = 67, 1023
+    seeds = torch.randint(-(2**63), 2**63 - 1, (rows,), generator=gen)
+    positions = torch.randint(0, 2**62, (rows,), generator=gen)
+    seeds[:4] = torch.tensor([0, -1, 2**63 - 1, -(2**63)])
+    positions[:4] = torch.tensor([0, 2**32 - 1, 2**32, 2**63 - 1])
+    hashes, uniforms, gumbels = _noise(seeds, positions, vocab, salt)
+    want_hashes = rng.token_hashes(seeds, positions, vocab, salt)
+    assert torch.equal(hashes, want_hashes)
+    assert torch.equal(uniforms, rng.uniforms_from_hashes(want_hashes))
+    # The Gumbel transform goes through two logs whose last bit is libm's: a few ulp apart.
+    want_gumbels = rng.gumbel_noise(seeds, positions, vocab, salt)
+    torch.testing.assert_close(gumbels, want_gumbels, rtol=1e-6, atol=1e-6)
+    assert torch.isfinite(gumbels).all()
+
+
+def _torch_tokens(
+    pre_temperature: torch.Tensor,  # [rows, V] float32
+    slots: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """sampler.py's steps 5-9 -> (filtered logits, tokens, perturbed logits)."""
+    greedy_tokens = pre_temperature.argmax(dim=-1)
+    t = temperature[slots]
+    is_greedy = t < GREEDY_TEMPERATURE
+    x = pre_temperature / torch.where(is_greedy, 1.0, t)[:, None]
+    x = apply_top_k_top_p(x, top_k[slots], top_p[slots])
+    perturbed = x + rng.gumbel_noise(seeds[slots], positions, x.shape[1], rng.SALT_SAMPLE)
+    tokens = torch.where(is_greedy, greedy_tokens, perturbed.argmax(dim=-1))
+    return x, tokens, torch.where(is_greedy[:, None], x, perturbed)
+
+
+def _assert_same_tokens(got: torch.Tensor, want: torch.Tensor, perturbed: torch.Tensor) -> int:
+    """Tokens equal, except where the two winners' perturbed logits are within the noise's
+    last-bit rounding (the Gumbel values are a few ulp from torch's). Returns that count."""
+    differ = got != want
+    rows = torch.arange(got.shape[0])
+    gap = (perturbed[rows, want] - perturbed[rows, got]).abs()
+    scale = perturbed[rows, want].abs().clamp(min=1.0)
+    assert bool((~differ | (gap <= 1e-5 * scale)).all()), (got[differ], want[differ])
+    return int(differ.sum())
+
+
+@pytest.mark.parametrize(
+    ("rows", "vocab"),
+    [pytest.param(1, 111, id="R1-V111"), pytest.param(3, 1023, id="R3-V1023"),
+     pytest.param(17, 4099, id="R17-V4099")],
+)  # fmt: skip
+@pytest.mark.parametrize("fused_threshold", [False, True], ids=["masked", "threshold"])
+def test_tokens_match_torch_backend(rows: int, vocab: int, fused_threshold: bool) -> None:
+    gen = _gen()
+    num_slots = rows + 2
+    logits = torch.randn(rows, vocab, generator=gen) * 3
+    slots = torch.randperm(num_slots, generator=gen)[:rows]
+    temperature = torch.tensor([0.0, 1e-6, 0.5, 1.0, 1.7])[
+        torch.randint(0, 5, (num_slots,), generator=gen)
+    ]
+    top_k = torch.randint(-1, vocab // 2, (num_slots,), generator=gen, dtype=torch.int32)
+    top_p = torch.where(torch.rand(num_slots, generator=gen) < 0.5, 1.0, 0.9)
+    seeds = torch.randint(-(2**63), 2**63 - 1, (num_slots,), generator=gen)
+    positions = torch.randint(0, 2**40, (rows,), generator=gen)
+    filtered, want, perturbed = _torch_tokens(
+        logits, slots, temperature, top_k, top_p, seeds, positions
+    )
+    tokens = torch.full((rows,), -1, dtype=torch.int64)
+    if fused_threshold:
+        # the unfiltered logits (after temperature) and the per-row cut instead of the mask
+        t = temperature[slots]
+        x = logits / torch.where(t < GREEDY_TEMPERATURE, 1.0, t)[:, None]
+        cut = top_p_threshold(x, top_p[slots], top_k_threshold(x, top_k[slots]))
+        triton_ops.sample_tokens(x, slots, temperature, seeds, positions, cut[:, 0], tokens)
+    else:
+        triton_ops.sample_tokens(filtered, slots, temperature, seeds, positions, None, tokens)
+    near_ties = _assert_same_tokens(tokens, want, perturbed)
+    print(f"{near_ties} of {rows} rows differ within rounding")
+
+
+def test_greedy_and_random_rows_merge() -> None:
+    gen = _gen()
+    rows, vocab = 8, 300
+    logits = torch.randn(rows, vocab, generator=gen)
+    logits[:, 7] = 5.0  # ties at the maximum: greedy takes the lowest index
+    logits[:, 250] = 5.0
+    slots = torch.arange(rows)
+    temperature = torch.tensor([0.0, 1.0] * 4 + [0.0])
+    seeds = torch.arange(rows + 1) * 1000003
+    positions = torch.arange(rows) + 5
+    tokens = torch.full((rows,), -1, dtype=torch.int64)
+    triton_ops.sample_tokens(logits, slots, temperature, seeds, positions, None, tokens)
+    assert tokens[0::2].tolist() == [7] * 4
+    noise = rng.gumbel_noise(seeds[slots], positions, vocab, rng.SALT_SAMPLE)
+    _assert_same_tokens(tokens[1::2], (logits + noise).argmax(-1)[1::2], (logits + noise)[1::2])
+
+
+def test_masked_and_nan_rows_match_torch_backend() -> None:
+    rows, vocab = 6, 200
+    logits = torch.randn(rows, vocab)
+    logits[0:2] = float("-inf")  # every token masked: token 0 (greedy, random)
+    logits[2:4] = float("-inf")
+    logits[2:4, 123] = -50.0  # all masked but one
+    logits[4:6, 40] = float("nan")  # NaN rows: the first NaN
+    logits[4:6, 33] = float("nan")
+    slots = torch.arange(rows)
+    temperature = torch.tensor([0.0, 0.8, 0.0, 0.8, 0.0, 0.8, 0.0])
+    seeds, positions = torch.arange(rows + 1) + 11, torch.arange(rows)
+    tokens = torch.full((rows,), -1, dtype=torch.int64)
+    triton_ops.sample_tokens(logits, slots, temperature, seeds, positions, None, tokens)
+    _, want, _ = _torch_tokens(
+        logits,
+        slots,
+        temperature,
+        torch.zeros(rows + 1, dtype=torch.int32),
+        torch.ones(rows + 1),
+        seeds,
+        positions,
+    )
+    assert tokens.tolist() == want.tolist() == [0, 0, 123, 123, 33, 33]
+
+
+def test_non_contiguous_row_stride() -> None:
+    gen = _gen()
+    base = torch.randn(10, 517, generator=gen)
+    logits = base[::2, :400]  # row stride 1034, not the vocabulary size
+    slots = torch.tensor([4, 3, 2, 1, 0])
+    temperature = torch.tensor([0.0, 1.0, 0.7, 0.0, 1.3, 0.0])
+    seeds, positions = torch.arange(6) * 7 - 3, torch.arange(5) * 2**33
+    tokens = torch.full((5,), -1, dtype=torch.int64)
+    triton_ops.sample_tokens(logits, slots, temperature, seeds, positions, None, tokens)
+    _, want, perturbed = _torch_tokens(
+        logits.contiguous(),
+        slots,
+        temperature,
+        torch.zeros(6, dtype=torch.int32),
+        torch.ones(6),
+        seeds,
+        positions,
+    )
+    _assert_same_tokens(tokens, want, perturbed)
+
+
+def test_samples_follow_softmax() -> None:
+    """Chi-square of 512 draws (one per position) against softmax(logits) at p < 1e-3: the
+    interpreter runs one program per draw, so the sample is small and the test catches gross
+    errors (noise ignored, wrong sign, wrong scale); tests/test_rng.py holds the fine ones."""
+    vocab, draws = 5, 512
+    logits = torch.tensor([-1.5, 0.0, 0.7, -0.3, 1.0])
+    probs = torch.softmax(logits.double(), -1)
+    tokens = torch.full((draws,), -1, dtype=torch.int64)
+    triton_ops.sample_tokens(
+        logits.expand(draws, vocab),  # row stride 0: one row read by every program
+        torch.zeros(draws, dtype=torch.int64),
+        torch.ones(1),
+        torch.tensor([20240601]),
+        torch.arange(draws),
+        None,
+        tokens,
+    )
+    counts = torch.bincount(tokens, minlength=vocab).double()
+    assert scipy.stats.chisquare(counts.numpy(), (probs * draws).numpy()).pvalue > 1e-3
+
+
+def test_rejects_bad_input() -> None:
+    tokens = torch.zeros(2, dtype=torch.int64)
+    args = (torch.tensor([0, 1]), torch.ones(2), torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(TypeError, match=r"logits must be float32, got torch\.float16"):
+        triton_ops.sample_tokens(torch.randn(2, 8).half(), *args, torch.arange(2), None, tokens)
+    with pytest.raises(TypeError, match=r"positions must be torch\.int64, got torch\.int32"):
+        triton_ops.sample_tokens(
+            torch.randn(2, 8), *args, torch.arange(2, dtype=torch.int32), None, tokens
+        )
+
+
+def test_opcheck() -> None:
+    logits = torch.randn(3, 129)
+    slots = torch.tensor([2, 0, 1])
+    temperature = torch.tensor([0.0, 0.9, 1.2])
+    seeds, positions = torch.tensor([5, 6, 7]), torch.tensor([100, 200, 300])
+    tokens = torch.zeros(3, dtype=torch.int64)
+    cut = torch.full((3,), -1.0)
+    torch.library.opcheck(
+        triton_ops.sample_tokens, (logits, slots, temperature, seeds, positions, cut, tokens)
+    )
+    torch.library.opcheck(
+        triton_ops.sample_tokens, (logits, slots, temperature, seeds, positions, None, tokens)
+    )
+    hashes = torch.zeros(3, 129, dtype=torch.int64)
+    torch.library.opcheck(
+        triton_ops.rng_noise,
+        (seeds, positions, hashes, torch.zeros(3, 129), torch.zeros(3, 129)),
+        {"salt": rng.SALT_BONUS},
+    )

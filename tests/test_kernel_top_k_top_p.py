@@ -1,0 +1,203 @@
+"""The top-k/top-p Triton kernel (interpreted on CPU) against ops/top_k_top_p.py and a float64
+sort-based reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphsafe_sampler import triton_ops
+from graphsafe_sampler.ops.top_k_top_p import apply_top_k_top_p
+
+
+def _gen() -> torch.Generator:
+    seed = torch.seed() % 2**31
+    print(f"generator seed {seed}")  # shown on failure: rerun with it
+    return torch.Generator().manual_seed(seed)
+
+
+def _kernel(
+    logits: torch.Tensor, slots: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (masked copy of logits, thresholds), the threshold-only op checked against both."""
+    got = logits.clone()
+    threshold = torch.full((logits.shape[0],), float("nan"))  # poisoned: every row writes
+    triton_ops.apply_top_k_top_p(got, slots, top_k, top_p, threshold)
+    cut = torch.full_like(threshold, float("nan"))
+    untouched = logits.clone()
+    triton_ops.top_k_top_p_threshold(untouched, slots, top_k, top_p, cut)
+    assert torch.equal(untouched, logits)
+    assert torch.equal(cut, threshold)
+    assert torch.equal(got, logits.masked_fill(logits < threshold[:, None], float("-inf")))
+    return got, threshold
+
+
+def _sorted_reference(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """float64, sort-based: [V] bool kept mask of one row (DESIGN §4 step 8)."""
+    x = logits.double()
+    values = x.sort(descending=True).values
+    vocab = x.shape[0]
+    keep = torch.ones(vocab, dtype=torch.bool)
+    if 0 < top_k < vocab:
+        keep = x >= values[top_k - 1]
+    if top_p < 1.0:
+        kept = torch.where(keep, x, float("-inf"))
+        row_max = kept.max()
+        mass = torch.exp(kept - (row_max if torch.isfinite(row_max) else 0.0))
+        sorted_mass = mass.sort(descending=True).values
+        cumulative = sorted_mass.cumsum(0)
+        # the fewest top tokens whose mass reaches top_p of the total (at least one)
+        n = int((cumulative < top_p * cumulative[-1]).sum()) + 1
+        n = min(n, vocab)
+        cut = kept.sort(descending=True).values[n - 1]
+        keep = keep & (x >= cut)
+    return keep
+
+
+def _check_top_p_differences(
+    logits: torch.Tensor, got: torch.Tensor, want: torch.Tensor, top_k: int, top_p: float
+) -> bool:
+    """Masks may differ only where the smaller kept set's mass is within float32 rounding of
+    top_p times the total (both answers are right up to rounding). True if they differ."""
+    if torch.equal(got, want):
+        return False
+    x = logits.double()
+    survivors = _sorted_reference(logits, top_k, 1.0)
+    row_max = x[survivors].max()
+    mass = torch.where(survivors, torch.exp(x - row_max), 0.0)
+    total = mass.sum()
+    smaller = got & want
+    assert torch.equal(smaller, got) or torch.equal(smaller, want), "masks are not nested"
+    assert abs(mass[smaller].sum() - top_p * total) <= 1e-5 * total
+    return True
+
+
+@pytest.mark.parametrize(
+    ("rows", "vocab"),
+    [pytest.param(1, 111, id="R1-V111"), pytest.param(17, 1023, id="R17-V1023"),
+     pytest.param(5, 4099, id="R5-V4099")],
+)  # fmt: skip
+def test_matches_torch_backend_and_sorted_reference(rows: int, vocab: int) -> None:
+    gen = _gen()
+    num_slots = rows + 3
+    # LLM-like rows: a few large logits over a long tail, with some exact ties
+    logits = torch.randn(rows, vocab, generator=gen) * 2
+    logits += torch.where(torch.rand(rows, vocab, generator=gen) < 0.01, 8.0, 0.0)
+    logits = torch.round(logits * 64) / 64  # ties at the k-th value happen
+    slots = torch.randperm(num_slots, generator=gen)[:rows]
+    top_k = torch.randint(-1, vocab + 2, (num_slots,), generator=gen, dtype=torch.int32)
+    top_k[torch.rand(num_slots, generator=gen) < 0.5] = torch.randint(1, 40, (1,), generator=gen)
+    top_p = torch.rand(num_slots, generator=gen).clamp(min=0.05)
+    top_p[torch.rand(num_slots, generator=gen) < 0.3] = 1.0
+    got, _ = _kernel(logits, slots, top_k, top_p)
+    want = apply_top_k_top_p(logits.clone(), top_k[slots], top_p[slots])
+    got_kept, want_kept = torch.isfinite(got), torch.isfinite(want)
+    near_torch = near_ref = 0
+    for r in range(rows):
+        k, p = int(top_k[slots[r]]), float(top_p[slots[r]])
+        if p >= 1.0:  # top-k alone is exact
+            assert torch.equal(got_kept[r], want_kept[r])
+        near_torch += _check_top_p_differences(logits[r], got_kept[r], want_kept[r], k, p)
+        reference = _sorted_reference(logits[r], k, p)
+        near_ref += _check_top_p_differences(logits[r], got_kept[r], reference, k, p)
+    print(f"rows within rounding: {near_torch} vs torch, {near_ref} vs float64 sort")
+
+
+def _one_row(row: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    got, _ = _kernel(
+        row[None], torch.zeros(1, dtype=torch.int64), torch.tensor([top_k], dtype=torch.int32),
+        torch.tensor([top_p]),
+    )  # fmt: skip
+    want = apply_top_k_top_p(row[None].clone(), torch.tensor([top_k]), torch.tensor([top_p]))
+    assert torch.equal(got, want)
+    # a kept -inf logit is still -inf: compare the finite survivors
+    kept = _sorted_reference(row, top_k, top_p) & torch.isfinite(row)
+    assert torch.equal(torch.isfinite(got[0]), kept)
+    return got[0]
+
+
+def test_all_masked_but_one() -> None:
+    row = torch.full((300,), float("-inf"))
+    row[77] = -3.0
+    for top_k, top_p in [(5, 1.0), (0, 0.5), (5, 0.5), (1, 0.0)]:
+        assert torch.isfinite(_one_row(row, top_k, top_p)).nonzero().flatten().tolist() == [77]
+
+
+def test_fewer_finite_logits_than_top_k() -> None:
+    row = torch.full((257,), float("-inf"))
+    row[[3, 100, 200]] = torch.tensor([1.0, 2.0, -1.0])
+    got = _one_row(row, 10, 1.0)
+    assert torch.equal(got, row)  # k-th largest is -inf: nothing is removed
+    got = _one_row(row, 2, 1.0)
+    assert torch.isfinite(got).nonzero().flatten().tolist() == [3, 100]
+
+
+def test_one_thousand_ties_with_top_p_half() -> None:
+    row = torch.full((1023,), -20.0)
+    row[:1000] = 1.5  # 1,000 tied logits: half the mass is reached inside the tie
+    got = _one_row(row, 0, 0.5)
+    assert int(torch.isfinite(got).sum()) == 1000
+
+
+def test_huge_logits() -> None:
+    gen = _gen()
+    row = torch.randn(1023, generator=gen)
+    row[:10] = 1e9
+    row[10:20] = -1e9
+    row[5] = 1e9 - 64.0  # the neighbouring float32 below 1e9
+    assert int(torch.isfinite(_one_row(row, 3, 1.0)).sum()) == 9
+    assert int(torch.isfinite(_one_row(row, 0, 0.3)).sum()) == 9
+    # -row: 9 logits at -1e9 and one just above; the 1015th largest is -1e9, a 9-way tie
+    assert int(torch.isfinite(_one_row(-row, 1014, 1.0)).sum()) == 1014
+    assert int(torch.isfinite(_one_row(-row, 1015, 1.0)).sum()) == 1023
+
+
+def test_top_p_zero_keeps_the_max_and_its_ties() -> None:
+    gen = _gen()
+    row = torch.randn(555, generator=gen)
+    row[[9, 400]] = 7.0
+    assert torch.isfinite(_one_row(row, 0, 0.0)).nonzero().flatten().tolist() == [9, 400]
+
+
+def test_non_contiguous_row_stride() -> None:
+    gen = _gen()
+    base = torch.randn(6, 600, generator=gen)
+    before = base.clone()
+    logits = base[::2, :500]  # row stride 1200
+    slots = torch.tensor([2, 0, 1])
+    top_k = torch.tensor([7, 0, 100], dtype=torch.int32)
+    top_p = torch.tensor([1.0, 0.6, 0.8])
+    want = apply_top_k_top_p(logits.clone(), top_k[slots], top_p[slots])
+    threshold = torch.empty(3)
+    triton_ops.apply_top_k_top_p(logits, slots, top_k, top_p, threshold)
+    assert torch.equal(torch.isfinite(logits), torch.isfinite(want))
+    assert torch.equal(base[1::2], before[1::2])
+    assert torch.equal(base[::2, 500:], before[::2, 500:])
+
+
+def test_rows_with_filters_off_are_untouched() -> None:
+    gen = _gen()
+    logits = torch.randn(3, 222, generator=gen)
+    top_k = torch.tensor([0, -1, 222], dtype=torch.int32)  # 222 = V is off too
+    got, threshold = _kernel(logits, torch.arange(3), top_k, torch.ones(3))
+    assert torch.equal(got, logits)
+    assert threshold.tolist() == [float("-inf")] * 3
+
+
+def test_rejects_bad_input() -> None:
+    args = (torch.zeros(2, dtype=torch.int64), torch.zeros(1, dtype=torch.int32), torch.ones(1))
+    with pytest.raises(TypeError, match=r"top_k must be torch\.int32, got torch\.int64"):
+        triton_ops.top_k_top_p_threshold(
+            torch.randn(2, 8), args[0], args[1].long(), args[2], torch.empty(2)
+        )
+    with pytest.raises(ValueError, match=r"threshold must have shape \(2,\), got \(3,\)"):
+        triton_ops.apply_top_k_top_p(torch.randn(2, 8), *args, torch.empty(3))
+
+
+def test_opcheck() -> None:
+    logits = torch.randn(3, 129)
+    slots = torch.tensor([2, 0, 1])
+    top_k = torch.tensor([5, 0, 60], dtype=torch.int32)
+    top_p = torch.tensor([0.7, 0.9, 1.0])
+    for op in (triton_ops.top_k_top_p_threshold, triton_ops.apply_top_k_top_p):
+        torch.library.opcheck(op, (logits.clone(), slots, top_k, top_p, torch.empty(3)))
