@@ -29,5 +29,11 @@ pytest: venv
 
 test: lint typecheck pytest
 
+# The decode benchmark with its defaults (see `graphsafe-sampler bench --help`); extra
+# options through BENCH_ARGS, e.g. make bench BENCH_ARGS="--rows 8 64 --plot bench.png".
+BENCH_ARGS ?=
+bench: venv
+	$(VENV)/bin/graphsafe-sampler bench $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

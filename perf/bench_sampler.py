@@ -1,17 +1,19 @@
 """The full sampling step: `Sampler` eager and compiled against a vLLM-V1-style baseline.
 
-Case: 64 rows x vocab 128,256 (Llama 3), LLM-like logits (`perf/logits.py`), every feature on
-in a realistic mix of rows (see `make_requests`): greedy, temperature, top-k, top-p,
-top-k + top-p, min_p; penalties on about a third of the rows, logit bias on a quarter, stop ids
-with an active min_tokens on a quarter, allowed ids on 3 rows, bad words on 4, half the rows
-seeded; logprobs K = 5 in `raw_logprobs` mode.
+Case: 64 rows x vocab 128,256 (Llama 3), LLM-like logits (`graphsafe_sampler.bench.logits`),
+every feature on in a realistic mix of rows (see `make_requests`): greedy, temperature,
+top-k, top-p, top-k + top-p, min_p; penalties on about a third of the rows, logit bias on a
+quarter, stop ids with an active min_tokens on a quarter, allowed ids on 3 rows, bad words
+on 4, half the rows seeded; logprobs K = 5 in `raw_logprobs` mode. A static batch: the
+churning decode step is `bench_suite.py`'s `step`. With `--gs-json` its cases are stage
+`step-static`.
 
 Providers, side by side in one process on the same inputs (DESIGN §6):
 - `clone`: `logits.clone()`, one pass over the logits, the floor;
 - `sampler-eager`: `Sampler.forward`, eager;
 - `sampler-compiled`: `torch.compile(sampler.forward, fullgraph=True)`, compiled and warmed
   up before timing;
-- `vllm-style`: `perf/vllm_style.py`, the way vLLM V1 does it, eager.
+- `vllm-style`: `graphsafe_sampler/bench/vllm_style.py`, the way vLLM V1 does it, eager.
 
 One round is one engine step on a static batch of 64 requests: the sampler step (the
 baseline's `update_state(None)` too, which vLLM calls every step), then the engine reads the
@@ -43,11 +45,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 import torch
-from logits import llm_like_logits
 from pytest_benchmark.fixture import BenchmarkFixture
-from vllm_style import VllmStyleSampler
 
 from graphsafe_sampler import BatchUpdate, Sampler, SamplerConfig, SamplerOutput, SamplingParams
+from graphsafe_sampler.bench.logits import llm_like_logits
+from graphsafe_sampler.bench.vllm_style import VllmStyleSampler
 from graphsafe_sampler.testing import DriverRequest
 
 NUM_ROWS = 64
@@ -376,7 +378,11 @@ def summary(request: pytest.FixtureRequest) -> _Summary:
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_sampling_step(
-    benchmark: BenchmarkFixture, case: Case, summary: _Summary, provider: str
+    benchmark: BenchmarkFixture,
+    case: Case,
+    summary: _Summary,
+    provider: str,
+    gs_record: Callable[..., None],
 ) -> None:
     step, info = BUILDERS[provider](case)
     load_before = os.getloadavg()[0]
@@ -412,3 +418,14 @@ def test_sampling_step(
         **info,
     )
     summary.record(provider, benchmark)
+    # `--gs-json`: stage "step-static" (a static batch, every feature on; the churning
+    # decode step is bench_suite.py's "step").
+    gs_record(
+        benchmark,
+        stage="step-static",
+        provider=provider,
+        rows=NUM_ROWS,
+        vocab=VOCAB_SIZE,
+        dtype=torch.float32,
+        extra=info,
+    )

@@ -14,18 +14,17 @@ Run: python -m pytest perf/bench_update_state.py --benchmark-only
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 from graphsafe_sampler.batch_state import BatchState
-from graphsafe_sampler.batch_update import AddedRequest, BatchUpdate, MoveDirectionality
+from graphsafe_sampler.batch_update import BatchUpdate
+from graphsafe_sampler.bench.workload import RefillingBatchDriver
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.processors import BUILTIN_LOGITS_PROCESSORS
-from graphsafe_sampler.testing.batch_driver import BatchDriver
 
 MAX_NUM_REQS = 256
 CHURN = 0.1
@@ -65,44 +64,6 @@ def realistic_params(rng: random.Random, config: SamplerConfig) -> SamplingParam
         allowed_token_ids=some_ids(2, 64) if rng.random() < 0.03 else None,
         seed=rng.randrange(2**63) if rng.random() < 0.1 else None,
     )
-
-
-class RefillingBatchDriver(BatchDriver):
-    """A `BatchDriver` whose adds refill the batch, so it stays full under churn.
-
-    `BatchDriver.next_update` removes each request with probability `churn` but adds
-    `randint(0, churn * capacity + 1)` requests, about half as many: at churn 0.1 and 256
-    rows the batch settles near 130 requests. Here every free row below `target` is
-    refilled in the same update (vLLM hands removed rows to new requests first), so
-    `added == removed` once the batch is full, then up to 3 random swaps follow, as in the
-    base driver. A full batch has no holes, so vLLM's condensing moves never occur.
-    """
-
-    def __init__(self, config: SamplerConfig, *, target: int | None = None, **kwargs: Any) -> None:
-        super().__init__(config, **kwargs)
-        self.target = config.max_num_reqs if target is None else target
-
-    def next_update(self) -> BatchUpdate:
-        rng = self.rng
-        capacity = self.config.max_num_reqs
-        removed = [
-            r for r in range(capacity) if self.rows[r] is not None and rng.random() < self.churn
-        ]
-        for row in removed:
-            self.rows[row] = None
-        free = [r for r in range(self.target) if self.rows[r] is None]
-        added: list[AddedRequest] = []
-        for row in free:
-            req = self.new_request()
-            self.rows[row] = req
-            added.append((row, req.params, req.prompt_tok_ids, req.output_tok_ids))
-        moved = []
-        for _ in range(rng.randint(0, 3)):
-            a, b = rng.randrange(self.target), rng.randrange(self.target)
-            moved.append((a, b, MoveDirectionality.SWAP))
-            self.rows[a], self.rows[b] = self.rows[b], self.rows[a]
-        self.batch_size = max((r + 1 for r, q in enumerate(self.rows) if q is not None), default=0)
-        return BatchUpdate(self.batch_size, tuple(removed), tuple(added), tuple(moved))
 
 
 @pytest.fixture

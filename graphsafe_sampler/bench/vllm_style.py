@@ -1,4 +1,4 @@
-"""A vLLM-V1-style eager sampler: the peer baseline of `bench_sampler.py` (DESIGN §6).
+"""A vLLM-V1-style eager sampler: the peer baseline of the benchmarks (DESIGN §6).
 
 Same semantics as `graphsafe_sampler.Sampler` (DESIGN §4), written the way vLLM V1's
 `Sampler` (`vllm/v1/sample/sampler.py`), its built-in logits processors and its persistent
@@ -115,7 +115,7 @@ def _device_tensor(data: list, dtype: torch.dtype, device: torch.device) -> torc
     return torch.tensor(data, dtype=dtype, device="cpu").to(device, non_blocking=True)
 
 
-class _LogitBias:
+class LogitBias:
     """vLLM's `LogitBiasLogitsProcessor`: index lists rebuilt from a dict on every change."""
 
     def __init__(self, device: torch.device) -> None:
@@ -213,7 +213,7 @@ def _bin_counts(tokens: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, to
     return counts, counts > 0
 
 
-def _padded_tokens(
+def padded_tokens(
     lists: Sequence[Sequence[int]], vocab_size: int, device: torch.device
 ) -> torch.Tensor:
     """vLLM's `make_tensor_with_pad`: a numpy array padded with vocab_size, then H2D."""
@@ -224,23 +224,25 @@ def _padded_tokens(
     return torch.from_numpy(padded).to(device, non_blocking=True)
 
 
-def _apply_penalties(
+def apply_penalties(
     logits: torch.Tensor,  # [rows, V] float32
     prompt_token_ids: torch.Tensor,  # [rows, P] int64 padded with V
     output_tok_ids: list[Sequence[int]],
-    meta: _Metadata,
+    repetition: torch.Tensor,  # [rows] float32 (1 = off)
+    frequency: torch.Tensor,  # [rows] float32 (0 = off)
+    presence: torch.Tensor,  # [rows] float32 (0 = off)
 ) -> torch.Tensor:
     """vLLM's `apply_all_penalties`: the output-token tensor and both bin counts are rebuilt
     from the host lists every step, for every row of the batch."""
     vocab_size = logits.shape[1]
-    output_tokens = _padded_tokens(output_tok_ids, vocab_size, logits.device)
+    output_tokens = padded_tokens(output_tok_ids, vocab_size, logits.device)
     _, prompt_mask = _bin_counts(prompt_token_ids, vocab_size)
     output_counts, output_mask = _bin_counts(output_tokens, vocab_size)
-    rep = meta.repetition[:, None]
+    rep = repetition[:, None]
     penalised = torch.where(logits > 0, logits / rep, logits * rep)
     logits = torch.where(prompt_mask | output_mask, penalised, logits)
-    logits -= meta.frequency[:, None] * output_counts
-    logits -= meta.presence[:, None] * output_mask
+    logits -= frequency[:, None] * output_counts
+    logits -= presence[:, None] * output_mask
     return logits
 
 
@@ -255,7 +257,18 @@ def _apply_top_k_only(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor
     return logits.masked_fill_(logits < kth, float("-inf"))
 
 
-def _apply_top_k_top_p(
+def apply_min_p(
+    logits: torch.Tensor,  # [rows, V] float32, updated in place
+    min_p: torch.Tensor,  # [rows, 1] float32 (0 = off)
+) -> torch.Tensor:
+    """vLLM's `MinPLogitsProcessor.apply`: a softmax, then a boolean-mask assignment."""
+    probs = logits.softmax(dim=-1)
+    max_probs = probs.amax(dim=-1, keepdim=True)
+    logits[probs < max_probs.mul_(min_p)] = float("-inf")
+    return logits
+
+
+def apply_top_k_top_p(
     logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
 ) -> torch.Tensor:
     """vLLM's `apply_top_k_top_p`: a full ascending sort of every row."""
@@ -277,7 +290,7 @@ def _apply_top_k_top_p(
     return logits_sort.scatter(dim=-1, index=logits_idx, src=logits_sort)
 
 
-def _random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
     """vLLM's `random_sample`: the exponential race, seeded rows one by one."""
     q = torch.empty_like(probs)
     if len(generators) != probs.shape[0]:
@@ -287,7 +300,7 @@ def _random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) 
     return probs.div_(q).argmax(dim=-1)
 
 
-def _gather_logprobs(
+def gather_logprobs(
     logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor
 ) -> LogprobsTensors:
     """vLLM's `gather_logprobs`."""
@@ -316,7 +329,7 @@ class VllmStyleSampler:
         self.device = torch.device(device)
         self.requests: dict[int, _Request] = {}
         self.batch_size = 0
-        self.logit_bias = _LogitBias(self.device)
+        self.logit_bias = LogitBias(self.device)
         self.min_tokens = _MinTokens(config.eos_token_id, self.device)
         # vLLM's MinPLogitsProcessor: a dense [rows, 1] tensor, rebuilt on batch changes.
         self.min_p: dict[int, float] = {}
@@ -412,7 +425,7 @@ class VllmStyleSampler:
             repetition=torch.from_numpy(repetition).to(device, non_blocking=True),
             frequency=torch.from_numpy(frequency).to(device, non_blocking=True),
             presence=torch.from_numpy(presence).to(device, non_blocking=True),
-            prompt_token_ids=None if no_penalties else _padded_tokens(prompts, vocab_size, device),
+            prompt_token_ids=None if no_penalties else padded_tokens(prompts, vocab_size, device),
             allowed_mask=allowed_mask,
             bad_words=bad_words,
             max_num_logprobs=max(num_logprobs) if num_logprobs else None,
@@ -444,7 +457,7 @@ class VllmStyleSampler:
         if meta.max_num_logprobs is not None:
             source = raw if raw is not None else processed
             assert source is not None
-            logprobs = _gather_logprobs(source, meta.max_num_logprobs, sampled)
+            logprobs = gather_logprobs(source, meta.max_num_logprobs, sampled)
         return SamplerOutput(sampled.to(torch.int32)[:, None], logprobs)
 
     __call__ = forward
@@ -462,7 +475,14 @@ class VllmStyleSampler:
         if not meta.no_penalties:
             assert meta.prompt_token_ids is not None
             outputs = outputs if outputs is not None else self._output_lists()
-            logits = _apply_penalties(logits, meta.prompt_token_ids, outputs, meta)
+            logits = apply_penalties(
+                logits,
+                meta.prompt_token_ids,
+                outputs,
+                meta.repetition,
+                meta.frequency,
+                meta.presence,
+            )
         return logits
 
     def _filter(self, logits: torch.Tensor, meta: _Metadata) -> torch.Tensor:
@@ -472,11 +492,8 @@ class VllmStyleSampler:
             temperature = torch.where(temperature < GREEDY_TEMPERATURE, 1.0, temperature)
         logits = logits.div_(temperature[:, None])
         if self.min_p:
-            # vLLM's MinPLogitsProcessor.apply, boolean-mask assignment included
-            probs = logits.softmax(dim=-1)
-            max_probs = probs.amax(dim=-1, keepdim=True)
-            logits[probs < max_probs.mul_(self.min_p_tensor)] = float("-inf")
-        return _apply_top_k_top_p(logits, meta.top_k, meta.top_p)
+            logits = apply_min_p(logits, self.min_p_tensor)
+        return apply_top_k_top_p(logits, meta.top_k, meta.top_p)
 
     def _sample(
         self, logits: torch.Tensor, meta: _Metadata
@@ -494,7 +511,7 @@ class VllmStyleSampler:
             # softmax below leaves `logits` as they are: no copy needed for *_logits
             processed = logits.log_softmax(dim=-1) if mode.endswith("logprobs") else logits
         probs = logits.softmax(dim=-1, dtype=torch.float32)
-        sampled = _random_sample(probs, meta.generators)
+        sampled = random_sample(probs, meta.generators)
         if greedy is not None:
             sampled = torch.where(meta.temperature < GREEDY_TEMPERATURE, greedy, sampled)
         return sampled, processed

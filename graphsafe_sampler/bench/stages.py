@@ -1,0 +1,233 @@
+"""Stage-alone benchmark cases: one step of DESIGN §4's pipeline, ours beside the peers'.
+
+Each stage is timed on the same LLM-like logits and the same per-row parameters in every
+provider. Ours are the package's real stage functions, with their state where they keep
+some (a `Sampler` holding one request per row supplies the slot tables):
+
+    stage        ours                                       vllm-style
+    penalties    PenaltyState.apply (device counts,         apply_penalties, rebuilt from
+                 prompt bitmask)                            the host lists every call
+    bias         LogitBiasLogitsProcessor.apply             LogitBias.apply (index lists)
+    min_p        MinPLogitsProcessor.apply (log space)      apply_min_p (softmax + bool mask)
+    top_k,       ops.top_k_top_p.apply_top_k_top_p          apply_top_k_top_p (full sort;
+    top_p,       (radix threshold search, no sort)          top-k alone: topk)
+    top_k_top_p
+    greedy       argmax                                     argmax
+    sampling     ops.rng.gumbel_noise + argmax              softmax + a torch.Generator
+                 (every row seeded)                         per request
+    logprobs     Sampler._logprobs (K = 5, raw)             gather_logprobs (log_softmax + topk)
+
+FlashInfer's sampling functions join on CUDA when `flashinfer` imports (top_k, top_p,
+top_k_top_p, min_p, sampling; their semantics differ in details: they sample or renormalise
+rather than mask, so read those rows as a cost reference, not as the same work).
+
+Every stage starts from the logits in the case's dtype and converts them to float32 (as the
+Sampler does once per step), so bfloat16 cases include that conversion.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from graphsafe_sampler.batch_update import BatchUpdate
+from graphsafe_sampler.bench import vllm_style
+from graphsafe_sampler.config import SamplerConfig
+from graphsafe_sampler.ops.rng import SALT_SAMPLE, gumbel_noise
+from graphsafe_sampler.ops.top_k_top_p import apply_top_k_top_p
+from graphsafe_sampler.params import SamplingParams
+from graphsafe_sampler.sampler import Sampler
+
+STAGES = (
+    "penalties",
+    "bias",
+    "min_p",
+    "top_k",
+    "top_p",
+    "top_k_top_p",
+    "greedy",
+    "sampling",
+    "logprobs",
+)
+"""Stage-alone cases (rejection sampling lives in `perf/bench_rejection.py`)."""
+
+TOP_K = 50
+TOP_P = 0.9
+MIN_P = 0.05
+MAX_NUM_LOGPROBS = 5
+BIAS_ENTRIES = 32
+PROMPT_LEN = 512
+OUTPUT_LEN = 128
+
+StageFn = Callable[[torch.Tensor], object]
+
+
+def stage_params(stage: str, row: int) -> SamplingParams:
+    """The parameters every row of a stage case carries: the stage's feature on, the rest off
+    (so that the Sampler's tables hold exactly what the stage reads)."""
+    if stage not in STAGES:
+        raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+    kwargs: dict[str, Any] = {"temperature": 0.0 if stage == "greedy" else 1.0}
+    if stage == "penalties":
+        kwargs.update(repetition_penalty=1.1, frequency_penalty=0.3, presence_penalty=0.5)
+    elif stage == "min_p":
+        kwargs["min_p"] = MIN_P
+    elif stage in ("top_k", "top_k_top_p"):
+        kwargs["top_k"] = TOP_K
+    if stage in ("top_p", "top_k_top_p"):
+        kwargs["top_p"] = TOP_P
+    if stage == "sampling":
+        kwargs["seed"] = 1000 + row
+    if stage == "logprobs":
+        kwargs["logprobs"] = MAX_NUM_LOGPROBS
+    return SamplingParams(**kwargs)
+
+
+@dataclass
+class StageCase:
+    """The state a stage reads, built once per (stage, rows, vocab) and shared by providers."""
+
+    stage: str
+    rows: int
+    vocab: int
+    device: torch.device
+    sampler: Sampler  # our tables: one request per row
+    peer: vllm_style.VllmStyleSampler  # the peer's per-row metadata, same requests
+    output_lists: list[Sequence[int]]
+    tokens: torch.Tensor  # [rows] int64: the "sampled" tokens the logprobs stage reports
+
+    @classmethod
+    def build(
+        cls, stage: str, rows: int, vocab: int, device: torch.device | str, seed: int = 0
+    ) -> StageCase:
+        device = torch.device(device)
+        gen = torch.Generator().manual_seed(seed)
+        bias = {}
+        if stage == "bias":
+            ids = torch.randperm(vocab, generator=gen)[: rows * BIAS_ENTRIES].view(rows, -1)
+            bias = {row: {int(t): 1.5 for t in ids[row % ids.shape[0]]} for row in range(rows)}
+        added = []
+        output_lists: list[Sequence[int]] = []
+        for row in range(rows):
+            params = stage_params(stage, row)
+            if bias:
+                params.logit_bias = bias[row]
+            prompt = torch.randint(vocab, (PROMPT_LEN,), generator=gen).tolist()
+            output = torch.randint(vocab, (OUTPUT_LEN,), generator=gen).tolist()
+            output_lists.append(output)
+            added.append((row, params, prompt, output))
+        update = BatchUpdate(rows, added=tuple(added))
+        config = SamplerConfig(
+            rows,
+            vocab,
+            max_num_logprobs=MAX_NUM_LOGPROBS,
+            backend="torch",
+            seed=seed,
+            max_logit_bias_tokens=max(BIAS_ENTRIES, 1),
+        )
+        sampler = Sampler(config, device)
+        sampler.update_state(update)
+        peer = vllm_style.VllmStyleSampler(config, device)
+        peer.update_state(update)
+        tokens = torch.randint(vocab, (rows,), generator=gen).to(device)
+        return cls(stage, rows, vocab, device, sampler, peer, output_lists, tokens)
+
+    # ------------------------------------------------------------- ours
+
+    def ours(self) -> StageFn:
+        """Our stage as a function of the logits (eager; `torch.compile` it for the compiled
+        provider)."""
+        sampler, rows, vocab = self.sampler, self.rows, self.vocab
+        slots = sampler.batch_state.slots(rows)
+        top_k = sampler.sampling.top_k.device[slots]
+        top_p = sampler.sampling.top_p.device[slots]
+        tokens = self.tokens
+        stage = self.stage
+
+        def run(logits: torch.Tensor) -> object:
+            x = logits.to(torch.float32)
+            if stage == "penalties":
+                return sampler.penalties.apply(x, slots)
+            if stage == "bias":
+                return sampler.logit_bias.apply(x)
+            if stage == "min_p":
+                return sampler.min_p.apply(x)
+            if stage in ("top_k", "top_p", "top_k_top_p"):
+                return apply_top_k_top_p(x, top_k, top_p)
+            if stage == "greedy":
+                return x.argmax(dim=-1)
+            if stage == "sampling":
+                seeds = sampler.sampling.seed.device[slots]
+                positions = sampler.sampling.positions(slots)
+                noise = gumbel_noise(seeds, positions, vocab, SALT_SAMPLE)
+                return (x + noise).argmax(dim=-1)
+            return sampler._logprobs(logits, x, tokens)  # logprobs
+
+        return run
+
+    # ------------------------------------------------------------- vllm-style
+
+    def vllm_style(self) -> StageFn:
+        """The peer's way of doing the same stage, eager (see `bench.vllm_style`)."""
+        peer, meta, stage = self.peer, self.peer.meta, self.stage
+        outputs = self.output_lists
+        tokens = self.tokens
+
+        def run(logits: torch.Tensor) -> object:
+            x = logits.to(torch.float32)
+            if stage == "penalties":
+                assert meta.prompt_token_ids is not None
+                return vllm_style.apply_penalties(
+                    x,
+                    meta.prompt_token_ids,
+                    outputs,
+                    meta.repetition,
+                    meta.frequency,
+                    meta.presence,
+                )
+            if stage == "bias":
+                return peer.logit_bias.apply(x)
+            if stage == "min_p":
+                return vllm_style.apply_min_p(x, peer.min_p_tensor)
+            if stage in ("top_k", "top_p", "top_k_top_p"):
+                return vllm_style.apply_top_k_top_p(x, meta.top_k, meta.top_p)
+            if stage == "greedy":
+                return x.argmax(dim=-1)
+            if stage == "sampling":
+                return vllm_style.random_sample(x.softmax(dim=-1), meta.generators)
+            return vllm_style.gather_logprobs(  # logprobs
+                x.log_softmax(dim=-1), MAX_NUM_LOGPROBS, tokens
+            )
+
+        return run
+
+    # ------------------------------------------------------------- flashinfer
+
+    def flashinfer(self) -> StageFn | None:
+        """FlashInfer's function for the stage, or None (no CUDA, not installed, no such
+        stage in FlashInfer)."""
+        if not flashinfer_available(self.device):
+            return None
+        from flashinfer import sampling as fi
+
+        rows, device, stage = self.rows, self.device, self.stage
+        top_k = torch.full((rows,), TOP_K, dtype=torch.int32, device=device)
+        top_p = torch.full((rows,), TOP_P, dtype=torch.float32, device=device)
+        min_p = torch.full((rows,), MIN_P, dtype=torch.float32, device=device)
+        calls: dict[str, StageFn] = {
+            "top_k": lambda x: fi.top_k_mask_logits(x.float(), top_k),
+            "top_p": lambda x: fi.top_p_renorm_probs(x.float().softmax(dim=-1), top_p),
+            "top_k_top_p": lambda x: fi.top_k_top_p_sampling_from_logits(x.float(), top_k, top_p),
+            "min_p": lambda x: fi.min_p_sampling_from_probs(x.float().softmax(dim=-1), min_p),
+            "sampling": lambda x: fi.sampling_from_logits(x.float()),
+        }
+        return calls.get(stage)
+
+
+def flashinfer_available(device: torch.device) -> bool:
+    """FlashInfer runs on CUDA only, and only when installed."""
+    return device.type == "cuda" and importlib.util.find_spec("flashinfer") is not None
