@@ -209,6 +209,12 @@ class BatchState:
             if prompt is not None:
                 _check_tok_ids(f"added[{i}] prompt_tok_ids", prompt, vocab)
             _check_tok_ids(f"added[{i}] output_tok_ids", output, vocab)
+            length = len(output) + (0 if prompt is None else len(prompt))
+            if length > self.config.max_model_len:
+                raise ValueError(
+                    f"added[{i}] holds {length} prompt and output tokens, more than "
+                    f"max_model_len = {self.config.max_model_len}"
+                )
             occupied[row] = True
         for i, moved in enumerate(batch_update.moved):
             if not isinstance(moved, tuple) or len(moved) != 3:

@@ -47,6 +47,8 @@ class SamplerConfig:
         sized by max_bad_words_tokens).
     max_bad_word_len: tokens in one bad word; also the device-side window of recent outputs.
     max_bad_words_tokens: bad-word tokens per request, all words together.
+    max_model_len: tokens per request, prompt and output together (requests added with more
+        are rejected); sizes the penalty state's table of tokens output 255 times or more.
     pin_memory: pin the host staging buffers (None = when an accelerator exists).
     """
 
@@ -65,6 +67,7 @@ class SamplerConfig:
     max_bad_words: int = 1024
     max_bad_word_len: int = 16
     max_bad_words_tokens: int = 1024
+    max_model_len: int = 131072
     pin_memory: bool | None = None
 
     def __post_init__(self) -> None:
@@ -97,6 +100,7 @@ class SamplerConfig:
             "max_bad_words",
             "max_bad_word_len",
             "max_bad_words_tokens",
+            "max_model_len",
         ):
             _positive(name, getattr(self, name))
         if self.seed is not None:

@@ -4,16 +4,34 @@ Repetition applies to tokens seen in the prompt or the output: `l / r` if `l > 0
 `l * r`. Frequency and presence apply to output tokens only: `l -= f * count`,
 `l -= p * (count > 0)`.
 
-State per slot: the three penalties (staged), the prompt's token set as a bitmask
-(`[num_slots, ceil(V/32)]` int32, built on the host at add time) and the output counts
-(`[num_slots, V]` int32, device only). Counts are advanced by `commit` inside the graph from
-the tokens the sampler itself produced; they are never rebuilt from host lists.
+State per slot:
+- the three penalties, float32 (staged);
+- the prompt's token set, a bitmask `[num_slots, ceil(V/32)]` int32 built on the host at add
+  time (1 bit a token);
+- the output counts, `[num_slots, V]` uint8 on the device: the count while it is below
+  `SATURATED` = 255, and 255 for a token output 255 times or more (1 byte a token);
+- the saturated tokens' excess, an overflow table of `E = ceil(max_model_len / 255)` entries
+  per slot: `overflow_token` int32 (-1 = unused) and `overflow_excess` int32, with
+  count = 255 + excess. A token enters the table on the commit that takes it to 255; since
+  each entry stands for 255 outputs, a request within `max_model_len` never fills it.
+
+So the counts are exact for any output length up to `max_model_len`, at 1 byte + 1 bit a token
+instead of vLLM's 4 bytes (at vocab 151,936: ~175 KB a slot against ~608 KB; see
+`perf/state_bytes.py`). Presence and repetition only ask `count > 0`, which the byte answers;
+the frequency penalty of a saturated token is corrected by a scatter of E values a row.
+
+Counts are advanced by `commit` inside the graph from the tokens the sampler itself produced;
+they are never rebuilt from host lists. The commit that saturates a token takes the next free
+entry (found by counting used ones, on the device); later commits add to its excess.
 """
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from graphsafe_sampler.batch_state import BatchState
@@ -23,10 +41,18 @@ from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.slot_tables import SlotTables
 from graphsafe_sampler.staging import index_to_device
 
+SATURATED = 255
+_UNUSED = -1
+
+
+def overflow_capacity(config: SamplerConfig) -> int:
+    """Overflow entries per slot: enough for `max_model_len` outputs (255 a saturated token)."""
+    return math.ceil(config.max_model_len / SATURATED)
+
 
 def apply_penalties(
     logits: torch.Tensor,  # [num_rows, V] float32
-    counts: torch.Tensor,  # [num_rows, V] int32 output-token counts
+    counts: torch.Tensor,  # [num_rows, V] integer output-token counts
     in_prompt: torch.Tensor,  # [num_rows, V] bool
     repetition: torch.Tensor,  # [num_rows] float32 (1 = off)
     frequency: torch.Tensor,  # [num_rows] float32 (0 = off)
@@ -46,14 +72,20 @@ class PenaltyState(SlotTables):
     def __init__(self, config: SamplerConfig, batch_state: BatchState) -> None:
         super().__init__(batch_state)
         self.config = config
+        self.capacity = overflow_capacity(config)
         self.repetition = self.staged("repetition", (), torch.float32, fill=1.0)
         self.frequency = self.staged("frequency", (), torch.float32)
         self.presence = self.staged("presence", (), torch.float32)
         self.prompt_mask = self.staged("prompt_mask", (num_words(config.vocab_size),), torch.int32)
-        self.counts = self.device_only("counts", (config.vocab_size,), torch.int32)
+        self.counts = self.device_only("counts", (config.vocab_size,), torch.uint8)
+        # One column past the capacity: commits that saturate nothing write there (a fixed
+        # target keeps the commit branch-free); apply never reads it.
+        width = self.capacity + 1
+        self.overflow_token = self.staged("overflow_token", (width,), torch.int32, fill=_UNUSED)
+        self.overflow_excess = self.staged("overflow_excess", (width,), torch.int32)
         self.unpacker = batch_state.bitmask_unpacker
-        # Rows to reset at the next flush: slot -> output tokens the request already has.
-        self._pending: dict[int, Sequence[int]] = {}
+        # Count rows to reset at the next flush: slot -> {token: count} of resumed outputs.
+        self._pending: dict[int, Counter[int]] = {}
         batch_state.register(self)
 
     def add_request(
@@ -67,28 +99,63 @@ class PenaltyState(SlotTables):
         self.frequency.write(slot, params.frequency_penalty)
         self.presence.write(slot, params.presence_penalty)
         self.prompt_mask.write(slot, pack_token_ids(prompt_tok_ids or (), self.config.vocab_size))
-        self._pending[slot] = list(output_tok_ids)
+        counts = Counter(int(t) for t in output_tok_ids)
+        tokens = np.full(self.capacity + 1, _UNUSED, dtype=np.int32)
+        excess = np.zeros(self.capacity + 1, dtype=np.int32)
+        saturated = [(t, n - SATURATED) for t, n in counts.items() if n >= SATURATED]
+        # BatchState checks outputs against max_model_len, so this always fits.
+        assert len(saturated) <= self.capacity, "outputs beyond max_model_len"
+        for e, (token, extra) in enumerate(saturated):
+            tokens[e], excess[e] = token, extra
+        self.overflow_token.write(slot, tokens)
+        self.overflow_excess.write(slot, excess)
+        self._pending[slot] = counts
 
     def flush(self) -> None:
         super().flush()
         if not self._pending:
             return
-        # Reset the new requests' count rows and count their resumed outputs. Stream-ordered
-        # device ops from host-built index lists: no sync, and only on steps with adds.
+        # Reset the new requests' count rows and write their resumed outputs' counts.
+        # Stream-ordered device ops from host-built index lists: no sync, only on steps with
+        # adds. (slot, token) pairs are unique, so a plain index_put_ is deterministic.
         device, pin = self.counts.device, self.batch_state.pin_memory
         slots = list(self._pending)
         self.counts.index_fill_(0, index_to_device(slots, device, pin=pin), 0)
-        rows = [s for s, toks in self._pending.items() for _ in toks]
-        cols = [t for toks in self._pending.values() for t in toks]
+        rows = [s for s, counts in self._pending.items() for _ in counts]
+        cols = [t for counts in self._pending.values() for t in counts]
         if cols:
+            values = [
+                min(n, SATURATED) for counts in self._pending.values() for n in counts.values()
+            ]
             index = (index_to_device(rows, device, pin=pin), index_to_device(cols, device, pin=pin))
-            ones = torch.ones(len(cols), dtype=torch.int32, device=device)
-            self.counts.index_put_(index, ones, accumulate=True)
+            self.counts.index_put_(index, torch.tensor(values, dtype=torch.uint8).to(device))
         self._pending.clear()
 
     def commit(self, slots: torch.Tensor, token_ids: torch.Tensor, keep: torch.Tensor) -> None:
-        # Padded rows all point at the padding slot with keep=False: they add 0.
-        self.counts.index_put_((slots, token_ids), keep.to(torch.int32), accumulate=True)
+        # slots, token_ids [num_rows] int64; keep [num_rows] bool. Padded rows all point at the
+        # padding slot with keep=False: they write back what they read, and into the spare
+        # overflow column. Real rows have distinct slots, so no two writes collide.
+        count = self.counts[slots, token_ids].to(torch.int32)  # [num_rows]
+        bumped = torch.where(keep, torch.clamp(count + 1, max=SATURATED), count)
+        self.counts.index_put_((slots, token_ids), bumped.to(torch.uint8))
+        table = self.overflow_token.device[slots, : self.capacity]  # [num_rows, E]
+        saturates = keep & (count == SATURATED - 1)  # takes a new entry
+        grows = keep & (count == SATURATED)  # adds to its entry
+        match = table == token_ids[:, None].to(torch.int32)
+        found = match.any(-1)
+        spare = self.capacity
+        entry = torch.where(
+            saturates,
+            (table != _UNUSED).sum(-1),  # the next free entry (== capacity when full: spare)
+            torch.where(grows & found, match.to(torch.int32).argmax(-1), spare),
+        ).long()
+        writes = saturates | (grows & found)
+        old_token = self.overflow_token.device[slots, entry]
+        new_token = torch.where(saturates, token_ids.to(torch.int32), old_token)
+        self.overflow_token.device.index_put_((slots, entry), torch.where(writes, new_token, -1))
+        self.overflow_excess.device.index_put_(
+            (slots, entry), (grows & found).to(torch.int32), accumulate=True
+        )
 
     def apply(
         self,
@@ -100,17 +167,23 @@ class PenaltyState(SlotTables):
         """Penalise `logits` by each row's slot state. `extra_tokens` (with `extra_mask`,
         default all True) count as output tokens on top of the committed history: the drafts
         that precede a position within one speculative step."""
-        counts = self.counts[slots]  # [num_rows, V] int32
+        counts = self.counts[slots]  # [num_rows, V] uint8
         if extra_tokens is not None:
             ones = torch.ones_like(extra_tokens, dtype=torch.int32)
             if extra_mask is not None:
                 ones = extra_mask.to(torch.int32)
-            counts = counts.scatter_add(1, extra_tokens.long(), ones)
-        return apply_penalties(
+            counts = counts.to(torch.int32).scatter_add(1, extra_tokens.long(), ones)
+        frequency = self.frequency.device[slots]  # [num_rows]
+        logits = apply_penalties(
             logits,
             counts,
             self.unpacker.unpack(self.prompt_mask.device[slots]),
             self.repetition.device[slots],
-            self.frequency.device[slots],
+            frequency,
             self.presence.device[slots],
         )
+        # Saturated tokens were charged 255 outputs; charge the excess. Unused entries add 0
+        # to token 0.
+        tokens = self.overflow_token.device[slots, : self.capacity]  # [num_rows, E]
+        excess = self.overflow_excess.device[slots, : self.capacity].to(torch.float32)
+        return logits.scatter_add(1, tokens.clamp(min=0).long(), -frequency[:, None] * excess)
