@@ -244,7 +244,7 @@ def process_logits(
     grammar: torch.Tensor | None,
     counts: torch.Tensor,
     overflow_token: torch.Tensor,
-    overflow_high: torch.Tensor,
+    overflow_excess: torch.Tensor,
     prompt_mask: torch.Tensor,
     repetition: torch.Tensor,
     frequency: torch.Tensor,
@@ -256,9 +256,11 @@ def process_logits(
 
     Per slot ([num_slots, ...]): bias_ids int32 / bias_values float32 [C]; min_tokens,
     num_generated int32; stop_ids int32 [S]; allowed, prompt_mask int32 [ceil(V/32)];
-    counts uint8 [V] (output count mod 256); overflow_token (-1 unused) / overflow_high
-    int32 [E] (count // 256 of tokens past 255); repetition, frequency, presence,
-    temperature float32. grammar: int32 [num_rows, ceil(V/32)] by row, or None.
+    counts uint8 [V] (the output count, 255 = saturated); overflow_token (-1 unused, used
+    entries first) / overflow_excess int32 [E + 1] (a saturated token's count - 255; column
+    E is the commit's spare, never read): penalties.py's PenaltyState layout; repetition,
+    frequency, presence, temperature float32. grammar: int32 [num_rows, ceil(V/32)] by
+    row, or None.
     """
     from graphsafe_sampler.kernels.logits_processing import process_logits as launch
 
@@ -275,7 +277,7 @@ def process_logits(
         ("allowed", allowed, torch.int32, (num_slots, words)),
         ("counts", counts, torch.uint8, (num_slots, vocab_size)),
         ("overflow_token", overflow_token, torch.int32, (num_slots, None)),
-        ("overflow_high", overflow_high, torch.int32, (num_slots, overflow_token.shape[-1])),
+        ("overflow_excess", overflow_excess, torch.int32, (num_slots, overflow_token.shape[-1])),
         ("prompt_mask", prompt_mask, torch.int32, (num_slots, words)),
         ("repetition", repetition, torch.float32, (num_slots,)),
         ("frequency", frequency, torch.float32, (num_slots,)),
@@ -285,9 +287,13 @@ def process_logits(
         _check_table(name, t, dtype, shape)
     if grammar is not None:
         _check_table("grammar", grammar, torch.int32, (num_rows, words))
+    if overflow_token.shape[1] < 2:
+        raise ValueError(
+            f"overflow_token must have E + 1 >= 2 columns, got {overflow_token.shape[1]}"
+        )
     launch(
         logits, slots, bias_ids, bias_values, min_tokens, num_generated, stop_ids, allowed,
-        grammar, counts, overflow_token, overflow_high, prompt_mask, repetition, frequency,
+        grammar, counts, overflow_token, overflow_excess, prompt_mask, repetition, frequency,
         presence, temperature,
     )  # fmt: skip
 
@@ -305,11 +311,130 @@ def _(
     grammar: torch.Tensor | None,
     counts: torch.Tensor,
     overflow_token: torch.Tensor,
-    overflow_high: torch.Tensor,
+    overflow_excess: torch.Tensor,
     prompt_mask: torch.Tensor,
     repetition: torch.Tensor,
     frequency: torch.Tensor,
     presence: torch.Tensor,
     temperature: torch.Tensor,
+) -> None:
+    return None
+
+
+@torch.library.custom_op(
+    "graphsafe_sampler::commit_history",
+    mutates_args=("num_generated", "counts", "overflow_token", "overflow_excess", "window"),
+)
+def commit_history(
+    slots: torch.Tensor,
+    token_ids: torch.Tensor,
+    keep: torch.Tensor,
+    num_generated: torch.Tensor,
+    counts: torch.Tensor,
+    overflow_token: torch.Tensor,
+    overflow_excess: torch.Tensor,
+    window: torch.Tensor,
+    padding_slot: int,
+) -> None:
+    """`BatchState.commit` with the penalty and bad-words states, as one kernel
+    (kernels/history.py): rows with keep whose slot is not `padding_slot` append their token.
+
+    slots, token_ids [num_rows] int64; keep [num_rows] bool. Per slot, all written:
+    num_generated int32; counts uint8 [V]; overflow_token / overflow_excess int32 [E + 1]
+    (penalties.py's layout); window int32 [L] (bad_words.py's ring of recent outputs).
+    """
+    from graphsafe_sampler.kernels.history import commit_history as launch
+
+    num_rows = slots.shape[0]
+    _check_rows("slots", slots, torch.int64, num_rows)
+    _check_rows("token_ids", token_ids, torch.int64, num_rows)
+    _check_rows("keep", keep, torch.bool, num_rows)
+    num_slots = num_generated.shape[0]
+    for name, t, dtype, shape in (
+        ("num_generated", num_generated, torch.int32, (num_slots,)),
+        ("counts", counts, torch.uint8, (num_slots, None)),
+        ("overflow_token", overflow_token, torch.int32, (num_slots, None)),
+        ("overflow_excess", overflow_excess, torch.int32, (num_slots, overflow_token.shape[-1])),
+        ("window", window, torch.int32, (num_slots, None)),
+    ):
+        _check_table(name, t, dtype, shape)
+    if overflow_token.shape[1] < 2:
+        raise ValueError(
+            f"overflow_token must have E + 1 >= 2 columns, got {overflow_token.shape[1]}"
+        )
+    if not 0 <= padding_slot < num_slots:
+        raise ValueError(f"padding_slot = {padding_slot} is outside the slots [0, {num_slots})")
+    launch(
+        slots, token_ids, keep, num_generated, counts, overflow_token, overflow_excess, window,
+        padding_slot,
+    )  # fmt: skip
+
+
+@commit_history.register_fake
+def _(
+    slots: torch.Tensor,
+    token_ids: torch.Tensor,
+    keep: torch.Tensor,
+    num_generated: torch.Tensor,
+    counts: torch.Tensor,
+    overflow_token: torch.Tensor,
+    overflow_excess: torch.Tensor,
+    window: torch.Tensor,
+    padding_slot: int,
+) -> None:
+    return None
+
+
+@torch.library.custom_op(
+    "graphsafe_sampler::compute_logprobs",
+    mutates_args=("token_ids", "logprobs", "ranks", "lse"),
+)
+def compute_logprobs(
+    source: torch.Tensor,
+    tokens: torch.Tensor,
+    token_ids: torch.Tensor,
+    logprobs: torch.Tensor,
+    ranks: torch.Tensor,
+    lse: torch.Tensor,
+    subtract_lse: bool,
+) -> None:
+    """`Sampler._logprobs` in one pass per row (kernels/logprobs.py): column 0 the sampled
+    token, columns 1..K the top K in descending order, minus the row's logsumexp when
+    `subtract_lse` (the *_logprobs modes), and the sampled token's rank.
+
+    source [num_rows, V] float32/float16/bfloat16 (raw or processed logits, read only);
+    tokens [num_rows] int64 in [0, V). Written: token_ids [num_rows, K + 1] int32, logprobs
+    [num_rows, K + 1] float32, ranks [num_rows] int32, lse [num_rows] float32 (the row's
+    logsumexp, 0 where not finite).
+    """
+    from graphsafe_sampler.kernels.logprobs import compute_logprobs as launch
+
+    if source.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"source must be float32, float16 or bfloat16, got {source.dtype}")
+    if source.dim() != 2:
+        raise ValueError(f"source must be 2-D [num_rows, vocab_size], got {source.dim()}-D")
+    if source.stride(-1) != 1:
+        raise ValueError("source rows must be contiguous (stride 1 along the vocabulary)")
+    num_rows, vocab_size = source.shape
+    _check_rows("tokens", tokens, torch.int64, num_rows)
+    _check_rows("ranks", ranks, torch.int32, num_rows)
+    _check_rows("lse", lse, torch.float32, num_rows)
+    _check_table("token_ids", token_ids, torch.int32, (num_rows, None))
+    _check_table("logprobs", logprobs, torch.float32, (num_rows, token_ids.shape[-1]))
+    k = token_ids.shape[1] - 1
+    if not 0 <= k <= vocab_size:
+        raise ValueError(f"token_ids must have K + 1 columns with 0 <= K <= {vocab_size}")
+    launch(source, tokens, token_ids, logprobs, ranks, lse, subtract_lse)
+
+
+@compute_logprobs.register_fake
+def _(
+    source: torch.Tensor,
+    tokens: torch.Tensor,
+    token_ids: torch.Tensor,
+    logprobs: torch.Tensor,
+    ranks: torch.Tensor,
+    lse: torch.Tensor,
+    subtract_lse: bool,
 ) -> None:
     return None

@@ -2,7 +2,7 @@
 allowed-token and grammar bitmasks, repetition/frequency/presence penalties, temperature.
 
 Per row r with slot s = slots[r], in the PyTorch backend's order (graphsafe_sampler/sampler.py,
-`process_logits`; bad words and custom processors are not here):
+`process_logits`; bad words, custom processors and speculative drafts are not here):
 1. logit bias: `l[t] += bias` for the slot's sparse (bias_ids, bias_values) table; unused
    entries are (token 0, +0.0) and are skipped (adding +0.0 changes nothing but the sign of
    a -0.0 logit, which compares equal);
@@ -10,23 +10,43 @@ Per row r with slot s = slots[r], in the PyTorch backend's order (graphsafe_samp
    become -inf; unused entries repeat the first id, so duplicate stores carry one value;
 3. allowed_token_ids: tokens whose bit is clear in allowed[s] become -inf;
 4. grammar: tokens whose bit is clear in grammar[r] (row-indexed, per step) become -inf;
-5. penalties (penalties.py's `apply_penalties`): count = counts[s, t] + 256 * high(t), the
-   low byte dense in `counts` (uint8) and the high part in the slot's E overflow entries;
-   repetition `l / r` if l > 0 else `l * r` over prompt ∪ output tokens, then
-   `l -= frequency * count` and `l -= presence * (count > 0)`;
+5. penalties in graphsafe_sampler/penalties.py's layout: the byte `counts[s, t]` is the
+   output count below 255 and 255 for a saturated token, whose exact count is
+   255 + overflow_excess[s, e] at the entry e with overflow_token[s, e] == t. The dense
+   pass applies `apply_penalties` with the byte (repetition `l / r` if l > 0 else `l * r`
+   over prompt ∪ output tokens, `l -= frequency * count`, `l -= presence * (count > 0)`;
+   `count > 0` is exact from the byte);
 6. temperature: `l / T`, except greedy rows (T < GREEDY_TEMPERATURE) and T = 1, which keep l.
+7. the excess: a short loop over the slot's used overflow entries (filled in order from
+   entry 0, so the first -1 ends it) applies `l -= frequency * excess` to the saturated
+   tokens, then their temperature, which the dense pass left out for bytes of 255.
+
 Steps 1-2 are sparse stores into the row, done first (masks and finite biases commute); a
 barrier orders them before the dense pass (steps 3-6), which reads and writes each element
-once. The overflow entries are looked up per tile as a [BLOCK, E] compare, so the dense pass
-applies the exact count at the few tokens past 255 without a second visit.
+once; a second barrier orders it before step 7. No tile compares its tokens against the E
+overflow entries (E = ceil(max_model_len / 255), 514 by default): the byte says which tokens
+are saturated, and only those few are visited again.
+
+Why step 7 may skip the dense pass's temperature exactly at bytes of 255: while a slot's
+table has a free entry, every token at 255 holds an entry (the commit that saturates a token
+takes the next free one; add_request lists every resumed token past 254). A full table
+(reachable only by outputs past max_model_len, outside the contract) may leave tokens at 255
+without an entry: then step 7 applies the excess alone and one more pass over the row divides
+every byte of 255 by T, so the row stays exact there too. A row whose frequency is 0 skips
+step 7: `l + -(0 * excess)` is l bit for bit, so the dense pass finishes those tokens.
 
 All arithmetic is float32 with IEEE division (`div_rn`) and no fused multiply-add, so the row
-equals the PyTorch backend's bit for bit.
+equals the PyTorch backend's (apply_penalties with the byte counts, the scatter_add of
+`-frequency * excess`, the division by T) bit for bit. Against a float64 model of the
+exact count it is a tolerance match: float32 charges a saturated token `f * 255` and
+`f * excess` in two roundings where float64 charges `f * (255 + excess)` in one.
 
-Logits traffic ([num_rows, V] float32): one read and one write per row (the dense pass), plus
-at most max_logit_bias_tokens + max_stop_token_ids + 1 scattered elements. Other reads per
-row: the counts row (V bytes) when a penalty is on, the allowed, prompt and grammar bitmasks
-(V/8 bytes each), the sparse tables.
+Traffic per row ([num_rows, V] float32 logits): one read and one write (the dense pass),
+plus at most max_logit_bias_tokens + max_stop_token_ids elements before it and 2 per used
+overflow entry after it (one more read and write of the row only with a full overflow table).
+Other reads per row: the counts row (V bytes) when a penalty is on, the allowed, prompt and
+grammar bitmasks (V/8 bytes each), the sparse tables, and the used overflow entries (up to
+the first unused one) when frequency is not 0.
 """
 
 from __future__ import annotations
@@ -36,6 +56,7 @@ import triton
 import triton.language as tl
 
 from graphsafe_sampler.params import GREEDY_TEMPERATURE
+from graphsafe_sampler.penalties import SATURATED
 
 
 @triton.jit
@@ -58,9 +79,9 @@ def _process_logits_kernel(
     stop_ids_ptr,  # [num_slots, S] int32
     allowed_ptr,  # [num_slots, W] int32 bitmask
     grammar_ptr,  # [num_rows, W] int32 bitmask (HAS_GRAMMAR)
-    counts_ptr,  # [num_slots, V] uint8: output count mod 256
-    overflow_token_ptr,  # [num_slots, E] int32 (-1 = unused)
-    overflow_high_ptr,  # [num_slots, E] int32: count // 256
+    counts_ptr,  # [num_slots, V] uint8: output count, 255 = saturated
+    overflow_token_ptr,  # [num_slots, E + 1] int32 (-1 = unused; column E never read)
+    overflow_excess_ptr,  # [num_slots, E + 1] int32: count - 255 of a saturated token
     prompt_mask_ptr,  # [num_slots, W] int32 bitmask
     repetition_ptr,  # [num_slots] float32
     frequency_ptr,  # [num_slots] float32
@@ -70,12 +91,12 @@ def _process_logits_kernel(
     num_words,  # W = ceil(V / 32)
     num_bias,  # C
     num_stop,  # S
-    num_overflow,  # E
+    num_overflow,  # E, the used entries' capacity (the tables have E + 1 columns)
     GREEDY_BELOW: tl.constexpr,
+    SATURATED: tl.constexpr,
     HAS_GRAMMAR: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr,
-    OVERFLOW_BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
     slot = tl.load(slots_ptr + row)
@@ -104,15 +125,10 @@ def _process_logits_kernel(
     frequency = tl.load(frequency_ptr + slot)
     presence = tl.load(presence_ptr + slot)
     penalties_on = (repetition != 1.0) | (frequency != 0.0) | (presence != 0.0)
+    # with frequency 0 the excess changes nothing (l + -(0 * excess) == l): no step 7
+    fix_excess = frequency != 0.0
     temperature = tl.load(temperature_ptr + slot)
     scale_on = (temperature >= GREEDY_BELOW) & (temperature != 1.0)
-    entries = tl.arange(0, OVERFLOW_BLOCK)
-    overflow_token = tl.load(
-        overflow_token_ptr + slot * num_overflow + entries, mask=entries < num_overflow, other=-1
-    )
-    overflow_high = tl.load(
-        overflow_high_ptr + slot * num_overflow + entries, mask=entries < num_overflow, other=0
-    )
     allowed_row = allowed_ptr + slot * num_words
     prompt_row = prompt_mask_ptr + slot * num_words
     grammar_row = grammar_ptr + row.to(tl.int64) * num_words
@@ -126,21 +142,55 @@ def _process_logits_kernel(
         if HAS_GRAMMAR:
             keep &= _bit_is_set(grammar_row, cols, in_row)
         x = tl.where(keep, x, float("-inf"))
-        # 5. penalties
+        # 5. penalties with the byte count (a saturated token is charged 255 here)
+        saturated = tl.zeros((BLOCK_SIZE,), tl.int1)
         if penalties_on:
             count = tl.load(counts_row + cols, mask=in_row, other=0).to(tl.int32)
-            match = cols[:, None] == overflow_token[None, :]  # [BLOCK, E]
-            count += 256 * tl.sum(tl.where(match, overflow_high[None, :], 0), axis=1)
             in_output = count > 0
             seen = in_output | _bit_is_set(prompt_row, cols, in_row)
             penalised = tl.where(x > 0.0, tl.math.div_rn(x, repetition), x * repetition)
             x = tl.where(seen, penalised, x)
             x = x - frequency * count.to(tl.float32)
             x = x - presence * in_output.to(tl.float32)
-        # 6. temperature
+            # tl.where, not &: the interpreter cannot & a scalar bool with a block of them
+            saturated = tl.where(fix_excess, count == SATURATED, False)
+        # 6. temperature, except where step 7 still subtracts the excess first
         if scale_on:
-            x = tl.math.div_rn(x, temperature)
+            x = tl.where(saturated, x, tl.math.div_rn(x, temperature))
         tl.store(row_ptr + cols, x, mask=in_row)
+
+    # 7. the saturated tokens' excess, then their temperature
+    if fix_excess:
+        # step 7 reads what other threads of this program stored in the dense pass
+        tl.debug_barrier()
+        table_row = slot.to(tl.int64) * (num_overflow + 1)
+        # the table fills in order: a used last entry means it is full (see the docstring)
+        full = tl.load(overflow_token_ptr + table_row + num_overflow - 1) >= 0
+        scale_here = scale_on & ~full
+        index = 0
+        listed = tl.load(overflow_token_ptr + table_row)
+        while listed >= 0:
+            excess = tl.load(overflow_excess_ptr + table_row + index)
+            value = tl.load(row_ptr + listed)
+            value = value - frequency * excess.to(tl.float32)
+            if scale_here:
+                value = tl.math.div_rn(value, temperature)
+            tl.store(row_ptr + listed, value)
+            index += 1
+            listed = tl.load(
+                overflow_token_ptr + table_row + index, mask=index < num_overflow, other=-1
+            )
+        if scale_on & full:
+            # a full table may leave tokens at 255 without an entry: every byte of 255 still
+            # lacks its temperature, listed or not
+            tl.debug_barrier()
+            for start in range(0, vocab_size, BLOCK_SIZE):
+                cols = start + tl.arange(0, BLOCK_SIZE)
+                in_row = cols < vocab_size
+                count = tl.load(counts_row + cols, mask=in_row, other=0).to(tl.int32)
+                at_255 = in_row & (count == SATURATED)
+                x = tl.load(row_ptr + cols, mask=at_255, other=0.0)
+                tl.store(row_ptr + cols, tl.math.div_rn(x, temperature), mask=at_255)
 
 
 def process_logits(
@@ -154,8 +204,8 @@ def process_logits(
     allowed: torch.Tensor,  # [num_slots, W] int32
     grammar: torch.Tensor | None,  # [num_rows, W] int32, or None (no grammar)
     counts: torch.Tensor,  # [num_slots, V] uint8
-    overflow_token: torch.Tensor,  # [num_slots, E] int32
-    overflow_high: torch.Tensor,  # [num_slots, E] int32
+    overflow_token: torch.Tensor,  # [num_slots, E + 1] int32
+    overflow_excess: torch.Tensor,  # [num_slots, E + 1] int32
     prompt_mask: torch.Tensor,  # [num_slots, W] int32
     repetition: torch.Tensor,  # [num_slots] float32
     frequency: torch.Tensor,  # [num_slots] float32
@@ -167,7 +217,6 @@ def process_logits(
     """Launch `_process_logits_kernel` over the rows; tables must be contiguous. Allocates
     nothing, returns None."""
     num_rows, vocab_size = logits.shape
-    num_overflow = overflow_token.shape[1]
     _process_logits_kernel[(num_rows,)](
         logits,
         logits.stride(0),
@@ -181,7 +230,7 @@ def process_logits(
         grammar if grammar is not None else allowed,  # unread without HAS_GRAMMAR
         counts,
         overflow_token,
-        overflow_high,
+        overflow_excess,
         prompt_mask,
         repetition,
         frequency,
@@ -191,12 +240,12 @@ def process_logits(
         allowed.shape[1],
         bias_ids.shape[1],
         stop_ids.shape[1],
-        num_overflow,
+        overflow_token.shape[1] - 1,
         GREEDY_BELOW=GREEDY_TEMPERATURE,
+        SATURATED=SATURATED,
         HAS_GRAMMAR=grammar is not None,
         BLOCK_SIZE=block_size,
         SPARSE_BLOCK=sparse_block,
-        OVERFLOW_BLOCK=max(triton.next_power_of_2(num_overflow), 2),
         # why: x - f * count must round twice, as torch's separate multiply and subtract do
         enable_fp_fusion=False,
     )

@@ -10,11 +10,16 @@ import pytest
 import torch
 
 from graphsafe_sampler import triton_ops
+from graphsafe_sampler.batch_state import BatchState
+from graphsafe_sampler.batch_update import BatchUpdate
 from graphsafe_sampler.bitmask import BitmaskUnpacker, num_words, pack_token_ids
-from graphsafe_sampler.params import GREEDY_TEMPERATURE
-from graphsafe_sampler.penalties import apply_penalties
+from graphsafe_sampler.config import SamplerConfig
+from graphsafe_sampler.params import GREEDY_TEMPERATURE, SamplingParams
+from graphsafe_sampler.penalties import SATURATED, PenaltyState
 
-NUM_BIAS, NUM_STOP, NUM_OVERFLOW = 8, 5, 4
+NUM_BIAS, NUM_STOP = 8, 5
+# max_model_len 2000: E = 8 overflow entries per slot (the table has E + 1 columns)
+MAX_MODEL_LEN = 2000
 
 
 def _gen() -> torch.Generator:
@@ -25,120 +30,167 @@ def _gen() -> torch.Generator:
 
 @dataclass
 class State:
-    """Per-slot tables in the layouts the kernel reads, plus the full counts they encode."""
+    """Per-slot tables in the layouts the kernel reads: the processors' tables drawn at
+    random, the penalty tables those of a real PenaltyState advanced by BatchState.commit,
+    and the exact output counts they encode (kept on the host beside them)."""
 
     bias_ids: torch.Tensor
     bias_values: torch.Tensor
     min_tokens: torch.Tensor
-    num_generated: torch.Tensor
     stop_ids: torch.Tensor
     allowed: torch.Tensor
-    full_counts: torch.Tensor  # [num_slots, V] int64, the counts the next three encode
-    counts: torch.Tensor
-    overflow_token: torch.Tensor
-    overflow_high: torch.Tensor
-    prompt_mask: torch.Tensor
-    repetition: torch.Tensor
-    frequency: torch.Tensor
-    presence: torch.Tensor
     temperature: torch.Tensor
+    batch: BatchState
+    penalties: PenaltyState
+    full_counts: torch.Tensor  # [num_slots, V] int64, every output token counted
 
     def kernel_args(self) -> tuple[torch.Tensor, ...]:
         return (
-            self.bias_ids, self.bias_values, self.min_tokens, self.num_generated,
+            self.bias_ids, self.bias_values, self.min_tokens, self.batch.num_generated.device,
             self.stop_ids, self.allowed,
         )  # fmt: skip
 
     def penalty_args(self) -> tuple[torch.Tensor, ...]:
+        p = self.penalties
         return (
-            self.counts, self.overflow_token, self.overflow_high, self.prompt_mask,
-            self.repetition, self.frequency, self.presence, self.temperature,
+            p.counts, p.overflow_token.device, p.overflow_excess.device, p.prompt_mask.device,
+            p.repetition.device, p.frequency.device, p.presence.device, self.temperature,
         )  # fmt: skip
 
 
-def _random_state(num_slots: int, vocab: int, gen: torch.Generator) -> State:
-    """Slot 0 has every feature off (a padding slot); slot 1 fills every sparse table."""
+def _penalty_params(s: int, gen: torch.Generator) -> SamplingParams:
+    """Slot 0 always has a frequency penalty (so its excess counts); others are off 30% of
+    the time."""
+    if s > 0 and float(torch.rand(1, generator=gen)) < 0.3:
+        return SamplingParams()
+    r = torch.rand(3, generator=gen).tolist()
+    frequency = r[1] * 4 - 2 if s > 0 else 0.25 + r[1]
+    return SamplingParams(
+        repetition_penalty=r[0] * 1.9 + 0.1, frequency_penalty=frequency,
+        presence_penalty=r[2] * 4 - 2,
+    )  # fmt: skip
+
+
+def commit_rows(batch: BatchState, tokens: list[int], full_counts: torch.Tensor) -> None:
+    """Commit one token per batch row through the PyTorch commit, counting it on the host."""
+    batch.commit(torch.tensor(tokens))
+    for row, token in enumerate(tokens):
+        slot = batch.slot_of_row(row)
+        if slot is not None:
+            full_counts[slot, token] += 1
+
+
+def penalty_state(
+    num_reqs: int, vocab: int, gen: torch.Generator, max_model_len: int = MAX_MODEL_LEN
+) -> tuple[BatchState, PenaltyState, torch.Tensor]:
+    """A real BatchState + PenaltyState holding `num_reqs` requests (rows = slots 0..n-1,
+    the padding slot last), with resumed outputs and commits that take tokens past 255 both
+    ways: a resumed token already past 255 (an entry from add_request) and one at 252 that
+    the commits saturate (an entry taken on the device), then grow. Returns the exact counts
+    [num_slots, V] int64 too."""
+    config = SamplerConfig(num_reqs, vocab, max_model_len=max_model_len)
+    batch = BatchState(config, "cpu")
+    penalties = PenaltyState(config, batch)
+    full_counts = torch.zeros(config.num_slots, vocab, dtype=torch.int64)
+    added, hot = [], []
+    for s in range(num_reqs):
+        prompt = torch.randint(0, vocab, (vocab // 8,), generator=gen).tolist()
+        tokens = torch.randperm(vocab, generator=gen)
+        resumed, at_252 = int(tokens[0]), int(tokens[1])
+        small = tokens[2 : 2 + min(vocab // 10, 40)].tolist()
+        output = [resumed] * int(torch.randint(255, 400, (1,), generator=gen)) + [at_252] * 252
+        for t in small:
+            output += [t] * int(torch.randint(1, 6, (1,), generator=gen))
+        output = [output[i] for i in torch.randperm(len(output), generator=gen).tolist()]
+        for t in output:
+            full_counts[s, t] += 1
+        added.append((s, _penalty_params(s, gen), prompt, output))
+        hot.append((resumed, at_252))
+    batch.update(BatchUpdate(num_reqs, removed=[], added=added, moved=[]))
+    for step in range(8):  # at_252 saturates on the third commit of it, then grows
+        commit_rows(batch, [hot[s][step % 2 == 0] for s in range(num_reqs)], full_counts)
+    return batch, penalties, full_counts
+
+
+def _random_state(
+    num_reqs: int,
+    vocab: int,
+    gen: torch.Generator,
+    penalty: tuple[BatchState, PenaltyState, torch.Tensor] | None = None,
+) -> State:
+    """Slot 0 fills every sparse table; slot 1 (when there is one) has a real bias on token
+    0; the padding slot (the last) has every feature off. `penalty`: the batch and penalty
+    state to use (default `penalty_state(num_reqs, vocab, gen)`)."""
+    batch, penalties, full_counts = penalty or penalty_state(num_reqs, vocab, gen)
+    num_slots = num_reqs + 1
     words = num_words(vocab)
     bias_ids = torch.zeros(num_slots, NUM_BIAS, dtype=torch.int32)
     bias_values = torch.zeros(num_slots, NUM_BIAS)
     stop_ids = torch.zeros(num_slots, NUM_STOP, dtype=torch.int32)
     min_tokens = torch.zeros(num_slots, dtype=torch.int32)
-    num_generated = torch.randint(0, 20, (num_slots,), generator=gen, dtype=torch.int32)
+    generated = batch.num_generated.device
     allowed = torch.full((num_slots, words), -1, dtype=torch.int32)
-    prompt_mask = torch.zeros(num_slots, words, dtype=torch.int32)
-    full_counts = torch.zeros(num_slots, vocab, dtype=torch.int64)
-    overflow_token = torch.full((num_slots, NUM_OVERFLOW), -1, dtype=torch.int32)
-    overflow_high = torch.zeros(num_slots, NUM_OVERFLOW, dtype=torch.int32)
-    for s in range(1, num_slots):
-        n = NUM_BIAS if s == 1 else int(torch.randint(0, NUM_BIAS + 1, (1,), generator=gen))
-        n = max(n, 1) if s == 2 else n
+    for s in range(num_reqs):
+        n = NUM_BIAS if s == 0 else int(torch.randint(0, NUM_BIAS + 1, (1,), generator=gen))
+        n = max(n, 1) if s == 1 else n
         ids = torch.randperm(vocab, generator=gen)[:n]
-        if s == 2:
+        if s == 1:
             ids[0] = 0  # a real bias on token 0, next to unused (0, +0.0) entries
         bias_ids[s, :n] = ids.int()
         bias_values[s, :n] = torch.randn(n, generator=gen) * 3
-        n = NUM_STOP if s == 1 else int(torch.randint(1, NUM_STOP + 1, (1,), generator=gen))
+        n = NUM_STOP if s == 0 else int(torch.randint(1, NUM_STOP + 1, (1,), generator=gen))
         ids = torch.randperm(vocab, generator=gen)[:n].int()
         stop_ids[s] = ids[0]  # unused entries repeat the first id
         stop_ids[s, :n] = ids
-        min_tokens[s] = int(torch.randint(0, 25, (1,), generator=gen))
+        min_tokens[s] = generated[s] + int(torch.randint(-3, 4, (1,), generator=gen))
         if torch.rand(1, generator=gen) < 0.5:
             keep = torch.randperm(vocab, generator=gen)[: vocab // 2].tolist()
             allowed[s] = torch.from_numpy(pack_token_ids(keep, vocab))
-        prompt = torch.randint(0, vocab, (vocab // 8,), generator=gen).tolist()
-        prompt_mask[s] = torch.from_numpy(pack_token_ids(prompt, vocab))
-        # small counts on a few tokens, and up to E tokens past 255 (256 = low byte 0)
-        seen = torch.randperm(vocab, generator=gen)[: vocab // 10]
-        full_counts[s, seen] = torch.randint(1, 6, (seen.numel(),), generator=gen)
-        big = torch.randperm(vocab, generator=gen)[: int(torch.randint(0, 5, (1,), generator=gen))]
-        big_counts = torch.tensor([256, 300, 1000, 65791])[: big.numel()]
-        full_counts[s, big] = big_counts
-        overflow_token[s, : big.numel()] = big.int()
-        overflow_high[s, : big.numel()] = (big_counts // 256).int()
-    off = torch.rand(num_slots, generator=gen) < 0.3
-    off[0] = True
-    repetition = torch.where(off, 1.0, torch.rand(num_slots, generator=gen) * 1.9 + 0.1)
-    frequency = torch.where(off, 0.0, torch.rand(num_slots, generator=gen) * 4 - 2)
-    presence = torch.where(off, 0.0, torch.rand(num_slots, generator=gen) * 4 - 2)
     temperature = torch.tensor([0.0, 1e-6, 0.5, 1.0, 1.3])[
         torch.randint(0, 5, (num_slots,), generator=gen)
     ]
-    temperature[0] = 0.0
+    temperature[0] = 1.3  # the excess goes in before a real temperature
+    temperature[-1] = 0.0
     return State(
-        bias_ids, bias_values, min_tokens, num_generated, stop_ids, allowed, full_counts,
-        (full_counts % 256).to(torch.uint8), overflow_token, overflow_high, prompt_mask,
-        repetition, frequency, presence, temperature,
+        bias_ids, bias_values, min_tokens, stop_ids, allowed, temperature, batch, penalties,
+        full_counts,
     )  # fmt: skip
 
 
 def _torch_backend(
     logits: torch.Tensor, slots: torch.Tensor, state: State, grammar: torch.Tensor | None
 ) -> torch.Tensor:
-    """The PyTorch backend's stages in its order (the processors' apply bodies)."""
+    """The PyTorch backend's stages in its order (the processors' apply bodies, then the
+    package's PenaltyState.apply on the same tables)."""
     unpack = BitmaskUnpacker(logits.shape[1], logits.device).unpack
     x = logits.clone()
     x.scatter_add_(1, state.bias_ids[slots].long(), state.bias_values[slots])
-    active = state.num_generated[slots] < state.min_tokens[slots]
+    active = state.batch.num_generated.device[slots] < state.min_tokens[slots]
     ban = torch.where(active, float("-inf"), float("inf"))[:, None]
     ids = state.stop_ids[slots].long()
     x.scatter_reduce_(1, ids, ban.expand_as(ids), reduce="amin")
     x.masked_fill_(~unpack(state.allowed[slots]), float("-inf"))
     if grammar is not None:
         x.masked_fill_(~unpack(grammar), float("-inf"))
-    x = apply_penalties(
-        x, state.full_counts[slots].int(), unpack(state.prompt_mask[slots]),
-        state.repetition[slots], state.frequency[slots], state.presence[slots],
-    )  # fmt: skip
+    x = state.penalties.apply(x, slots)
     t = state.temperature[slots]
     return x / torch.where(t < GREEDY_TEMPERATURE, 1.0, t)[:, None]
 
 
 def _float64_reference(
-    logits: torch.Tensor, slots: torch.Tensor, state: State, grammar: torch.Tensor | None
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    state: State,
+    grammar: torch.Tensor | None,
+    full_counts: torch.Tensor | None = None,
 ) -> np.ndarray:
-    """DESIGN §4 steps 2-6, token by token in float64, from the full counts."""
+    """DESIGN §4 steps 2-6, token by token in float64, from the exact counts (or
+    `full_counts` [num_slots, V] in their place)."""
+    counts = state.full_counts if full_counts is None else full_counts
     x = logits.double().numpy().copy()
     vocab = x.shape[1]
+    p = state.penalties
+    generated = state.batch.num_generated.device
 
     def bit(words: torch.Tensor, t: int) -> bool:
         return bool((int(words[t // 32]) >> (t % 32)) & 1)
@@ -146,15 +198,15 @@ def _float64_reference(
     for r, s in enumerate(slots.tolist()):
         for t, b in zip(state.bias_ids[s].tolist(), state.bias_values[s].tolist(), strict=True):
             x[r, t] += b
-        if state.num_generated[s] < state.min_tokens[s]:
+        if generated[s] < state.min_tokens[s]:
             x[r, state.stop_ids[s].long().numpy()] = -np.inf
-        rep, freq = float(state.repetition[s]), float(state.frequency[s])
-        pres, temp = float(state.presence[s]), float(state.temperature[s])
+        rep, freq = float(p.repetition.device[s]), float(p.frequency.device[s])
+        pres, temp = float(p.presence.device[s]), float(state.temperature[s])
         for t in range(vocab):
             if not bit(state.allowed[s], t) or (grammar is not None and not bit(grammar[r], t)):
                 x[r, t] = -np.inf
-            count = int(state.full_counts[s, t])
-            if count > 0 or bit(state.prompt_mask[s], t):
+            count = int(counts[s, t])
+            if count > 0 or bit(p.prompt_mask.device[s], t):
                 x[r, t] = x[r, t] / rep if x[r, t] > 0 else x[r, t] * rep
             x[r, t] -= freq * count + pres * (count > 0)
         if temp >= GREEDY_TEMPERATURE:
@@ -170,6 +222,24 @@ def _kernel(
     return got
 
 
+def _random_grammar(rows: int, vocab: int, gen: torch.Generator) -> torch.Tensor:
+    bits = torch.rand(rows, num_words(vocab) * 32, generator=gen) < 0.8
+    return torch.from_numpy(
+        np.packbits(bits.numpy(), axis=1, bitorder="little").view(np.int32).copy()
+    )
+
+
+def _listed(state: State, slots: torch.Tensor) -> torch.Tensor:
+    """[rows, V] bool: the saturated tokens each row's overflow table lists."""
+    listed = torch.zeros(slots.shape[0], state.full_counts.shape[1], dtype=torch.bool)
+    for r, s in enumerate(slots.tolist()):
+        for t in state.penalties.overflow_token.device[s, :-1].tolist():
+            if t < 0:
+                break
+            listed[r, t] = True
+    return listed
+
+
 @pytest.mark.parametrize(
     ("rows", "vocab"),
     [pytest.param(1, 111, id="R1-V111"), pytest.param(3, 1023, id="R3-V1023"),
@@ -178,28 +248,50 @@ def _kernel(
 @pytest.mark.parametrize("with_grammar", [False, True], ids=["no-grammar", "grammar"])
 def test_matches_torch_backend(rows: int, vocab: int, with_grammar: bool) -> None:
     gen = _gen()
-    num_slots = rows + 3
-    state = _random_state(num_slots, vocab, gen)
-    slots = torch.randperm(num_slots, generator=gen)[:rows]
-    slots[0] = 1  # the slot whose sparse tables are full
-    slots[-1] = 2  # the slot with a real bias on token 0 (a lone row: slot 2 instead of 1)
+    num_reqs = rows + 2
+    state = _random_state(num_reqs, vocab, gen)
+    slots = torch.randperm(num_reqs + 1, generator=gen)[:rows]  # the padding slot may be in
+    slots[0] = 0  # the slot whose sparse tables are full, with a frequency penalty
+    if rows > 1:
+        slots[-1] = 1  # the slot with a real bias on token 0
+    # every request holds saturated tokens: one from its resumed outputs, one from commits
+    assert bool((state.penalties.overflow_token.device[:num_reqs, :2] >= 0).all())
     logits = torch.randn(rows, vocab, generator=gen) * 4
-    grammar = None
-    if with_grammar:
-        bits = torch.rand(rows, num_words(vocab) * 32, generator=gen) < 0.8
-        grammar = torch.from_numpy(
-            np.packbits(bits.numpy(), axis=1, bitorder="little").view(np.int32).copy()
-        )
+    grammar = _random_grammar(rows, vocab, gen) if with_grammar else None
     got = _kernel(logits, slots, state, grammar)
     assert torch.equal(got, _torch_backend(logits, slots, state, grammar))
 
 
+def test_skipped_excess_is_caught() -> None:
+    """A kernel that ignored the overflow entries (here: fed emptied tables, as a kernel
+    without step 7 would read them) differs from the PyTorch backend exactly at the
+    listed saturated tokens, so test_matches_torch_backend would catch it."""
+    gen = _gen()
+    state = _random_state(3, 1023, gen)
+    slots = torch.tensor([0, 2, 1, 3])
+    logits = torch.randn(4, 1023, generator=gen) * 4
+    want = _torch_backend(logits, slots, state, None)
+    p = state.penalties
+    p.overflow_token.device.fill_(-1)
+    p.overflow_excess.device.zero_()
+    broken = _kernel(logits, slots, state, None)
+    differ = broken != want
+    listed = torch.zeros_like(differ)
+    listed[:, : state.full_counts.shape[1]] = (state.full_counts[slots] > SATURATED) & (
+        p.frequency.device[slots] != 0.0
+    )[:, None]
+    assert bool(differ[0].any())  # slot 0: a frequency penalty and saturated tokens
+    assert bool((differ <= listed).all())
+
+
 @pytest.mark.parametrize(("rows", "vocab"), [(3, 111), (2, 1023)], ids=["R3-V111", "R2-V1023"])
 def test_matches_float64_reference(rows: int, vocab: int) -> None:
+    """A tolerance match (float32 charges 255 and the excess in two roundings), tight enough
+    that the byte counts alone (a kernel without the excess) fail it."""
     gen = _gen()
-    num_slots = rows + 2
-    state = _random_state(num_slots, vocab, gen)
-    slots = torch.tensor([1, *torch.randperm(num_slots - 2, generator=gen)[: rows - 1].add(2)])
+    num_reqs = rows + 1
+    state = _random_state(num_reqs, vocab, gen)
+    slots = torch.tensor([0, *torch.randperm(num_reqs - 1, generator=gen)[: rows - 1].add(1)])
     logits = torch.randn(rows, vocab, generator=gen) * 4
     grammar = torch.randint(-(2**31), 2**31 - 1, (rows, num_words(vocab)), generator=gen).int()
     got = _kernel(logits, slots, state, grammar).double().numpy()
@@ -207,22 +299,60 @@ def test_matches_float64_reference(rows: int, vocab: int) -> None:
     assert np.array_equal(np.isneginf(got), np.isneginf(want))
     finite = np.isfinite(want)
     np.testing.assert_allclose(got[finite], want[finite], rtol=2e-6, atol=2e-5)
+    bytes_only = _float64_reference(
+        logits, slots, state, grammar, state.full_counts.clamp(max=SATURATED)
+    )
+    assert not np.allclose(got[finite], bytes_only[finite], rtol=2e-6, atol=2e-5)
+
+
+def test_full_overflow_table() -> None:
+    """Past max_model_len the table fills and a token saturates into the spare column, with
+    no entry: the kernel still equals the PyTorch backend (the extra temperature pass)."""
+    gen = _gen()
+    vocab, num_reqs = 111, 2
+    # max_model_len 300: E = 2 entries
+    config = SamplerConfig(num_reqs, vocab, max_model_len=300)
+    batch = BatchState(config, "cpu")
+    penalties = PenaltyState(config, batch)
+    full_counts = torch.zeros(config.num_slots, vocab, dtype=torch.int64)
+    hot = torch.randperm(vocab, generator=gen)[:8].view(num_reqs, 4).tolist()
+    added = []
+    for s in range(num_reqs):
+        output = [hot[s][0]] * 255 + torch.randint(0, vocab, (40,), generator=gen).tolist()
+        for t in output:
+            full_counts[s, t] += 1
+        params = SamplingParams(frequency_penalty=0.7 - s, repetition_penalty=1.2)
+        added.append((s, params, [], output))
+    batch.update(BatchUpdate(num_reqs, removed=[], added=added, moved=[]))
+    # entry 1 fills the table; the third token saturates with no entry; the fourth stays low
+    for j, times in ((1, 255), (2, 300), (3, 100)):
+        for _ in range(times):
+            commit_rows(batch, [hot[s][j] for s in range(num_reqs)], full_counts)
+    assert bool((penalties.overflow_token.device[:num_reqs, :2] >= 0).all())
+    state = _random_state(num_reqs, vocab, gen, (batch, penalties, full_counts))
+    state.temperature[:num_reqs] = torch.tensor([1.3, 0.5])
+    slots = torch.tensor([0, 1, 2])
+    logits = torch.randn(3, vocab, generator=gen) * 4
+    assert torch.equal(
+        _kernel(logits, slots, state, None), _torch_backend(logits, slots, state, None)
+    )
 
 
 def test_padding_slot_changes_nothing() -> None:
     gen = _gen()
-    state = _random_state(3, 333, gen)
+    state = _random_state(2, 333, gen)
     logits = torch.randn(4, 333, generator=gen)
-    assert torch.equal(_kernel(logits, torch.zeros(4, dtype=torch.int64), state, None), logits)
+    slots = torch.full((4,), 2, dtype=torch.int64)
+    assert torch.equal(_kernel(logits, slots, state, None), logits)
 
 
 def test_non_contiguous_row_stride() -> None:
     gen = _gen()
-    state = _random_state(4, 300, gen)
+    state = _random_state(3, 300, gen)
     base = torch.randn(6, 401, generator=gen)
     before = base.clone()
     logits = base[::2, :300]  # row stride 802
-    slots = torch.tensor([1, 3, 2])
+    slots = torch.tensor([0, 2, 1])
     want = _torch_backend(logits, slots, state, None)
     triton_ops.process_logits(logits, slots, *state.kernel_args(), None, *state.penalty_args())
     assert torch.equal(logits, want)
@@ -231,8 +361,8 @@ def test_non_contiguous_row_stride() -> None:
 
 
 def test_rejects_bad_input() -> None:
-    state = _random_state(2, 64, torch.Generator().manual_seed(0))
-    logits, slots = torch.randn(1, 64), torch.tensor([1])
+    state = _random_state(1, 64, torch.Generator().manual_seed(0))
+    logits, slots = torch.randn(1, 64), torch.tensor([0])
     with pytest.raises(TypeError, match=r"counts must be torch\.uint8, got torch\.int32"):
         args = list(state.penalty_args())
         args[0] = args[0].int()
@@ -242,12 +372,16 @@ def test_rejects_bad_input() -> None:
         triton_ops.process_logits(
             logits, slots, *state.kernel_args(), grammar, *state.penalty_args()
         )
+    with pytest.raises(ValueError, match=r"overflow_token must have E \+ 1 >= 2 columns, got 1"):
+        args = list(state.penalty_args())
+        args[1], args[2] = args[1][:, :1].contiguous(), args[2][:, :1].contiguous()
+        triton_ops.process_logits(logits, slots, *state.kernel_args(), None, *args)
 
 
 def test_opcheck() -> None:
     gen = _gen()
-    state = _random_state(4, 129, gen)
-    logits, slots = torch.randn(3, 129, generator=gen), torch.tensor([3, 1, 2])
+    state = _random_state(3, 129, gen)
+    logits, slots = torch.randn(3, 129, generator=gen), torch.tensor([3, 0, 1])
     grammar = torch.full((3, num_words(129)), -1, dtype=torch.int32)
     for g in (grammar, None):
         torch.library.opcheck(

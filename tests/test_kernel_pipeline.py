@@ -15,16 +15,18 @@ from graphsafe_sampler.params import GREEDY_TEMPERATURE
 
 def test_chained_kernels_compile_and_match_torch_backend() -> None:
     gen = torch.Generator().manual_seed(1234)
-    rows, vocab, num_slots = 5, 1023, 7
-    state = _random_state(num_slots, vocab, gen)
-    slots = torch.tensor([1, 4, 0, 6, 2])
+    rows, vocab, num_reqs = 5, 1023, 6
+    num_slots = num_reqs + 1
+    # a real PenaltyState with saturated tokens; slot 6 is the padding slot
+    state = _random_state(num_reqs, vocab, gen)
+    slots = torch.tensor([0, 4, 6, 5, 1])
     top_k = torch.tensor([0, 40, 0, 3, 0, 100, 0], dtype=torch.int32)
     top_p = torch.tensor([1.0, 0.9, 1.0, 1.0, 0.5, 0.95, 0.8])
     seeds = torch.randint(-(2**63), 2**63 - 1, (num_slots,), generator=gen)
     positions = torch.randint(0, 2**40, (rows,), generator=gen)
     logits = torch.randn(rows, vocab, generator=gen) * 3
 
-    def step(logits: torch.Tensor) -> torch.Tensor:
+    def step(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # one write of the logits (process_logits); top-k/top-p and sampling only read
         x = logits.clone()
         triton_ops.process_logits(x, slots, *state.kernel_args(), None, *state.penalty_args())
@@ -32,15 +34,16 @@ def test_chained_kernels_compile_and_match_torch_backend() -> None:
         triton_ops.top_k_top_p_threshold(x, slots, top_k, top_p, threshold)
         tokens = torch.empty(rows, dtype=torch.int64)
         triton_ops.sample_tokens(x, slots, state.temperature, seeds, positions, threshold, tokens)
-        return tokens
+        return x, tokens
 
-    eager = step(logits)
-    compiled = torch.compile(step, fullgraph=True)(logits)
+    processed, eager = step(logits)
+    compiled = torch.compile(step, fullgraph=True)(logits)[1]
     assert torch.equal(compiled, eager)
 
     # The PyTorch backend: greedy rows divide by 1, so the processed logits' argmax is the
     # greedy token before temperature; then the filters and the race.
     x = _torch_backend(logits, slots, state, None)
+    assert torch.equal(processed, x)
     is_greedy = state.temperature[slots] < GREEDY_TEMPERATURE
     greedy_tokens = x.argmax(-1)
     x = apply_top_k_top_p(x, top_k[slots], top_p[slots])

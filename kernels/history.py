@@ -1,0 +1,127 @@
+"""The commit in Triton: one kernel appends each row's token to its request's device-side
+history, as `BatchState.commit` does with the package's slot states, one program per row.
+
+Per row r with slot s = slots[r] and token t = token_ids[r], when keep[r] and s is not the
+padding slot (rows must have distinct slots, except the padding slot):
+1. penalties (graphsafe_sampler/penalties.py, `PenaltyState.commit`): the byte
+   counts[s, t] goes up by one and stays at SATURATED = 255 past it; the commit that takes
+   it from 254 to 255 writes t into the next free overflow entry (the number of used
+   entries, so column E, the spare, when the table is full), and a commit at 255 adds 1 to
+   the excess of t's first entry (none found: nothing, the spare again);
+2. bad words (graphsafe_sampler/bad_words.py, `BadWordsState.commit`, the flat layout with
+   the ring `recent_tokens` [num_slots, L]): t goes to window[s, num_generated[s] % L], the
+   position read before step 3;
+3. num_generated[s] += 1.
+Every row that does not write an overflow entry stores -1 into its slot's spare column, as
+the PyTorch commit does (its branch-free index_put_ targets the spare): every state tensor
+equals the PyTorch commit's bit for bit, the spare column included.
+
+Only a row whose byte was 254 or 255 (a token output that often) walks its slot's E
+overflow entries; every other row touches 1 byte of counts, 4 of num_generated, 4 of the
+ring and 4 of the spare.
+
+Traffic: no [num_rows, V] tensor is read or written; per committing row one element of
+counts [num_slots, V] (read and written), and E entries of the overflow table only at a
+saturated token.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from graphsafe_sampler.penalties import SATURATED
+
+
+@triton.jit
+def _commit_history_kernel(
+    slots_ptr,  # [num_rows] int64 row -> slot
+    token_ids_ptr,  # [num_rows] int64 the row's token
+    keep_ptr,  # [num_rows] bool: the row commits
+    num_generated_ptr,  # [num_slots] int32, advanced
+    counts_ptr,  # [num_slots, V] uint8, advanced (255 = saturated)
+    overflow_token_ptr,  # [num_slots, E + 1] int32 (-1 = unused; column E the spare)
+    overflow_excess_ptr,  # [num_slots, E + 1] int32
+    window_ptr,  # [num_slots, L] int32 ring of recent output tokens
+    vocab_size,
+    num_overflow,  # E
+    window_len,  # L
+    padding_slot,
+    SATURATED: tl.constexpr,
+    OVERFLOW_BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    slot = tl.load(slots_ptr + row)
+    token = tl.load(token_ids_ptr + row)
+    commit = (tl.load(keep_ptr + row) != 0) & (slot != padding_slot)
+
+    # 1. penalties
+    count_ptr = counts_ptr + slot * vocab_size + token
+    count = tl.load(count_ptr).to(tl.int32)
+    table_row = slot * (num_overflow + 1)
+    saturates = commit & (count == SATURATED - 1)
+    grows = commit & (count == SATURATED)
+    entry = num_overflow + tl.zeros((), tl.int32)  # the spare
+    found = count < 0  # False, as a scalar tensor the branch below may reassign
+    if saturates | grows:
+        used = tl.zeros((), tl.int32)
+        first_match = tl.full((), num_overflow, tl.int32)
+        for start in range(0, num_overflow, OVERFLOW_BLOCK):
+            index = start + tl.arange(0, OVERFLOW_BLOCK)
+            in_table = index < num_overflow
+            listed = tl.load(overflow_token_ptr + table_row + index, mask=in_table, other=-1)
+            # as the PyTorch commit: every used entry counts, wherever it sits
+            used += tl.sum((listed != -1).to(tl.int32), axis=0)
+            hit = in_table & (listed == token)
+            first_match = tl.minimum(first_match, tl.min(tl.where(hit, index, num_overflow)))
+        found = first_match < num_overflow
+        entry = tl.where(saturates, used, first_match)
+    writes = saturates | (grows & found)
+    # a row that writes nothing (and a saturation into a full table) lands in the spare
+    entry_ptr = overflow_token_ptr + table_row + entry
+    new_token = tl.where(saturates, token.to(tl.int32), tl.load(entry_ptr))
+    tl.store(entry_ptr, tl.where(writes, new_token, -1))
+    if grows & found:
+        excess_ptr = overflow_excess_ptr + table_row + entry
+        tl.store(excess_ptr, tl.load(excess_ptr) + 1)
+    if commit:
+        tl.store(count_ptr, tl.minimum(count + 1, SATURATED).to(tl.uint8))
+        # 2. bad words: the ring position is the token's index among the outputs
+        generated = tl.load(num_generated_ptr + slot)
+        tl.store(window_ptr + slot * window_len + generated % window_len, token.to(tl.int32))
+        # 3. the generated-token count
+        tl.store(num_generated_ptr + slot, generated + 1)
+
+
+def commit_history(
+    slots: torch.Tensor,  # [num_rows] int64
+    token_ids: torch.Tensor,  # [num_rows] int64
+    keep: torch.Tensor,  # [num_rows] bool
+    num_generated: torch.Tensor,  # [num_slots] int32, advanced in place
+    counts: torch.Tensor,  # [num_slots, V] uint8, advanced in place
+    overflow_token: torch.Tensor,  # [num_slots, E + 1] int32, in place
+    overflow_excess: torch.Tensor,  # [num_slots, E + 1] int32, in place
+    window: torch.Tensor,  # [num_slots, L] int32, in place
+    padding_slot: int,
+    overflow_block: int = 128,
+) -> None:
+    """Launch `_commit_history_kernel` over the rows; tables must be contiguous. Allocates
+    nothing, returns None."""
+    num_overflow = overflow_token.shape[1] - 1
+    _commit_history_kernel[(slots.shape[0],)](
+        slots,
+        token_ids,
+        keep,
+        num_generated,
+        counts,
+        overflow_token,
+        overflow_excess,
+        window,
+        counts.shape[1],
+        num_overflow,
+        window.shape[1],
+        padding_slot,
+        SATURATED=SATURATED,
+        OVERFLOW_BLOCK=min(overflow_block, max(triton.next_power_of_2(num_overflow), 2)),
+    )

@@ -1,0 +1,167 @@
+"""Logprobs in Triton (DESIGN §4 step 10), one program per row, without a [num_rows, V]
+log-softmax: the row's top K values and ids, the sampled token's value and rank, and the
+logsumexp, in one pass over the row (`Sampler._logprobs` in graphsafe_sampler/sampler.py is
+the reference).
+
+Per row r with sampled token t = tokens[r], over the source row x (raw or processed logits,
+as the logprobs mode says; float32, float16 or bfloat16, read as float32):
+- lse = log(sum(exp(x))), online (running max and rescaled sum); written to lse[r], with 0
+  where it is not finite (a row with every token at -inf), the shift `_logprobs` applies;
+- the top K values in descending order: a running top-K (K_BLOCK registers) merged with a
+  tile only when the tile can change it (its max beats the K-th value), by K selections
+  of the largest value left, lowest index first among equal values;
+- the rank: `_logprobs` counts tokens with `x - lse >= x[t] - lse` in float32 (logprobs
+  modes; the shift can merge neighbours) or `x >= x[t]` (logits modes). Rounding is
+  monotone, so every token with x >= x[t] counts either way, and the pass counts those and
+  keeps the largest value below x[t]. Only if that value merges with x[t] after the shift
+  does a second pass over the row count the merged tokens (rare: they must sit within an
+  ulp of the shifted value).
+Outputs: token_ids[r] = [t, top ids...] int32, logprobs[r] = [x[t], top values...] minus
+lse in the logprobs modes (SUBTRACT_LSE), ranks[r] int32.
+
+Against `_logprobs`: ids, logits-mode values and logits-mode ranks are exact. In the
+logprobs modes lse is summed in another order than torch's logsumexp (a few ulp apart),
+so the logprobs match to float32 tolerance and a rank can differ from torch's only where a
+token sits within an ulp of the sampled value after the shift; the rank is exact for the
+lse the kernel wrote. Ties: among equal values the lower index comes first (what a stable
+descending sort gives; torch.topk documents no order for ties). NaN logits are never
+picked into the top K (torch.topk puts NaN first); a row holding NaN gets lse 0 as in torch.
+
+Traffic per row: one read of the source row ([num_rows, V], 2 or 4 bytes an element), a
+second only in the rare merge case above; writes 2 * (K + 1) + 2 scalars.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_NO_TOKEN = 2**31 - 1  # the id of an empty top-K slot: loses every tie
+
+
+@triton.jit
+def _logprobs_kernel(
+    source_ptr,  # [num_rows, V] float32/float16/bfloat16, read only
+    source_stride,  # elements between rows
+    tokens_ptr,  # [num_rows] int64 sampled token per row
+    token_ids_ptr,  # [num_rows, K + 1] int32, written: sampled, then top K
+    logprobs_ptr,  # [num_rows, K + 1] float32, written
+    ranks_ptr,  # [num_rows] int32, written
+    lse_ptr,  # [num_rows] float32, written (0 where not finite)
+    vocab_size,
+    K: tl.constexpr,
+    K_BLOCK: tl.constexpr,
+    SUBTRACT_LSE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    NO_TOKEN: tl.constexpr,
+):
+    row = tl.program_id(0)
+    row_ptr = source_ptr + row.to(tl.int64) * source_stride
+    token = tl.load(tokens_ptr + row)
+    sampled = tl.load(row_ptr + token).to(tl.float32)
+
+    lanes = tl.arange(0, K_BLOCK)
+    top_v = tl.full((K_BLOCK,), float("-inf"), tl.float32)
+    top_i = tl.full((K_BLOCK,), NO_TOKEN, tl.int32)
+    kth_v = tl.full((), float("-inf"), tl.float32)
+    kth_i = tl.full((), NO_TOKEN, tl.int32)
+    run_max = tl.full((), float("-inf"), tl.float32)
+    run_sum = tl.zeros((), tl.float32)
+    count_ge = tl.zeros((), tl.int32)
+    below = tl.full((), float("-inf"), tl.float32)  # the largest value under `sampled`
+    for start in range(0, vocab_size, BLOCK_SIZE):
+        cols = start + tl.arange(0, BLOCK_SIZE)
+        in_row = cols < vocab_size
+        x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf")).to(tl.float32)
+        # logsumexp, online; a -inf max shifts by 0 so that -inf - -inf never makes NaN
+        tile_max = tl.max(x, axis=0)
+        new_max = tl.maximum(run_max, tile_max)
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+        run_sum = run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(x - shift), axis=0)
+        run_max = new_max
+        # rank: tokens at or above the sampled value, and the nearest one below it
+        count_ge += tl.sum((in_row & (x >= sampled)).to(tl.int32), axis=0)
+        below = tl.maximum(below, tl.max(tl.where(x < sampled, x, float("-inf")), axis=0))
+        # top K: a tile changes it only with a value above the K-th, or one equal to an
+        # empty K-th slot's -inf (earlier tiles' ids are lower, so they win equal values)
+        # (with K = 0 the selections unroll to nothing)
+        if (tile_max > kth_v) | ((tile_max == kth_v) & (kth_i == NO_TOKEN)):
+            taken_run = lanes >= K
+            taken_tile = ~in_row
+            new_v = tl.full((K_BLOCK,), float("-inf"), tl.float32)
+            new_i = tl.full((K_BLOCK,), NO_TOKEN, tl.int32)
+            for j in tl.static_range(K):
+                best = tl.maximum(
+                    tl.max(tl.where(taken_run, float("-inf"), top_v), axis=0),
+                    tl.max(tl.where(taken_tile, float("-inf"), x), axis=0),
+                )
+                pick = tl.minimum(
+                    tl.min(tl.where(~taken_run & (top_v == best), top_i, NO_TOKEN), axis=0),
+                    tl.min(tl.where(~taken_tile & (x == best), cols, NO_TOKEN), axis=0),
+                )
+                new_v = tl.where(lanes == j, best, new_v)
+                new_i = tl.where(lanes == j, pick, new_i)
+                taken_run |= top_i == pick
+                taken_tile |= cols == pick
+            top_v = new_v
+            top_i = new_i
+            kth_v = tl.max(tl.where(lanes == K - 1, top_v, float("-inf")), axis=0)
+            kth_i = tl.min(tl.where(lanes == K - 1, top_i, NO_TOKEN), axis=0)
+
+    lse = run_max + tl.log(run_sum)
+    # as `_logprobs`: a row with every token masked keeps -inf logprobs, not NaN
+    finite = (lse == lse) & (tl.abs(lse) != float("inf"))
+    lse = tl.where(finite, lse, 0.0)
+    rank = count_ge
+    if SUBTRACT_LSE:
+        sampled_lp = sampled - lse
+        top_v = top_v - lse
+        if below - lse >= sampled_lp:
+            # some tokens under the sampled value merge with it after the shift: count them
+            for start in range(0, vocab_size, BLOCK_SIZE):
+                cols = start + tl.arange(0, BLOCK_SIZE)
+                in_row = cols < vocab_size
+                x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf")).to(tl.float32)
+                merged = in_row & (x < sampled) & (x - lse >= sampled_lp)
+                rank += tl.sum(merged.to(tl.int32), axis=0)
+    else:
+        sampled_lp = sampled
+    out = row.to(tl.int64) * (K + 1)
+    tl.store(token_ids_ptr + out, token.to(tl.int32))
+    tl.store(logprobs_ptr + out, sampled_lp)
+    tl.store(token_ids_ptr + out + 1 + lanes, top_i, mask=lanes < K)
+    tl.store(logprobs_ptr + out + 1 + lanes, top_v, mask=lanes < K)
+    tl.store(ranks_ptr + row, rank)
+    tl.store(lse_ptr + row, lse)
+
+
+def compute_logprobs(
+    source: torch.Tensor,  # [num_rows, V] float32/float16/bfloat16
+    tokens: torch.Tensor,  # [num_rows] int64
+    token_ids: torch.Tensor,  # [num_rows, K + 1] int32, written
+    logprobs: torch.Tensor,  # [num_rows, K + 1] float32, written
+    ranks: torch.Tensor,  # [num_rows] int32, written
+    lse: torch.Tensor,  # [num_rows] float32, written
+    subtract_lse: bool,
+    block_size: int = 1024,
+) -> None:
+    """Launch `_logprobs_kernel` over the rows; outputs must be contiguous. Allocates
+    nothing, returns None."""
+    num_rows, vocab_size = source.shape
+    k = token_ids.shape[1] - 1
+    _logprobs_kernel[(num_rows,)](
+        source,
+        source.stride(0),
+        tokens,
+        token_ids,
+        logprobs,
+        ranks,
+        lse,
+        vocab_size,
+        K=k,
+        K_BLOCK=max(triton.next_power_of_2(k), 2),
+        SUBTRACT_LSE=subtract_lse,
+        BLOCK_SIZE=block_size,
+        NO_TOKEN=_NO_TOKEN,
+    )

@@ -1,0 +1,172 @@
+"""The commit kernel (interpreted on CPU) against the PyTorch commit, `BatchState.commit`
+with the package's PenaltyState and BadWordsState: every state tensor equal, step after
+step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphsafe_sampler import triton_ops
+from graphsafe_sampler.bad_words import BadWordsState
+from graphsafe_sampler.batch_state import BatchState
+from graphsafe_sampler.batch_update import BatchUpdate
+from graphsafe_sampler.config import SamplerConfig
+from graphsafe_sampler.params import SamplingParams
+from graphsafe_sampler.penalties import SATURATED, PenaltyState
+
+# max_model_len 1100: E = 5 overflow entries; a ring of 5 recent tokens
+MAX_MODEL_LEN, WINDOW = 1100, 5
+
+
+def _gen() -> torch.Generator:
+    seed = torch.seed() % 2**31
+    print(f"generator seed {seed}")  # shown on failure: rerun with it
+    return torch.Generator().manual_seed(seed)
+
+
+class History:
+    """A BatchState with the two slot states whose history the commit advances."""
+
+    def __init__(self, max_num_reqs: int, vocab: int) -> None:
+        config = SamplerConfig(
+            max_num_reqs, vocab, max_model_len=MAX_MODEL_LEN, max_bad_word_len=WINDOW
+        )
+        self.batch = BatchState(config, "cpu")
+        self.penalties = PenaltyState(config, self.batch)
+        self.bad_words = BadWordsState(config, self.batch)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every state tensor, host and device sides."""
+        return {
+            **self.batch.state_tensors(),
+            **self.penalties.state_tensors(),
+            **self.bad_words.state_tensors(),
+        }
+
+    def kernel_commit(self, token_ids: torch.Tensor, keep: torch.Tensor) -> None:
+        p = self.penalties
+        triton_ops.commit_history(
+            self.batch.slots(token_ids.shape[0]), token_ids, keep,
+            self.batch.num_generated.device, p.counts, p.overflow_token.device,
+            p.overflow_excess.device, self.bad_words.window.device, self.batch.padding_slot,
+        )  # fmt: skip
+
+
+def _assert_commits_agree(history: History, token_ids: torch.Tensor, keep: torch.Tensor) -> None:
+    """Commit through PyTorch, then from the same state through the kernel: all equal."""
+    tensors = history.tensors()
+    before = {name: t.clone() for name, t in tensors.items()}
+    history.batch.commit(token_ids, keep)
+    want = {name: t.clone() for name, t in tensors.items()}
+    for name, t in tensors.items():
+        t.copy_(before[name])
+    history.kernel_commit(token_ids, keep)
+    for name, t in tensors.items():
+        assert torch.equal(t, want[name]), name
+
+
+def _request(vocab: int, gen: torch.Generator) -> tuple[SamplingParams, list[int], list[int]]:
+    """Resumed outputs with three tokens just under 255 and one past it (an entry at add)."""
+    hot = torch.randperm(vocab, generator=gen)[:4].tolist()
+    output = [hot[3]] * int(torch.randint(255, 270, (1,), generator=gen))
+    for t in hot[:3]:
+        output += [t] * int(torch.randint(246, 255, (1,), generator=gen))
+    output += torch.randint(0, vocab, (20,), generator=gen).tolist()
+    order = torch.randperm(len(output), generator=gen).tolist()
+    return SamplingParams(frequency_penalty=0.5), [], [output[i] for i in order]
+
+
+@pytest.mark.parametrize("vocab", [111, 1023], ids=["V111", "V1023"])
+def test_matches_torch_commit_over_random_steps(vocab: int) -> None:
+    gen = _gen()
+    max_num_reqs, batch_size, num_steps = 6, 5, 60
+    history = History(max_num_reqs, vocab)
+    hot: dict[int, list[int]] = {}  # row -> tokens it commits most
+
+    def add(row: int) -> tuple[int, SamplingParams, list[int], list[int]]:
+        params, prompt, output = _request(vocab, gen)
+        counts = torch.bincount(torch.tensor(output), minlength=vocab)
+        hot[row] = (
+            counts.topk(4).indices.tolist() + torch.randint(0, vocab, (1,), generator=gen).tolist()
+        )
+        return row, params, prompt, output
+
+    history.batch.update(BatchUpdate(batch_size, [], [add(r) for r in range(batch_size)], []))
+    for step in range(num_steps):
+        if step % 15 == 14:  # a request leaves and a new one takes its row (a new slot)
+            row = int(torch.randint(0, batch_size, (1,), generator=gen))
+            history.batch.update(BatchUpdate(batch_size, [row], [add(row)], []))
+        num_rows = int(torch.randint(batch_size, max_num_reqs + 1, (1,), generator=gen))
+        pick = torch.randint(0, 5, (num_rows,), generator=gen).tolist()
+        token_ids = torch.tensor(
+            [hot[r][pick[r]] if r in hot else pick[r] for r in range(num_rows)]
+        )
+        keep = torch.rand(num_rows, generator=gen) < 0.85
+        _assert_commits_agree(history, token_ids, keep)
+    # the steps took tokens past 255 on the device, so entries were taken and extended
+    p = history.penalties
+    assert int((p.overflow_token.device[:, :-1] >= 0).sum()) > batch_size
+    assert int(p.overflow_excess.device.sum()) > 0
+
+
+def test_matches_torch_commit_on_full_and_odd_tables() -> None:
+    """Crafted states the engine reaches only past max_model_len (or not at all): full
+    tables (a saturation lands in the spare), saturated tokens without an entry, counts at
+    254 and 255 everywhere the commits go."""
+    gen = _gen()
+    vocab, max_num_reqs = 37, 7
+    history = History(max_num_reqs, vocab)
+    added = [(r, *_request(vocab, gen)) for r in range(max_num_reqs)]
+    history.batch.update(BatchUpdate(max_num_reqs, [], added, []))
+    p = history.penalties
+    capacity = p.overflow_token.device.shape[1] - 1
+    for _ in range(10):
+        # token 0 among them: an entry holding it is used (only -1 is unused)
+        hot = torch.cat(
+            [torch.zeros(1, dtype=torch.int64), torch.randperm(vocab - 1, generator=gen)[:7] + 1]
+        )
+        p.counts[:, hot] = torch.randint(
+            SATURATED - 2, SATURATED + 1, (p.counts.shape[0], 8), generator=gen
+        ).to(torch.uint8)
+        for s in range(max_num_reqs):
+            used = int(torch.randint(0, capacity + 1, (1,), generator=gen))
+            table = torch.full((capacity + 1,), -1, dtype=torch.int32)
+            table[:used] = hot[torch.randperm(8, generator=gen)[:used]].int()
+            table[capacity] = int(torch.randint(-1, 2, (1,), generator=gen))  # spare: -1 or not
+            p.overflow_token.device[s] = table
+            p.overflow_excess.device[s] = torch.randint(0, 50, (capacity + 1,), generator=gen)
+        token_ids = hot[torch.randint(0, 8, (max_num_reqs,), generator=gen)]
+        keep = torch.rand(max_num_reqs, generator=gen) < 0.8
+        _assert_commits_agree(history, token_ids, keep)
+
+
+def test_rejects_bad_input() -> None:
+    history = History(2, 50)
+    history.batch.update(BatchUpdate(1, [], [(0, SamplingParams(), [], [1, 2])], []))
+    with pytest.raises(TypeError, match=r"keep must be torch\.bool, got torch\.int64"):
+        history.kernel_commit(torch.tensor([3]), torch.tensor([1]))
+    with pytest.raises(ValueError, match=r"padding_slot = 3 is outside the slots \[0, 3\)"):
+        p = history.penalties
+        triton_ops.commit_history(
+            torch.tensor([0]), torch.tensor([3]), torch.tensor([True]),
+            history.batch.num_generated.device, p.counts, p.overflow_token.device,
+            p.overflow_excess.device, history.bad_words.window.device, 3,
+        )  # fmt: skip
+
+
+def test_opcheck() -> None:
+    gen = _gen()
+    history = History(4, 64)
+    added = [(r, *_request(64, gen)) for r in range(3)]
+    history.batch.update(BatchUpdate(3, [], added, []))
+    p = history.penalties
+    torch.library.opcheck(
+        triton_ops.commit_history,
+        (
+            history.batch.slots(4), torch.tensor([5, 9, 5, 1]),
+            torch.tensor([True, False, True, True]), history.batch.num_generated.device.clone(),
+            p.counts.clone(), p.overflow_token.device.clone(), p.overflow_excess.device.clone(),
+            history.bad_words.window.device.clone(), history.batch.padding_slot,
+        ),
+    )  # fmt: skip

@@ -1,0 +1,181 @@
+"""The logprobs kernel (interpreted on CPU) against `Sampler._logprobs`, the PyTorch
+backend's step 10, in all four logprobs modes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from graphsafe_sampler import triton_ops
+from graphsafe_sampler.config import SamplerConfig
+from graphsafe_sampler.output import LogprobsTensors
+from graphsafe_sampler.sampler import Sampler
+
+MODES = ["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
+
+
+def _gen() -> torch.Generator:
+    seed = torch.seed() % 2**31
+    print(f"generator seed {seed}")  # shown on failure: rerun with it
+    return torch.Generator().manual_seed(seed)
+
+
+def _torch_logprobs(
+    mode: str, k: int, raw: torch.Tensor, processed: torch.Tensor, tokens: torch.Tensor
+) -> LogprobsTensors:
+    rows, vocab = raw.shape
+    config = SamplerConfig(rows, vocab, max_num_logprobs=k, logprobs_mode=mode)
+    return Sampler(config, device="cpu")._logprobs(raw, processed, tokens)
+
+
+def _kernel(
+    source: torch.Tensor, tokens: torch.Tensor, k: int, subtract_lse: bool
+) -> tuple[LogprobsTensors, torch.Tensor]:
+    """Outputs poisoned first, so an element the kernel never wrote shows up."""
+    rows = source.shape[0]
+    ids = torch.full((rows, k + 1), -7, dtype=torch.int32)
+    values = torch.full((rows, k + 1), float("nan"))
+    ranks = torch.full((rows,), -7, dtype=torch.int32)
+    lse = torch.full((rows,), float("nan"))
+    triton_ops.compute_logprobs(source, tokens, ids, values, ranks, lse, subtract_lse)
+    return LogprobsTensors(ids, values, ranks), lse
+
+
+def _logits_and_tokens(
+    rows: int, vocab: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Raw logits; processed = raw with most tokens masked, the last row entirely; sampled
+    tokens among the survivors (any token in the all-masked row)."""
+    raw = torch.randn(rows, vocab, generator=gen) * 3
+    masked = torch.rand(rows, vocab, generator=gen) < 0.6
+    masked[-1] = rows > 1
+    processed = torch.where(masked, float("-inf"), raw / 0.7)
+    pick = torch.rand(rows, vocab, generator=gen).masked_fill(masked, -1.0)
+    return raw, processed, pick.argmax(-1)
+
+
+def _ulp(x: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(np.spacing(np.abs(x.numpy()).astype(np.float32)))
+
+
+def _check(
+    got: LogprobsTensors,
+    lse: torch.Tensor,
+    want: LogprobsTensors,
+    source: torch.Tensor,
+    tokens: torch.Tensor,
+    subtract_lse: bool,
+) -> None:
+    source = source.float()
+    rows = torch.arange(source.shape[0])
+    lse_torch = source.logsumexp(-1)
+    lse_torch = torch.where(lse_torch.isfinite(), lse_torch, 0.0)
+    torch.testing.assert_close(lse, lse_torch, rtol=2e-6, atol=1e-6)
+    # ids: the same values as torch's at every column (torch's tie order is its own, see
+    # the kernel's docstring), distinct, and torch's ids wherever a value is unique in its row
+    ids, want_ids = got.logprob_token_ids.long(), want.logprob_token_ids.long()
+    assert torch.equal(ids[:, 0], want_ids[:, 0])
+    values = source[rows[:, None], ids]
+    assert torch.equal(values, source[rows[:, None], want_ids])
+    unique = (source[:, None, :] == values[:, :, None]).sum(-1) == 1
+    assert torch.equal(ids[unique], want_ids[unique])
+    for r in range(ids.shape[0]):
+        assert ids[r, 1:].unique().numel() == ids.shape[1] - 1
+    if not subtract_lse:
+        assert torch.equal(got.logprobs, want.logprobs)
+        assert torch.equal(got.selected_token_ranks, want.selected_token_ranks)
+        return
+    torch.testing.assert_close(got.logprobs, want.logprobs, rtol=2e-6, atol=2e-6)
+    # the rank is exact for the kernel's lse; torch's differs only where its own lse (a
+    # few ulp away) merges or splits a token within an ulp of the sampled logprob
+    shifted = source - lse[:, None]
+    sampled = source[rows, tokens] - lse
+    assert torch.equal(got.selected_token_ranks, (shifted >= sampled[:, None]).sum(-1).int())
+    near = ((shifted - sampled[:, None]).abs() <= 4 * _ulp(sampled)[:, None]).sum(-1)
+    differ = got.selected_token_ranks != want.selected_token_ranks
+    assert bool((~differ | (near > 1)).all())
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("rows", "vocab", "k"),
+    [pytest.param(1, 111, 1, id="R1-V111-K1"), pytest.param(3, 1023, 5, id="R3-V1023-K5"),
+     pytest.param(17, 4099, 20, id="R17-V4099-K20")],
+)  # fmt: skip
+def test_matches_torch_logprobs(mode: str, rows: int, vocab: int, k: int) -> None:
+    gen = _gen()
+    raw, processed, tokens = _logits_and_tokens(rows, vocab, gen)
+    want = _torch_logprobs(mode, k, raw, processed, tokens)
+    source = raw if mode.startswith("raw") else processed
+    subtract_lse = mode.endswith("logprobs")
+    got, lse = _kernel(source, tokens, k, subtract_lse)
+    _check(got, lse, want, source, tokens, subtract_lse)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_half_precision_raw_logits(dtype: torch.dtype) -> None:
+    """Raw logits come in the model's dtype; `_logprobs` reads them as float32."""
+    gen = _gen()
+    raw, processed, tokens = _logits_and_tokens(3, 1023, gen)
+    raw = raw.to(dtype)
+    want = _torch_logprobs("raw_logprobs", 4, raw, processed, tokens)
+    got, lse = _kernel(raw, tokens, 4, True)
+    _check(got, lse, want, raw, tokens, True)
+
+
+@pytest.mark.parametrize("k", [3, 20])
+def test_ties_take_the_lowest_index(k: int) -> None:
+    """Quantised logits tie everywhere: the values are torch.topk's, the ids a stable
+    descending sort's (the lowest index first among equal values)."""
+    gen = _gen()
+    raw = (torch.randn(5, 300, generator=gen) * 2).round()
+    tokens = torch.randint(0, 300, (5,), generator=gen)
+    got, _ = _kernel(raw, tokens, k, False)
+    want_values, _ = raw.topk(k, dim=-1)
+    assert torch.equal(got.logprobs[:, 1:], want_values)
+    order = torch.sort(raw, dim=-1, descending=True, stable=True).indices[:, :k]
+    assert torch.equal(got.logprob_token_ids[:, 1:].long(), order)
+    assert torch.equal(
+        got.selected_token_ranks.long(), (raw >= raw.gather(1, tokens[:, None])).sum(-1)
+    )
+
+
+def test_rank_counts_tokens_merged_by_the_shift() -> None:
+    """Tokens within 1e-6 of each other near 0, beside a max of 10: after the shift by
+    lse (about 10) they round together, so the rank counts some below the sampled value
+    (the kernel's second pass)."""
+    gen = _gen()
+    vocab = 1023
+    raw = torch.randn(2, vocab, generator=gen) * 1e-6
+    raw[:, 7] = 10.0
+    tokens = torch.tensor([100, 900])
+    want = _torch_logprobs("raw_logprobs", 2, raw, raw, tokens)
+    got, lse = _kernel(raw, tokens, 2, True)
+    _check(got, lse, want, raw, tokens, True)
+    exact = (raw >= raw.gather(1, tokens[:, None])).sum(-1)
+    assert bool((got.selected_token_ranks.long() > exact).all())
+
+
+def test_rejects_bad_input() -> None:
+    source, ids = torch.randn(2, 50), torch.zeros(2, 3, dtype=torch.int32)
+    values, ranks, lse = torch.zeros(2, 3), torch.zeros(2, dtype=torch.int32), torch.zeros(2)
+    with pytest.raises(TypeError, match=r"tokens must be torch\.int64, got torch\.int32"):
+        tokens = torch.zeros(2, dtype=torch.int32)
+        triton_ops.compute_logprobs(source, tokens, ids, values, ranks, lse, True)
+    with pytest.raises(ValueError, match=r"logprobs must have shape \[2, 3\], got \(2, 4\)"):
+        tokens = torch.zeros(2, dtype=torch.int64)
+        triton_ops.compute_logprobs(source, tokens, ids, torch.zeros(2, 4), ranks, lse, True)
+
+
+def test_opcheck() -> None:
+    gen = _gen()
+    raw, processed, tokens = _logits_and_tokens(3, 129, gen)
+    for source, subtract_lse in ((raw, True), (processed, False)):
+        torch.library.opcheck(
+            triton_ops.compute_logprobs,
+            (
+                source, tokens, torch.zeros(3, 6, dtype=torch.int32), torch.zeros(3, 6),
+                torch.zeros(3, dtype=torch.int32), torch.zeros(3), subtract_lse,
+            ),
+        )  # fmt: skip
