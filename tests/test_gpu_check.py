@@ -1,0 +1,313 @@
+"""perf/gpu_check.py on a CPU-only machine: the CPU-side parts (argument parsing, the
+environment report, the replay comparison with make_fx, the benchmark grid and the result
+files), the case grid, the budget and the helpers. No torch.compile here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from graphsafe_sampler import Sampler
+from graphsafe_sampler.bench.results import CaseResult, Results, fill_ratios
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "perf" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+gpu_check = _load()
+CUDA = torch.cuda.is_available()
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def test_cpu_smoke_run_writes_every_result(tmp_path: Path) -> None:
+    # The real thing at tiny sizes: each part in its own subprocess, as on the GPU.
+    out = tmp_path / "out"
+    assert gpu_check.main([str(out), "--cpu-smoke", "--skip", "tests", "--budget-s", "400"]) == 0
+
+    summary = _json(out / "summary.json")
+    assert summary["finished"] and summary["status"] == "passed"
+    parts = summary["parts"]
+    assert [parts[p]["status"] for p in ("env", "graph", "bench")] == ["passed"] * 3
+    assert parts["tests"] == {"status": "skipped", "reason": "--skip"}
+    no_cuda = "--cpu-smoke runs the CPU versions only" if CUDA else "no CUDA device"
+    assert parts["flashinfer"] == {"status": "skipped", "reason": no_cuda}
+    assert parts["compiled"]["status"] == "skipped"
+    assert "--smoke-compile" in parts["compiled"]["reason"]
+    assert parts["graph"]["log"] == "graph.log" and (out / "graph.log").exists()
+
+    env = _json(out / "env.json")
+    for key in ("torch", "triton", "flashinfer", "cuda_available", "graphsafe_sampler", "options"):
+        assert key in env
+    assert env["torch"] == torch.__version__ and env["options"]["cpu_smoke"] is True
+
+    graph = _json(out / "graph_check.json")
+    assert graph["schema"] == 1 and graph["status"] == "passed"
+    for mode in ("raw_logprobs", "processed_logprobs"):
+        check = graph["checks"][f"torch/{mode}/make_fx"]
+        assert check["status"] == "passed" and check["replay"] == "make_fx"
+        assert check["steps_run"] == check["steps_requested"] == 12
+        assert check["logprobs_mode"] == mode and check["failures"] == []
+        for counter in ("token_mismatches", "logprob_mismatches", "state_mismatches"):
+            assert check[counter] == 0
+    triton = graph["checks"]["triton/raw_logprobs/make_fx"]
+    assert triton["status"] in ("skipped", "passed")
+    harness = graph["checks"]["harness/torch/check_graph_safety"]
+    assert harness["status"] == "passed" and harness["steps_run"] == 6
+
+    results = Results.read(out / "bench.json")  # the bench results schema, validated
+    assert results.context["suite"] == "perf/gpu_check.py"
+    assert results.context["errors"] == []
+    floors = {(c.rows, c.vocab) for c in results.cases if c.provider == "clone"}
+    assert floors == {(1, 1000), (3, 1000)}
+    eager = {(c.stage, c.rows) for c in results.cases if c.provider == "sampler-eager"}
+    assert eager == {(case, rows) for case in gpu_check.BENCH_CASES for rows in (1, 3)}
+    for case in results.cases:
+        assert case.median_us > 0 and case.ratio_to_floor is not None and case.gbps
+        if case.provider == "sampler-eager":
+            assert case.extra["max_num_logprobs"] == gpu_check.case_logprobs(case.stage)
+    md = (out / "bench.md").read_text(encoding="utf-8")
+    assert "| case | rows | vocab | floor µs | sampler-eager µs (x floor) |" in md
+    assert md.count("\n| all | ") == 2
+
+
+def _tiny_options(**kwargs: object) -> object:
+    ns = gpu_check.build_parser().parse_args(
+        ["unused", "--cpu-smoke", *map(str, kwargs.get("argv", []))]
+    )
+    return gpu_check.options_from_args(ns)
+
+
+def test_replay_check_catches_a_value_baked_into_the_trace() -> None:
+    # A step that reads host state (the batch size) bakes it into the make_fx trace, as a
+    # CUDA graph would; eager reads it fresh. The comparison must notice once it changes.
+    opts = _tiny_options()
+    config = gpu_check.graph_config(opts, "torch", "raw_logprobs")
+
+    def leaky(sampler: Sampler) -> gpu_check.StepFn:
+        def step(logits: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            size = torch.full((1,), sampler.batch_state.batch_size)
+            return (*gpu_check.flatten_output(sampler(logits, mask)), size)
+
+        return step
+
+    check = gpu_check.replay_check(
+        lambda: Sampler(config, "cpu"),
+        gpu_check.MakeFxReplayer,
+        steps=10,
+        seed=3,
+        deadline=time.monotonic() + 300,
+        step_fn=leaky,
+    )
+    assert check["status"] == "failed" and check["logprob_mismatches"] > 0
+    assert check["token_mismatches"] == check["state_mismatches"] == 0
+    assert check["steps_run"] == 10
+    assert any("output 4: 1 elements differ" in f for f in check["failures"])
+
+
+def test_replay_check_stops_at_its_deadline() -> None:
+    config = gpu_check.graph_config(_tiny_options(), "torch", "raw_logprobs")
+    check = gpu_check.replay_check(
+        lambda: Sampler(config, "cpu"), gpu_check.MakeFxReplayer, steps=5, seed=0, deadline=0.0
+    )
+    assert check["status"] == "incomplete" and check["steps_run"] == 0
+
+
+def test_diff_outputs_rules() -> None:
+    tokens = torch.tensor([[3], [4]], dtype=torch.int32)
+    ids = torch.tensor([[3, 3, 7, 9], [4, 4, 1, 2]], dtype=torch.int32)
+    inf = float("inf")
+    values = torch.tensor([[-0.5, -0.5, -1.0, -1.0], [-0.1, -0.1, -inf, -inf]])
+    ranks = torch.tensor([1, 1], dtype=torch.int32)
+    want = (tokens, ids, values, ranks)
+    assert gpu_check.diff_outputs(want, tuple(t.clone() for t in want)) == []
+    # Tied (row 0, columns 2-3) and -inf (row 1) columns may name any of the tied ids.
+    swapped = ids.clone()
+    swapped[0, 2:] = torch.tensor([9, 7])
+    swapped[1, 2:] = torch.tensor([5, 6])
+    assert gpu_check.diff_outputs(want, (tokens, swapped, values, ranks)) == []
+    # Column 0 (the sampled token) never may; logprobs within tolerance; NaN == NaN.
+    wrong = ids.clone()
+    wrong[1, 0] = 5
+    assert gpu_check.diff_outputs(want, (tokens, wrong, values, ranks))[0].startswith(
+        "logprob_token_ids: 1 elements differ, rows [1]"
+    )
+    nan_values = values.clone()
+    nan_values[0, 0] = float("nan")
+    close = nan_values + 1e-7
+    assert (
+        gpu_check.diff_outputs((tokens, ids, nan_values, ranks), (tokens, ids, close, ranks)) == []
+    )
+    far = values.clone()
+    far[1, 1] += 1e-3
+    assert gpu_check.diff_outputs(want, (tokens, ids, far, ranks))[0].startswith(
+        "logprobs: 1 elements"
+    )
+    other = tokens.clone()
+    other[0, 0] = 8
+    assert gpu_check.diff_outputs(want, (other, ids, values, ranks))[0].startswith(
+        "sampled_token_ids"
+    )
+    assert gpu_check.diff_outputs(want, want[:1]) == ["outputs: 1 tensors, eager gave 4"]
+
+
+def test_case_grid_runs_big_shapes_last() -> None:
+    rows, vocabs = (1024, 1, 256, 64), (151_936, 128_256)
+    grid = gpu_check.case_grid(rows, vocabs, gpu_check.BENCH_CASES)
+    assert len(grid) == 4 * 2 * 10 and len(set(grid)) == len(grid)
+    sizes = [r * v for r, v, _ in grid]
+    assert sizes == sorted(sizes)
+    assert grid[0] == (1, 128_256, "penalties") and grid[-1] == (1024, 151_936, "all")
+    assert [c for r, v, c in grid if (r, v) == (64, 151_936)] == list(gpu_check.BENCH_CASES)
+    assert gpu_check.case_grid((2,), (8,), ("all", "greedy")) == [(2, 8, "greedy"), (2, 8, "all")]
+    with pytest.raises(ValueError, match="unknown cases"):
+        gpu_check.case_grid((1,), (8,), ("top_z",))
+
+    # The compiled pass: one program per (vocab, K) for rows > 1, rows = 1 last.
+    order = gpu_check.compiled_order(grid)
+    assert sorted(order) == sorted(grid)
+    programs = [(v, gpu_check.case_logprobs(c), r == 1) for r, v, c in order]
+    changes = [p for i, p in enumerate(programs) if i == 0 or p != programs[i - 1]]
+    assert len(changes) == len(set(changes)) == 8
+    assert all(not single for _, _, single in changes[:4])
+    assert [gpu_check.case_logprobs(c) for c in ("logprobs", "all", "greedy")] == [5, 5, 0]
+
+
+def test_budget_shares_and_skip_reasons() -> None:
+    parts = gpu_check.PARTS_BY_NAME
+    assert gpu_check.allot(440, parts["graph"], gpu_check.PARTS) == pytest.approx(440 * 0.18)
+    later = [parts["bench"], parts["flashinfer"], parts["compiled"]]
+    assert gpu_check.allot(300, parts["bench"], later) == pytest.approx(300 * 0.38 / 0.62)
+    assert gpu_check.allot(-5, parts["bench"], later) == 0.0
+    assert gpu_check.allot(90, parts["compiled"], [parts["compiled"]]) == 90
+    with pytest.raises(ValueError, match="not among the pending parts"):
+        gpu_check.allot(10, parts["tests"], later)
+    assert sum(p.share for p in gpu_check.PARTS) == pytest.approx(1.0)
+
+    gpu = gpu_check.Options(out_dir="x", skip=("tests",))
+    assert gpu_check.skip_reason(parts["tests"], gpu, cuda=True) == "--skip"
+    assert gpu_check.skip_reason(parts["bench"], gpu, cuda=True) is None
+    assert gpu_check.skip_reason(parts["bench"], gpu, cuda=False) == "no CUDA device"
+    smoke = gpu_check.Options(out_dir="x", cpu_smoke=True)
+    assert gpu_check.skip_reason(parts["graph"], smoke, cuda=False) is None
+    assert gpu_check.skip_reason(parts["flashinfer"], smoke, cuda=False) == "no CUDA device"
+    assert "--smoke-compile" in gpu_check.skip_reason(parts["compiled"], smoke, cuda=False)
+    smoke.smoke_compile = True
+    assert gpu_check.skip_reason(parts["compiled"], smoke, cuda=False) is None
+
+
+def test_a_spent_budget_skips_every_part(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert gpu_check.main([str(out), "--cpu-smoke", "--budget-s", "20"]) == 1
+    summary = _json(out / "summary.json")
+    assert summary["status"] == "incomplete" and summary["parts"]["env"]["status"] == "passed"
+    for name in ("graph", "bench"):
+        assert summary["parts"][name]["status"] == "skipped"
+        assert summary["parts"][name]["reason"].startswith("budget: ")
+    assert (out / "env.json").exists() and not (out / "bench.json").exists()
+
+
+def test_options_defaults_and_round_trip() -> None:
+    gpu = gpu_check.options_from_args(gpu_check.build_parser().parse_args(["o"]))
+    assert gpu.rows == (1, 64, 256, 1024) and gpu.vocabs == (128_256, 151_936)
+    assert gpu.steps >= 100 and gpu.cases == gpu_check.BENCH_CASES and gpu.budget_s == 450
+    smoke = _tiny_options(argv=["--rows", "2", "--skip", "tests", "bench"])
+    assert smoke.rows == (2,) and smoke.vocabs == (1000,) and smoke.skip == ("tests", "bench")
+    assert gpu_check.Options.from_json(json.loads(json.dumps(smoke.to_json()))) == smoke
+    with pytest.raises(SystemExit, match="--steps must be >= 1"):
+        gpu_check.options_from_args(gpu_check.build_parser().parse_args(["o", "--steps", "0"]))
+
+
+def test_junit_summary_names_failures_and_cpu_tensor_kernels(tmp_path: Path) -> None:
+    xml = tmp_path / "junit.xml"
+    xml.write_text(
+        '<testsuites><testsuite name="pytest" tests="4">'
+        '<testcase classname="tests.test_rng" name="test_a[cuda]"/>'
+        '<testcase classname="tests.test_kernel_min_p" name="test_b">'
+        '<failure message="ValueError: Pointer argument (at 0) cannot be accessed from Triton '
+        '(cpu tensor?)">trace</failure></testcase>'
+        '<testcase classname="tests.test_staging" name="test_c"><error message="boom"/>'
+        "</testcase>"
+        '<testcase classname="tests.test_rng" name="test_d"><skipped message="no"/></testcase>'
+        "</testsuite></testsuites>",
+        encoding="utf-8",
+    )
+    got = gpu_check.summarize_junit(xml)
+    assert {k: got[k] for k in ("tests", "passed", "failures", "errors", "skipped")} == {
+        "tests": 4, "passed": 1, "failures": 1, "errors": 1, "skipped": 1,
+    }  # fmt: skip
+    assert got["failed"] == ["tests.test_kernel_min_p::test_b", "tests.test_staging::test_c"]
+    assert got["note"].startswith("1 failures passed CPU tensors to compiled Triton kernels")
+
+
+def test_subprocess_is_killed_at_its_timeout(tmp_path: Path) -> None:
+    log = tmp_path / "sleep.log"
+    cmd = [sys.executable, "-c", "print('hi', flush=True); import time; time.sleep(60)"]
+    status, rc, seconds = gpu_check.run_subprocess(cmd, 2.0, log)
+    assert (status, rc) == ("timeout", None) and seconds < 20
+    assert "hi" in log.read_text()
+    assert gpu_check.run_subprocess([sys.executable, "-c", "raise SystemExit(3)"], 30, log)[:2] == (
+        "failed",
+        3,
+    )
+
+
+def _case(stage: str, provider: str, median: float, rows: int = 64) -> CaseResult:
+    extra = {"function": "fi_fn"} if provider == "flashinfer" else {}
+    return CaseResult(stage, provider, rows, 128_256, "float32", median, median, median,
+                      gbps=1.0, extra=extra)  # fmt: skip
+
+
+def test_markdown_table_ratios_to_floor_and_flashinfer() -> None:
+    cases = [
+        _case("floor", "clone", 10.0),
+        _case("top_k_top_p", "sampler-compiled-graph", 40.0),
+        _case("top_k_top_p", "sampler-graph", 80.0),
+        _case("top_k_top_p", "flashinfer", 20.0),
+        _case("penalties", "sampler-compiled-graph", 30.0),
+        _case("greedy", "sampler-graph", 15.0),
+    ]
+    fill_ratios(cases)
+    gpu_check.fill_flashinfer_ratios(cases)
+    assert cases[1].extra == {"ratio_to_flashinfer": 2.0, "flashinfer_ref": "top_k_top_p"}
+    assert cases[4].extra["ratio_to_flashinfer"] == 1.5  # against FlashInfer's top-k/top-p
+    md = gpu_check.format_markdown(Results({"device_name": "H200", "notes": ["a note"]}, cases))
+    assert "| 64 | 128256 | 32.8 | 10.0 |" in md  # the floor: MB, µs
+    row = "| top_k_top_p | 64 | 128256 | 10.0 | 40.0 (4.00) | 80.0 (8.00) | 1.00 | 20.0 | fi_fn |"
+    assert row + " 2.00 |" in md
+    assert "| penalties | 64 | 128256 | 10.0 | 30.0 (3.00) | – | 1.00 | – |  | 1.50 † |" in md
+    # greedy has no compiled case: the eager provider is its headline.
+    assert "| greedy | 64 | 128256 | 10.0 | – | 15.0 (1.50) | 1.00 | – |  | 0.75 † |" in md
+    assert md.index("| top_k_top_p |") < md.index("| greedy |") and "- a note" in md
+
+
+def test_compiled_bench_pass_compiles_once_for_every_rows_above_one(tmp_path: Path) -> None:
+    # The file's one torch.compile: the compiled provider marks rows dynamic, so one program
+    # serves every rows > 1 while each case reloads the sampler's state.
+    argv = ["--smoke-compile", "--rows", "2", "3", "--cases", "top_k", "--backends", "torch"]
+    opts = _tiny_options(argv=argv)
+    opts.out_dir = str(tmp_path)
+    result = gpu_check.run_bench_part(opts, time.monotonic() + 900)
+    assert result["status"] == "passed"
+    cases = Results.read(tmp_path / "bench.json").cases
+    compiled = [c for c in cases if c.provider == "sampler-compiled"]
+    assert [c.rows for c in compiled] == [2, 3]
+    assert [c.extra["compile_frames"] for c in compiled] == [1, 1]
+    assert compiled[0].extra["first_call_s"] > compiled[1].extra["first_call_s"]
