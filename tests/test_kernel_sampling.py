@@ -184,9 +184,15 @@ def test_non_contiguous_row_stride() -> None:
     temperature = torch.tensor([0.0, 1.0, 0.7, 0.0, 1.3, 0.0])
     seeds, positions = torch.arange(6) * 7 - 3, torch.arange(5) * 2**33
     tokens = torch.full((5,), -1, dtype=torch.int64)
+    # The kernel samples from logits already divided by the temperature (sampler.py's step 6):
+    # divide in place through the strided view, keeping its row stride.
+    pre_temperature = logits.clone()
+    t = temperature[slots]
+    logits /= torch.where(t < GREEDY_TEMPERATURE, 1.0, t)[:, None]
+    assert logits.stride(0) == 1034
     triton_ops.sample_tokens(logits, slots, temperature, seeds, positions, None, tokens)
     _, want, perturbed = _torch_tokens(
-        logits.contiguous(),
+        pre_temperature,
         slots,
         temperature,
         torch.zeros(6, dtype=torch.int32),
