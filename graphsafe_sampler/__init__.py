@@ -6,7 +6,7 @@ See DESIGN.md for the contract. The public names:
 from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.batch_update import BatchUpdate, BatchUpdateBuilder, MoveDirectionality
 from graphsafe_sampler.config import SamplerConfig
-from graphsafe_sampler.output import LogprobsTensors, SamplerOutput
+from graphsafe_sampler.output import LogprobsTensors, RejectionSamplerOutput, SamplerOutput
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.processors import (
     AdapterLogitsProcessor,
@@ -18,6 +18,7 @@ from graphsafe_sampler.processors import (
     SlotLogitsProcessor,
     load_logits_processors,
 )
+from graphsafe_sampler.rejection_sampler import RejectionSampler
 from graphsafe_sampler.sampler import Sampler
 from graphsafe_sampler.staging import StagedTensor
 
@@ -35,6 +36,8 @@ __all__ = [
     "MinPLogitsProcessor",
     "MinTokensLogitsProcessor",
     "MoveDirectionality",
+    "RejectionSampler",
+    "RejectionSamplerOutput",
     "Sampler",
     "SamplerConfig",
     "SamplerOutput",

@@ -82,16 +82,41 @@ class BadWordsState(SlotTables):
         # all carry the same value.
         window.index_put_((slots, position), torch.where(keep, token_ids, current).int())
 
-    def apply(self, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    def apply(
+        self,
+        logits: torch.Tensor,  # [num_rows, V] float32, updated in place
+        slots: torch.Tensor,  # [num_rows] int64
+        drafts: torch.Tensor | None = None,  # [num_rows, S] int64 ids in [0, V)
+        num_preceding: torch.Tensor | None = None,  # [num_rows] int64 in [0, S]
+    ) -> torch.Tensor:
+        """Ban the tokens that would complete a bad word after each row's output history.
+
+        With `drafts`, a row's history is its committed outputs followed by its first
+        `num_preceding` drafts (speculative decoding: position j sees drafts 0..j-1).
+        """
         tokens = self.tokens.device[slots].long()  # [rows, T]
         back = self.back.device[slots].long()  # [rows, T]
         word = self.word.device[slots].long()  # [rows, T]
         generated = self.batch_state.num_generated.device[slots].long()[:, None]  # [rows, 1]
-        # The output token `back` steps before the one being sampled now.
-        ring_pos = (generated - back.clamp(min=1)) % self.length
-        seen = self.window.device[slots].long().gather(1, ring_pos)  # [rows, T]
+        window = self.window.device[slots].long()  # [rows, L]
+        if drafts is None:
+            # The output token `back` steps before the one being sampled now.
+            ring_pos = (generated - back.clamp(min=1)) % self.length
+            seen = window.gather(1, ring_pos)  # [rows, T]
+            exists = generated >= back
+        else:
+            if num_preceding is None:
+                raise ValueError("drafts need num_preceding, the drafts before each row")
+            # Output index of the token `back` steps before this row's position: the
+            # committed outputs are 0..generated-1, then the preceding drafts.
+            index = generated + num_preceding[:, None] - back.clamp(min=1)  # [rows, T]
+            from_ring = window.gather(1, index % self.length)
+            draft_index = (index - generated).clamp(0, drafts.shape[1] - 1)
+            from_drafts = drafts.gather(1, draft_index)
+            seen = torch.where(index >= generated, from_drafts, from_ring)
+            exists = index >= 0
         prefix = back >= 1
-        fits = (seen == tokens) & (generated >= back)
+        fits = (seen == tokens) & exists
         # 1 where a token lets its word match (non-prefix entries never veto), 0 where not.
         vote = (~prefix | fits).to(torch.int32)
         matched = torch.ones_like(vote).scatter_reduce_(1, word, vote, reduce="amin")

@@ -29,3 +29,17 @@ class SamplerOutput(NamedTuple):
 
     sampled_token_ids: torch.Tensor
     logprobs_tensors: LogprobsTensors | None
+
+
+class RejectionSamplerOutput(NamedTuple):
+    """What `RejectionSampler.forward` returns; S = max_spec_len.
+
+    output_token_ids: [num_rows, S + 1] int32: a row's accepted drafts, then the token it
+        emits (the target's token at the first rejection, or the bonus token when every
+        draft was accepted), then -1 in the remaining columns.
+    num_accepted: [num_rows] int32, accepted drafts per row; the row produced
+        num_accepted + 1 tokens, the last at column num_accepted.
+    """
+
+    output_token_ids: torch.Tensor
+    num_accepted: torch.Tensor

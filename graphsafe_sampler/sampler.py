@@ -139,16 +139,23 @@ class Sampler(nn.Module):
             raise ValueError(f"logits must be 2-D [num_rows, vocab_size], got {logits.dim()}-D")
         if logits.dtype not in _LOGITS_DTYPES:
             raise TypeError(f"logits must be float32, float16 or bfloat16, got {logits.dtype}")
-        if logits.device != self.device and not (
-            logits.device.type == self.device.type == "cuda" and self.device.index is None
-        ):
-            raise ValueError(f"logits are on {logits.device}, the sampler on {self.device}")
+        self._check_device("logits", logits)
         rows, vocab = logits.shape
         if vocab != self.config.vocab_size:
             raise ValueError(f"logits have {vocab} columns, vocab_size is {self.config.vocab_size}")
+        self._check_rows("logits", rows)
+
+    def _check_device(self, what: str, tensor: torch.Tensor) -> None:
+        if tensor.device != self.device and not (
+            tensor.device.type == self.device.type == "cuda" and self.device.index is None
+        ):
+            raise ValueError(f"{what} are on {tensor.device}, the sampler on {self.device}")
+
+    def _check_rows(self, what: str, rows: int) -> None:
+        """Raise unless a step over `rows` batch rows can run now (host state only)."""
         if not 1 <= rows <= self.config.max_num_reqs:
             raise ValueError(
-                f"logits have {rows} rows; forward takes 1 to max_num_reqs = "
+                f"{what} have {rows} rows; forward takes 1 to max_num_reqs = "
                 f"{self.config.max_num_reqs}"
             )
         if not self._ready:
@@ -157,7 +164,7 @@ class Sampler(nn.Module):
         # recompile as the batch changes); eager calls and traces check it.
         if not torch.compiler.is_compiling() and rows < self.batch_state.batch_size:
             raise ValueError(
-                f"logits have {rows} rows but the batch holds {self.batch_state.batch_size}"
+                f"{what} have {rows} rows but the batch holds {self.batch_state.batch_size}"
             )
 
     # ----------------------------------------------------------------- device side
@@ -180,31 +187,7 @@ class Sampler(nn.Module):
         slots = self.batch_state.slots(num_rows)  # [num_rows] int64
         raw = logits
         x = logits.to(torch.float32, copy=True)  # [num_rows, V]; never written in place
-
-        # Steps 2-3 are -inf masks and finite additive biases, which commute: the sparse
-        # scatters go first, in place on the fresh copy (a scatter into a later fused
-        # intermediate makes inductor copy the whole tensor), then the dense masks.
-        x = self.logit_bias.apply(x)
-        x = self.min_tokens.apply(x)
-        x = self.bad_words.apply(x, slots)
-        x = self.allowed.apply(x)
-        x = self.grammar.apply(x)
-        for proc in self.custom:
-            if not proc.is_argmax_invariant():
-                x = proc.apply(x)
-        x = self.penalties.apply(x, slots)
-
-        greedy_tokens = x.argmax(dim=-1)  # [num_rows]; lowest index on ties
-        temperature = self.sampling.temperature.device[slots]
-        is_greedy = temperature < GREEDY_TEMPERATURE
-        x = x / torch.where(is_greedy, 1.0, temperature)[:, None]
-        x = self.min_p.apply(x)
-        for proc in self.custom:
-            if proc.is_argmax_invariant():
-                x = proc.apply(x)
-        x = apply_top_k_top_p(
-            x, self.sampling.top_k.device[slots], self.sampling.top_p.device[slots]
-        )
+        x, greedy_tokens, is_greedy = self.process_logits(x, slots, self.grammar)
         positions = self.sampling.positions(slots)
         seeds = self.sampling.seed.device[slots]
         noise = gumbel_noise(seeds, positions, config.vocab_size, SALT_SAMPLE)
@@ -217,6 +200,63 @@ class Sampler(nn.Module):
         if commit:
             self.batch_state.commit(tokens, commit_mask)
         return SamplerOutput(tokens.to(torch.int32)[:, None], logprobs)
+
+    def process_logits(
+        self,
+        x: torch.Tensor,  # [rows, V] float32, a fresh copy: updated in place
+        slots: torch.Tensor,  # [rows] int64, the slot of each row's request
+        grammar: GrammarBitmask,
+        drafts: torch.Tensor | None = None,  # [rows, S] int64 ids in [0, V)
+        num_preceding: torch.Tensor | None = None,  # [rows] int64 in [0, S]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """DESIGN §4 steps 2-8 on rows that read their request state from `slots`.
+
+        Row i need not be batch row i: speculative decoding passes `[num_rows * (S + 1),
+        V]` logits whose row r * (S + 1) + j is position j of batch row r, with `slots`
+        repeated to match, `grammar` holding a mask per position, and `drafts` (the
+        row's drafts) of which the first `num_preceding` precede the row: they count as
+        output tokens for penalties, bad words and min_tokens.
+
+        Returns (processed logits [rows, V] after temperature, min_p and top-k/top-p,
+        greedy token [rows] int64 (argmax before temperature), is_greedy [rows] bool).
+        """
+        if (drafts is None) != (num_preceding is None):
+            raise ValueError("drafts and num_preceding come together")
+        # Processors find their rows through `batch_state.slots(n)`: bind this map.
+        self.batch_state.bind_slots(slots)
+        try:
+            # Steps 2-3 are -inf masks and finite additive biases, which commute: the
+            # sparse scatters go first, in place on the fresh copy (a scatter into a later
+            # fused intermediate makes inductor copy the whole tensor), then dense masks.
+            x = self.logit_bias.apply(x)
+            x = self.min_tokens.apply(x, num_preceding)
+            x = self.bad_words.apply(x, slots, drafts, num_preceding)
+            x = self.allowed.apply(x)
+            x = grammar.apply(x)
+            for proc in self.custom:
+                if not proc.is_argmax_invariant():
+                    x = proc.apply(x)
+            if drafts is None or num_preceding is None:
+                x = self.penalties.apply(x, slots)
+            else:
+                columns = torch.arange(drafts.shape[1], device=drafts.device)
+                preceding = columns[None, :] < num_preceding[:, None]  # [rows, S]
+                x = self.penalties.apply(x, slots, extra_tokens=drafts, extra_mask=preceding)
+
+            greedy_tokens = x.argmax(dim=-1)  # [rows]; lowest index on ties
+            temperature = self.sampling.temperature.device[slots]
+            is_greedy = temperature < GREEDY_TEMPERATURE
+            x = x / torch.where(is_greedy, 1.0, temperature)[:, None]
+            x = self.min_p.apply(x)
+            for proc in self.custom:
+                if proc.is_argmax_invariant():
+                    x = proc.apply(x)
+            x = apply_top_k_top_p(
+                x, self.sampling.top_k.device[slots], self.sampling.top_p.device[slots]
+            )
+        finally:
+            self.batch_state.bind_slots(None)
+        return x, greedy_tokens, is_greedy
 
     def commit_tokens(
         self,

@@ -5,6 +5,12 @@ The engine stages the bitmask rows of the requests that have a grammar before ea
 belongs to the request at its row: it moves with the request on swaps and condensing moves,
 and is cleared when the request leaves or another is added at its row. Otherwise it stays in
 force until the next call (`None` clears every row).
+
+Speculative decoding verifies several positions of a request in one step, and a grammar
+allows different tokens at each (position j follows the drafts before it): a
+`GrammarBitmask` made with `num_positions = P` keeps P mask rows per batch row,
+`[max_num_reqs, P, ceil(V/32)]`, and masks logits laid out as `[num_rows * P, V]` (row
+r * P + j is batch row r, position j).
 """
 
 from __future__ import annotations
@@ -22,24 +28,43 @@ _ALL_ALLOWED = -1
 
 
 class GrammarBitmask:
-    """bitmask: staged [max_num_reqs, ceil(V/32)] int32, row-indexed (bit set = allowed)."""
+    """bitmask: staged [max_num_reqs, ceil(V/32)] int32, row-indexed (bit set = allowed);
+    [max_num_reqs, P, ceil(V/32)] with `num_positions = P > 1`.
 
-    def __init__(self, config: SamplerConfig, batch_state: BatchState) -> None:
+    `name` prefixes the row tables (a BatchState holds each name once).
+    """
+
+    def __init__(
+        self,
+        config: SamplerConfig,
+        batch_state: BatchState,
+        *,
+        num_positions: int = 1,
+        name: str = "grammar",
+    ) -> None:
+        if isinstance(num_positions, bool) or not isinstance(num_positions, int):
+            raise TypeError(f"num_positions must be an int, got {type(num_positions).__name__}")
+        if num_positions < 1:
+            raise ValueError(f"num_positions must be >= 1, got {num_positions}")
         self.config = config
         self.words = num_words(config.vocab_size)
+        self.num_positions = num_positions
+        # A row's mask shape, as staged: [W], or [P, W] per position.
+        self.row_shape = (self.words,) if num_positions == 1 else (num_positions, self.words)
         # Row tables: the batch state clears them on removes and adds and moves them with
         # their requests. `active` marks constrained rows (host bookkeeping for `stage`).
         self.bitmask = batch_state.row_staged(
-            "grammar_bitmask", (self.words,), torch.int32, fill=_ALL_ALLOWED
+            f"{name}_bitmask", self.row_shape, torch.int32, fill=_ALL_ALLOWED
         )
-        self.active = batch_state.row_staged("grammar_active", (), torch.bool, fill=False)
+        self.active = batch_state.row_staged(f"{name}_active", (), torch.bool, fill=False)
         self.unpacker = batch_state.bitmask_unpacker
 
     def stage(
         self, bitmask: torch.Tensor | np.ndarray | None, rows: Sequence[int] | None = None
     ) -> None:
-        """bitmask: [len(rows), ceil(V/32)] int32 for batch `rows` (default 0..n-1), or None
-        to clear. Validated whole before anything is written."""
+        """bitmask: [len(rows), ceil(V/32)] int32 (with P positions [len(rows), P,
+        ceil(V/32)]) for batch `rows` (default 0..n-1), or None to clear. Validated whole
+        before anything is written."""
         if bitmask is None:
             new_rows: list[int] = []
             values = np.zeros((0, self.words), dtype=np.int32)
@@ -51,9 +76,10 @@ class GrammarBitmask:
             values = np.asarray(bitmask)
             if values.dtype != np.int32:
                 raise TypeError(f"grammar bitmask must be int32, got {values.dtype}")
-            if values.ndim != 2 or values.shape[1] != self.words:
+            if values.shape[1:] != self.row_shape:
+                shape = ", ".join(str(n) for n in ("rows", *self.row_shape))
                 raise ValueError(
-                    f"grammar bitmask must have shape [rows, {self.words}], got {values.shape}"
+                    f"grammar bitmask must have shape [{shape}], got {tuple(values.shape)}"
                 )
             new_rows = list(range(values.shape[0])) if rows is None else [int(r) for r in rows]
             if len(new_rows) != values.shape[0]:
@@ -77,5 +103,9 @@ class GrammarBitmask:
         self.active.flush()
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        allowed = self.unpacker.unpack(self.bitmask.device[: logits.shape[0]])
+        """logits: [num_rows * P, V], row r * P + j = batch row r at position j."""
+        num_rows = logits.shape[0] // self.num_positions
+        # [num_rows, P, W] -> [num_rows * P, W]: the logits' row order.
+        rows = self.bitmask.device[:num_rows].reshape(num_rows * self.num_positions, self.words)
+        allowed = self.unpacker.unpack(rows)
         return logits.masked_fill_(~allowed, float("-inf"))

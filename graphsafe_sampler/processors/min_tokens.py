@@ -2,7 +2,8 @@
 
 As in vLLM, the config's EOS is masked whatever `ignore_eos` says (that flag concerns the
 engine's stopping only). The generated-token count is the BatchState's device-side
-`num_generated`, advanced by commits inside the graph, never read on the host.
+`num_generated`, advanced by commits inside the graph, never read on the host; under
+speculative decoding a position also counts the drafts before it in the step.
 """
 
 from __future__ import annotations
@@ -50,9 +51,17 @@ class MinTokensLogitsProcessor(SlotLogitsProcessor):
         self.min_tokens.write(slot, params.min_tokens)
         self.stop_ids.write(slot, row)
 
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+    def apply(
+        self,
+        logits: torch.Tensor,  # [num_rows, V] float32, updated in place
+        num_preceding: torch.Tensor | None = None,  # [num_rows] int64
+    ) -> torch.Tensor:
+        """num_preceding: tokens that precede each row's position within this step and
+        count as generated (the speculative drafts before it); default none."""
         slots = self.batch_state.slots(logits.shape[0])  # [num_rows]
         generated = self.batch_state.num_generated.device[slots]
+        if num_preceding is not None:
+            generated = generated + num_preceding
         active = generated < self.min_tokens.device[slots]  # [num_rows] bool
         ids = self.stop_ids.device[slots].long()  # [num_rows, C]
         # amin with +inf leaves a logit as it is; duplicate ids carry the same value.

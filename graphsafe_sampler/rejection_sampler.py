@@ -1,0 +1,348 @@
+"""`RejectionSampler`: speculative decoding's verification step, graph-safe (PyTorch backend).
+
+A draft model (or an n-gram lookup) proposes up to S = `max_spec_len` tokens per request;
+the target model scores all of them at once, giving `[num_rows, S + 1, V]` logits where
+position j is the target's distribution after the first j drafts (position
+`num_draft_tokens[row]` is the bonus position). The rule (the standard speculative-sampling
+one, whose output has exactly the target's distribution):
+
+- greedy rows (temperature < 1e-5): accept drafts while each equals the target argmax; the
+  first mismatch emits the target argmax, and a row that accepts every draft emits the argmax
+  at its bonus position;
+- random rows: accept draft x with probability min(1, p_target(x) / p_draft(x)); at the first
+  rejection emit a token drawn from normalize(max(p_target - p_draft, 0)); when every draft
+  is accepted, emit a bonus token drawn from the target at the bonus position. Without draft
+  probabilities (n-gram drafts) p_draft is one-hot at the drafted token: x is accepted with
+  probability p_target(x), and the recovered distribution is p_target without x.
+
+p_target at every position is the Sampler's full DESIGN §4 pipeline for that request (the
+same `Sampler.process_logits`): allowed ids, bad words, the grammar mask of that position,
+min_tokens, logit bias, custom processors, penalties, temperature, min_p, top-k/top-p. The
+drafts before position j count as output tokens there: for penalties, for the bad-words
+window and for the min_tokens count.
+
+Randomness is counter-based (`ops/rng.py`), a pure function of (request seed, token
+position, salt): the acceptance uniform of draft j at position `start + j` (SALT_ACCEPT),
+the recovered token at the rejected position (SALT_RECOVER) and the bonus token at the bonus
+position (SALT_BONUS), `start` being the request's position before the step. A request's
+tokens therefore do not depend on its row, its neighbours, the batch size or padding. The
+recovered and bonus draws are Gumbel-max over the vocabulary, `argmax(log q + g)` (q = 0 is
+-inf), computed only at each row's one emitted position: one [num_rows, V] noise pass.
+
+By default `forward` commits each row's accepted drafts and its emitted token to the request's
+device-side history (`Sampler.commit_tokens` with num_accepted + 1 tokens), inside the graph.
+
+Device values that are out of range cannot be checked without a host sync, so `forward`
+makes them harmless on the device: `num_draft_tokens` is clamped to [0, S], and a draft id
+outside [0, V) is never accepted (it is a draft the target gives probability 0; with draft
+probabilities the recovered distribution does not depend on the id, without them it is the
+whole target distribution). `validate=True` checks both on the host first (eager only) and
+raises ValueError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from graphsafe_sampler.batch_update import BatchUpdate
+from graphsafe_sampler.config import SamplerConfig
+from graphsafe_sampler.ops.rng import (
+    SALT_ACCEPT,
+    SALT_BONUS,
+    SALT_RECOVER,
+    exponentials_from_hashes,
+    hash_tokens,
+    row_keys,
+    row_uniforms,
+)
+from graphsafe_sampler.output import RejectionSamplerOutput
+from graphsafe_sampler.processors.base import SlotLogitsProcessor
+from graphsafe_sampler.sampler import Sampler
+from graphsafe_sampler.structured_output import GrammarBitmask
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_INDEX_DTYPES = (torch.int32, torch.int64)
+PLACEHOLDER_TOKEN_ID = -1
+"""Output columns after a row's emitted token."""
+
+
+class RejectionSampler(nn.Module):
+    """Verifies draft tokens against target logits, sharing a `Sampler`'s request state.
+
+    sampler: the Sampler whose requests, parameters and device-side history this step reads
+        and advances; `update_state` goes through it as usual.
+    max_spec_len: S, the most drafts per request, fixed for life (the logits have S + 1
+        positions per row).
+
+    Build it before the first request is added: it registers a per-position grammar
+    bitmask table with the Sampler's batch state. Custom logits processors must be
+    `SlotLogitsProcessor`s on the Sampler's state: every position of a row is one logits
+    row, and they find their rows through `batch_state.slots(n)`.
+    """
+
+    def __init__(self, sampler: Sampler, max_spec_len: int) -> None:
+        super().__init__()
+        if not isinstance(sampler, Sampler):
+            raise TypeError(f"sampler must be a Sampler, got {type(sampler).__name__}")
+        if isinstance(max_spec_len, bool) or not isinstance(max_spec_len, int):
+            raise TypeError(f"max_spec_len must be an int, got {type(max_spec_len).__name__}")
+        if max_spec_len < 1:
+            raise ValueError(f"max_spec_len must be >= 1, got {max_spec_len}")
+        for proc in sampler.custom:
+            if not (
+                isinstance(proc, SlotLogitsProcessor) and proc.batch_state is sampler.batch_state
+            ):
+                raise ValueError(
+                    f"custom processor {type(proc).__name__} does not read its rows through the "
+                    "Sampler's batch state (a SlotLogitsProcessor on it): it cannot serve the "
+                    "S + 1 positions of a speculative step"
+                )
+        if sampler.batch_state.num_requests:
+            raise RuntimeError(
+                "build the RejectionSampler before the first request is added: its "
+                "per-position grammar bitmask is a row table of the batch state"
+            )
+        self.sampler = sampler
+        self.max_spec_len = max_spec_len
+        self.grammar = GrammarBitmask(
+            sampler.config,
+            sampler.batch_state,
+            num_positions=max_spec_len + 1,
+            name="spec_grammar",
+        )
+        self.graph_safe = sampler.graph_safe
+
+    @property
+    def config(self) -> SamplerConfig:
+        return self.sampler.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.sampler.device
+
+    # ----------------------------------------------------------------- host side
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        """The Sampler's `update_state` (one shared batch)."""
+        self.sampler.update_state(batch_update)
+
+    def stage_grammar_bitmask(
+        self, bitmask: torch.Tensor | np.ndarray | None, rows: Sequence[int] | None = None
+    ) -> None:
+        """Stage this step's structured-output masks, one per verified position: int32
+        [len(rows), S + 1, ceil(V/32)] (xgrammar's layout, bit set = allowed), where
+        position j is the grammar's state after the row's first j drafts. Other rows are
+        unconstrained; `None` clears every row. Same lifetime as the Sampler's mask (it moves
+        with its request and stays until the next call); the Sampler's own single-position
+        mask (`Sampler.stage_grammar_bitmask`) is not applied by this step."""
+        self.grammar.stage(bitmask, rows)
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor kept across steps (the Sampler's, which include this step's grammar
+        tables: they live on the shared batch state)."""
+        return self.sampler.state_tensors()
+
+    def _check_inputs(
+        self,
+        target_logits: torch.Tensor,
+        draft_token_ids: torch.Tensor,
+        num_draft_tokens: torch.Tensor,
+        draft_probs: torch.Tensor | None,
+        commit_mask: torch.Tensor | None,
+    ) -> None:
+        sampler, spec, vocab = self.sampler, self.max_spec_len, self.config.vocab_size
+        tensors = {
+            "target_logits": target_logits,
+            "draft_token_ids": draft_token_ids,
+            "num_draft_tokens": num_draft_tokens,
+            "draft_probs": draft_probs,
+            "commit_mask": commit_mask,
+        }
+        for name, tensor in tensors.items():
+            if tensor is None and name in ("draft_probs", "commit_mask"):
+                continue
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if target_logits.dim() != 3:
+            raise ValueError(
+                f"target_logits must be 3-D [num_rows, max_spec_len + 1, vocab_size], "
+                f"got {target_logits.dim()}-D"
+            )
+        rows = target_logits.shape[0]
+        expected = {
+            "target_logits": ((rows, spec + 1, vocab), _FLOAT_DTYPES),
+            "draft_token_ids": ((rows, spec), _INDEX_DTYPES),
+            "num_draft_tokens": ((rows,), _INDEX_DTYPES),
+            "draft_probs": ((rows, spec, vocab), _FLOAT_DTYPES),
+            "commit_mask": ((rows,), (torch.bool,)),
+        }
+        for name, (shape, dtypes) in expected.items():
+            tensor = tensors[name]
+            if tensor is None:
+                continue
+            if tensor.dtype not in dtypes:
+                names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+                raise TypeError(f"{name} must be {names}, got {tensor.dtype}")
+            if tuple(tensor.shape) != shape:
+                raise ValueError(
+                    f"{name} must have shape {list(shape)} (num_rows = {rows}, "
+                    f"max_spec_len = {spec}, vocab_size = {vocab}), got {list(tensor.shape)}"
+                )
+            sampler._check_device(name, tensor)
+        sampler._check_rows("target_logits", rows)
+
+    def _validate_values(
+        self, draft_token_ids: torch.Tensor, num_draft_tokens: torch.Tensor
+    ) -> None:
+        """Opt-in host check of the device values (reads them: a sync, eager only)."""
+        if torch.compiler.is_compiling():
+            raise RuntimeError("validate=True reads device values on the host: not in a graph")
+        spec, vocab = self.max_spec_len, self.config.vocab_size
+        counts = num_draft_tokens.cpu().numpy()
+        bad_rows = np.flatnonzero((counts < 0) | (counts > spec))
+        if bad_rows.size:
+            row = int(bad_rows[0])
+            raise ValueError(
+                f"num_draft_tokens[{row}] = {int(counts[row])} is outside [0, max_spec_len = "
+                f"{spec}]"
+            )
+        drafts = draft_token_ids.cpu().numpy()
+        used = np.arange(spec)[None, :] < counts[:, None]
+        bad = np.argwhere(used & ((drafts < 0) | (drafts >= vocab)))
+        if bad.size:
+            row, col = (int(i) for i in bad[0])
+            raise ValueError(
+                f"draft_token_ids[{row}, {col}] = {int(drafts[row, col])} is outside the "
+                f"vocabulary [0, {vocab})"
+            )
+
+    # ----------------------------------------------------------------- device side
+
+    def forward(
+        self,
+        target_logits: torch.Tensor,
+        draft_token_ids: torch.Tensor,
+        num_draft_tokens: torch.Tensor,
+        draft_probs: torch.Tensor | None = None,
+        *,
+        commit: bool = True,
+        commit_mask: torch.Tensor | None = None,
+        validate: bool = False,
+    ) -> RejectionSamplerOutput:
+        """Verify one step's drafts (graph-safe unless `validate`).
+
+        target_logits: [num_rows, S + 1, V] float32/float16/bfloat16; row i = batch row i
+            (rows past the batch are padding), position j = after the row's first j drafts.
+        draft_token_ids: [num_rows, S] int32/int64; columns past a row's count are ignored.
+        num_draft_tokens: [num_rows] int32/int64 device tensor, drafts per row (0 allowed).
+        draft_probs: optional [num_rows, S, V] float, the draft model's probabilities at
+            each draft position; None for n-gram drafts (probability 1 for the drafted id).
+        commit: append each row's accepted drafts and emitted token to its request's
+            device-side history (default); False leaves the history alone.
+        commit_mask: optional [num_rows] bool device tensor; rows with False commit nothing.
+        validate: first read num_draft_tokens and draft_token_ids on the host and raise
+            ValueError for values out of range (a sync: eager only). Without it they are
+            clamped/rejected on the device (see the module docstring).
+        """
+        self._check_inputs(
+            target_logits, draft_token_ids, num_draft_tokens, draft_probs, commit_mask
+        )
+        if validate:
+            self._validate_values(draft_token_ids, num_draft_tokens)
+        sampler = self.sampler
+        num_rows, num_positions, vocab = target_logits.shape
+        spec = self.max_spec_len
+        device = target_logits.device
+        slots = sampler.batch_state.slots(num_rows)  # [num_rows] int64
+
+        num_drafts = num_draft_tokens.long().clamp(0, spec)  # [num_rows]
+        drafts = draft_token_ids.long()  # [num_rows, S]
+        in_vocab = (drafts >= 0) & (drafts < vocab)
+        drafts = torch.where(in_vocab, drafts, 0)  # safe to index with; never accepted if not
+        columns = torch.arange(spec, device=device)  # [S]
+        is_draft = (columns[None, :] < num_drafts[:, None]) & in_vocab  # [num_rows, S]
+
+        # Every position of every row through the pipeline at once: flattened row
+        # r * (S + 1) + j is row r after its first j drafts.
+        flat_rows = num_rows * num_positions
+        flat_slots = slots[:, None].expand(num_rows, num_positions).reshape(flat_rows)
+        preceding = torch.arange(num_positions, device=device).repeat(num_rows)  # [flat]
+        flat_drafts = drafts[:, None, :].expand(num_rows, num_positions, spec)
+        x = target_logits.reshape(flat_rows, vocab).to(torch.float32, copy=True)
+        x, greedy, is_greedy = sampler.process_logits(
+            x, flat_slots, self.grammar, flat_drafts.reshape(flat_rows, spec), preceding
+        )
+        x = x.view(num_rows, num_positions, vocab)  # processed target logits
+        greedy = greedy.view(num_rows, num_positions)  # [num_rows, S + 1]
+        row_is_greedy = is_greedy.view(num_rows, num_positions)[:, 0]  # [num_rows]
+
+        # Acceptance of each draft.
+        seeds = sampler.sampling.seed.device[slots]  # [num_rows]
+        start = sampler.sampling.positions(slots)  # [num_rows] position of column 0
+        draft_positions = start[:, None] + columns[None, :]  # [num_rows, S]
+        uniforms = row_uniforms(
+            seeds[:, None].expand(num_rows, spec).reshape(-1),
+            draft_positions.reshape(-1),
+            SALT_ACCEPT,
+        ).view(num_rows, spec)
+        lse = x[:, :spec].logsumexp(dim=-1)  # [num_rows, S]
+        target_at_draft = x[:, :spec].gather(2, drafts[:, :, None])[:, :, 0]  # [num_rows, S]
+        p_target = torch.exp(target_at_draft - lse)  # NaN for an all-masked row: rejected
+        if draft_probs is None:
+            p_draft = torch.ones_like(p_target)
+        else:
+            p_draft = draft_probs.gather(2, drafts[:, :, None])[:, :, 0].float()
+        # u < p_target / p_draft without the division; strict, so p_target = 0 never passes.
+        accept_random = uniforms * p_draft < p_target
+        accept_greedy = drafts == greedy[:, :spec]
+        accept = torch.where(row_is_greedy[:, None], accept_greedy, accept_random) & is_draft
+        # Accepted drafts are the leading run of accepts.
+        num_accepted = accept.long().cumprod(dim=1).sum(dim=1)  # [num_rows]
+        is_bonus = num_accepted == num_drafts  # [num_rows]
+
+        # The emitted token, at position a = num_accepted of each row.
+        row_ids = torch.arange(num_rows, device=device)
+        emitted_logits = x[row_ids, num_accepted]  # [num_rows, V]
+        rejected_at = num_accepted.clamp(max=spec - 1)  # the rejected draft (if any)
+        p_emitted = torch.exp(emitted_logits - lse[row_ids, rejected_at][:, None])  # [rows, V]
+        if draft_probs is None:
+            # One-hot p_draft: the target without the drafted token (an id outside the
+            # vocabulary removes nothing).
+            drafted = drafts[row_ids, rejected_at]  # [num_rows]
+            remove = torch.arange(vocab, device=device)[None, :] == drafted[:, None]
+            remove = remove & in_vocab[row_ids, rejected_at][:, None]
+            residual = p_emitted.masked_fill(remove, 0.0)
+        else:
+            p_draft_row = draft_probs[row_ids, rejected_at].float()  # [num_rows, V]
+            residual = (p_emitted - p_draft_row).clamp(min=0.0)
+        # A residual without mass happens only through rounding (p_target == p_draft):
+        # fall back to the target itself rather than emit token 0.
+        has_mass = (residual > 0.0).any(dim=-1, keepdim=True)
+        recovered_scores = torch.where(has_mass, residual.log(), emitted_logits)
+        scores = torch.where(is_bonus[:, None], emitted_logits, recovered_scores)
+        # One noise row per request, from the stream of what it emits.
+        emit_position = start + num_accepted
+        keys = torch.where(
+            is_bonus,
+            row_keys(seeds, emit_position, SALT_BONUS),
+            row_keys(seeds, emit_position, SALT_RECOVER),
+        )
+        token_ids = torch.arange(vocab, device=device)
+        gumbel = exponentials_from_hashes(hash_tokens(keys, token_ids)).log_().neg_()
+        random_emitted = (scores + gumbel).argmax(dim=-1)  # [num_rows]
+        greedy_emitted = greedy.gather(1, num_accepted[:, None])[:, 0]
+        emitted = torch.where(row_is_greedy, greedy_emitted, random_emitted)
+
+        all_columns = torch.arange(num_positions, device=device)[None, :]  # [1, S + 1]
+        accepted_column = all_columns < num_accepted[:, None]
+        padded_drafts = torch.cat([drafts, drafts.new_zeros(num_rows, 1)], dim=1)
+        tokens = torch.where(accepted_column, padded_drafts, emitted[:, None])  # [rows, S+1]
+        if commit:
+            sampler.commit_tokens(tokens, num_tokens=num_accepted + 1, commit_mask=commit_mask)
+        produced = all_columns <= num_accepted[:, None]
+        output = torch.where(produced, tokens, PLACEHOLDER_TOKEN_ID).to(torch.int32)
+        return RejectionSamplerOutput(output, num_accepted.to(torch.int32))

@@ -1,0 +1,529 @@
+"""Speculative decoding's verification step: `RejectionSampler` compiled against a
+vLLM-V1-style eager implementation of the same rule.
+
+Case: 64 rows, max_spec_len S = 4, vocab 128,256 (Llama 3): target logits `[64, 5, V]` from
+`llm_like_logits`, a draft model's probabilities `[64, 4, V]` (the target's logits plus
+Gaussian noise of standard deviation `DRAFT_NOISE`, softmaxed) and drafts sampled from them
+(untimed), 4 drafts on most rows and 0-3 on every eighth. Rows cycle through greedy,
+temperature, top-k, top-p, top-k + top-p, min_p and top-k + top-p + min_p; penalties on
+about a third of the rows and half the rows seeded. Features this case leaves off (logit
+bias, allowed ids, bad words, min_tokens, grammar) cost the RejectionSampler their fixed
+per-row work either way.
+
+Providers, side by side in one process on the same inputs (DESIGN §6):
+- `clone`: `target_logits.clone()`, one pass over the target logits, the floor;
+- `rejection-compiled`: `torch.compile(RejectionSampler(...), fullgraph=True)`, compiled and
+  warmed up untimed; it commits each row's tokens to the device-side history in the step;
+- `vllm-style`: `VllmStyleRejectionSampler` below, the way vLLM V1 does it, eager: penalty
+  tensors rebuilt every step from the host-side output lists (each position's list extended
+  by the drafts before it), sort-based top-k/top-p, softmax target probabilities for every
+  position, uniforms and exponentials drawn through a per-request `torch.Generator` loop for
+  seeded requests, recovered tokens computed at every draft position, the bonus token
+  sampled separately.
+
+One round is one engine step on a static batch of 64 requests: the verification, then the
+engine reads the outputs and appends each row's tokens to its output lists (the baseline
+rebuilds its penalties from those lists). Each provider owns its requests, so every history
+advances step by step. Inputs come from an untimed setup; `NUM_INPUTS` sets take turns.
+
+Before timing (untimed) the module checks agreement over `CHECK_STEPS` steps: greedy rows
+give the same outputs in both implementations, and every token either side emits for a
+random row survives the baseline's filters at its position.
+
+Run: python -m pytest perf/bench_rejection.py --benchmark-only
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import torch
+from pytest_benchmark.fixture import BenchmarkFixture
+
+from graphsafe_sampler import (
+    BatchUpdate,
+    RejectionSampler,
+    RejectionSamplerOutput,
+    Sampler,
+    SamplerConfig,
+    SamplingParams,
+)
+from graphsafe_sampler.testing import DriverRequest
+
+try:  # moved into the package; older trees keep it in perf/
+    from graphsafe_sampler.bench.logits import llm_like_logits
+except ImportError:  # pragma: no cover - depends on the tree's layout
+    from logits import llm_like_logits  # type: ignore[no-redef]
+
+NUM_ROWS = 64
+MAX_SPEC_LEN = 4
+VOCAB_SIZE = 128_256  # Llama 3
+PEAKEDNESS = 1.1
+DRAFT_NOISE = 1.0
+NUM_INPUTS = 2
+CHECK_STEPS = 2
+GREEDY_TEMPERATURE = 1e-5
+PROVIDERS = ("clone", "rejection-compiled", "vllm-style")
+ROUNDS = {  # (warm-up rounds, timed rounds)
+    "clone": (3, 30),
+    "rejection-compiled": (2, 8),
+    "vllm-style": (1, 4),
+}
+PROFILES: tuple[tuple[str, dict], ...] = (
+    ("greedy", {"temperature": 0.0}),
+    ("temperature", {"temperature": 0.8}),
+    ("top-k", {"temperature": 0.7, "top_k": 50}),
+    ("top-p", {"temperature": 0.7, "top_p": 0.9}),
+    ("top-k+top-p", {"temperature": 1.0, "top_k": 40, "top_p": 0.95}),
+    ("min-p", {"temperature": 1.0, "min_p": 0.05}),
+    ("greedy", {"temperature": 0.0}),
+    ("top-k+top-p+min-p", {"temperature": 0.6, "top_k": 20, "top_p": 0.8, "min_p": 0.02}),
+)
+
+
+def make_requests(seed: int = 0) -> tuple[list[DriverRequest], dict[str, int]]:
+    """The 64 requests, mid-generation, and how many rows use each feature."""
+    rng = random.Random(seed)
+    penalty_rows = set(rng.sample(range(NUM_ROWS), 21))
+    seeded_rows = set(rng.sample(range(NUM_ROWS), 32))
+    requests, mix = [], {name: 0 for name, _ in PROFILES}
+    for row in range(NUM_ROWS):
+        name, recipe = PROFILES[row % len(PROFILES)]
+        mix[name] += 1
+        kwargs = dict(recipe)
+        if row in penalty_rows:
+            kwargs.update(
+                repetition_penalty=rng.choice([1.0, 1.05, 1.1, 1.2]),
+                frequency_penalty=rng.choice([0.0, 0.3, 0.5]),
+                presence_penalty=rng.choice([0.0, 0.5, 1.0]),
+            )
+        if row in seeded_rows:
+            kwargs["seed"] = rng.randrange(2**63)
+        prompt = [rng.randrange(VOCAB_SIZE) for _ in range(rng.randint(16, 2048))]
+        output = [rng.randrange(VOCAB_SIZE) for _ in range(rng.randint(1, 512))]
+        requests.append(DriverRequest(SamplingParams(**kwargs), prompt, output))
+    mix.update(penalties=len(penalty_rows), seeded=len(seeded_rows))
+    return requests, mix
+
+
+@dataclass
+class StepInputs:
+    target_logits: torch.Tensor  # [NUM_ROWS, S + 1, V] float32
+    draft_token_ids: torch.Tensor  # [NUM_ROWS, S] int64
+    num_draft_tokens: torch.Tensor  # [NUM_ROWS] int64
+    draft_probs: torch.Tensor  # [NUM_ROWS, S, V] float32
+
+    def fresh(self) -> tuple[torch.Tensor, ...]:
+        # The baseline writes into its inputs, as vLLM does: every round gets copies.
+        return (
+            self.target_logits.clone(),
+            self.draft_token_ids.clone(),
+            self.num_draft_tokens.clone(),
+            self.draft_probs.clone(),
+        )
+
+
+def make_inputs(seed: int) -> StepInputs:
+    """One step's target logits and a draft model's proposals (a noisy copy of the target)."""
+    positions = MAX_SPEC_LEN + 1
+    flat = llm_like_logits(NUM_ROWS * positions, VOCAB_SIZE, peakedness=PEAKEDNESS, seed=seed)
+    target = flat.view(NUM_ROWS, positions, VOCAB_SIZE)
+    gen = torch.Generator().manual_seed(seed)
+    noise = torch.randn(NUM_ROWS, MAX_SPEC_LEN, VOCAB_SIZE, generator=gen) * DRAFT_NOISE
+    draft_probs = torch.softmax(target[:, :MAX_SPEC_LEN] + noise, dim=-1)
+    drafts = torch.multinomial(draft_probs.view(-1, VOCAB_SIZE), 1, generator=gen)
+    num = torch.full((NUM_ROWS,), MAX_SPEC_LEN, dtype=torch.int64)
+    num[::8] = torch.arange(NUM_ROWS // 8) % MAX_SPEC_LEN
+    return StepInputs(target, drafts.view(NUM_ROWS, MAX_SPEC_LEN), num, draft_probs)
+
+
+def record_tokens(requests: list[DriverRequest], out: RejectionSamplerOutput) -> None:
+    """The engine's part of a step: read the outputs, append each row's tokens."""
+    tokens, accepted = out.output_token_ids.tolist(), out.num_accepted.tolist()
+    for req, row, count in zip(requests, tokens, accepted, strict=True):
+        req.output_tok_ids.extend(row[: count + 1])
+
+
+# ----------------------------------------------------------------- the vLLM-style peer
+
+
+def _apply_top_k_top_p_sorted(
+    logits: torch.Tensor,  # [n, V] float32
+    top_k: torch.Tensor,  # [n] int64, V = off
+    top_p: torch.Tensor,  # [n] float32, 1 = off
+) -> torch.Tensor:
+    """vLLM V1's sort-based top-k then top-p (ascending sort, cumulative softmax)."""
+    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    vocab = logits.shape[1]
+    kth = sorted_logits.gather(1, (vocab - top_k).clamp(0, vocab - 1)[:, None])
+    sorted_logits.masked_fill_(sorted_logits < kth, float("-inf"))
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    drop = cumulative <= 1 - top_p[:, None]
+    drop[:, -1] = False  # the largest always stays
+    sorted_logits.masked_fill_(drop, float("-inf"))
+    return logits.scatter_(1, order, sorted_logits)
+
+
+class VllmStyleRejectionSampler:
+    """The same rule, written the way vLLM V1 runs it (eager; see the module docstring)."""
+
+    def __init__(self, requests: list[DriverRequest], vocab_size: int, max_spec_len: int) -> None:
+        self.requests = requests  # live: the engine appends to output_tok_ids
+        self.vocab_size = vocab_size
+        self.max_spec_len = max_spec_len
+        params = [r.params for r in requests]
+        self.temperature = torch.tensor([p.temperature for p in params])
+        self.is_greedy = self.temperature < GREEDY_TEMPERATURE
+        self.top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab_size for p in params])
+        self.top_p = torch.tensor([p.top_p for p in params])
+        self.min_p = torch.tensor([p.min_p for p in params])
+        self.repetition = torch.tensor([p.repetition_penalty for p in params])
+        self.frequency = torch.tensor([p.frequency_penalty for p in params])
+        self.presence = torch.tensor([p.presence_penalty for p in params])
+        self.any_penalty = any(
+            p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty for p in params
+        )
+        # vLLM keeps one generator per seeded request, advanced by every draw.
+        self.generators = {
+            row: torch.Generator().manual_seed(p.seed)
+            for row, p in enumerate(params)
+            if p.seed is not None and not p.temperature < GREEDY_TEMPERATURE
+        }
+
+    def _penalties(self, logits: torch.Tensor, drafts: list[list[int]]) -> torch.Tensor:
+        """Rebuilt from the host lists every step; position j adds the drafts before it."""
+        positions, vocab = self.max_spec_len + 1, self.vocab_size
+        outputs = [
+            req.output_tok_ids + drafts[row][:j]
+            for row, req in enumerate(self.requests)
+            for j in range(positions)
+        ]
+        prompts = [req.prompt_tok_ids or [] for req in self.requests for _ in range(positions)]
+
+        def padded(lists: list[list[int]]) -> torch.Tensor:
+            width = max(map(len, lists), default=0)
+            return torch.tensor([lst + [vocab] * (width - len(lst)) for lst in lists])
+
+        n = logits.shape[0]
+        counts = torch.zeros(n, vocab + 1, dtype=torch.int64)
+        out_ids = padded(outputs)
+        counts.scatter_add_(1, out_ids, torch.ones_like(out_ids))
+        counts = counts[:, :vocab]
+        in_prompt = torch.zeros(n, vocab + 1, dtype=torch.bool)
+        in_prompt.scatter_(1, padded(prompts), True)
+        in_prompt = in_prompt[:, :vocab]
+        rep = self.repetition.repeat_interleave(positions)[:, None]
+        seen = in_prompt | (counts > 0)
+        logits = torch.where(seen & (logits > 0), logits / rep, logits)
+        logits = torch.where(seen & (logits <= 0), logits * rep, logits)
+        logits -= self.frequency.repeat_interleave(positions)[:, None] * counts
+        logits -= self.presence.repeat_interleave(positions)[:, None] * (counts > 0)
+        return logits
+
+    def _exponentials(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """Exp(1) draws [rows, ...]: global generator, then one loop over seeded requests."""
+        draws = torch.empty(shape).exponential_()
+        for row, gen in self.generators.items():
+            draws[row].exponential_(generator=gen)
+        return draws
+
+    def processed_logits(
+        self, target_logits: torch.Tensor, drafts: list[list[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (filtered logits [rows * (S + 1), V], greedy tokens [rows * (S + 1)])."""
+        positions = self.max_spec_len + 1
+        logits = target_logits.reshape(-1, self.vocab_size)
+        if self.any_penalty:
+            logits = self._penalties(logits, drafts)
+        greedy = logits.argmax(dim=-1)
+        temperature = torch.where(self.is_greedy, 1.0, self.temperature)
+        logits = logits / temperature.repeat_interleave(positions)[:, None]
+        probs = logits.softmax(dim=-1)
+        min_p = self.min_p.repeat_interleave(positions)[:, None]
+        logits.masked_fill_(probs < min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
+        logits = _apply_top_k_top_p_sorted(
+            logits,
+            self.top_k.repeat_interleave(positions),
+            self.top_p.repeat_interleave(positions),
+        )
+        return logits, greedy
+
+    def __call__(
+        self,
+        target_logits: torch.Tensor,  # [rows, S + 1, V]
+        draft_token_ids: torch.Tensor,  # [rows, S]
+        num_draft_tokens: torch.Tensor,  # [rows]
+        draft_probs: torch.Tensor,  # [rows, S, V]
+    ) -> RejectionSamplerOutput:
+        rows, positions, vocab = target_logits.shape
+        spec = self.max_spec_len
+        drafts_host = draft_token_ids.tolist()
+        num_host = num_draft_tokens.tolist()
+        logits, greedy = self.processed_logits(target_logits, drafts_host)
+        target_probs = logits.softmax(dim=-1).view(rows, positions, vocab)
+        greedy = greedy.view(rows, positions)
+
+        # Uniforms for acceptance: global generator, then the seeded requests' own.
+        uniforms = torch.rand(rows, spec)
+        for row, gen in self.generators.items():
+            uniforms[row] = torch.rand(spec, generator=gen)
+        index = draft_token_ids[:, :, None]
+        p_target = target_probs[:, :spec].gather(2, index)[:, :, 0]
+        p_draft = draft_probs.gather(2, index)[:, :, 0]
+        accept_random = (p_draft > 0) & (p_target / p_draft >= uniforms)
+        accept_greedy = draft_token_ids == greedy[:, :spec]
+        accept = torch.where(self.is_greedy[:, None], accept_greedy, accept_random)
+
+        # Recovered tokens at every draft position, and the bonus token, sampled up front.
+        residual = (target_probs[:, :spec] - draft_probs).clamp_(min=0.0)
+        recovered = residual.div_(self._exponentials((rows, spec, vocab))).argmax(dim=-1)
+        recovered = torch.where(self.is_greedy[:, None], greedy[:, :spec], recovered)
+        bonus_at = num_draft_tokens[:, None, None].expand(rows, 1, vocab)
+        bonus_probs = target_probs.gather(1, bonus_at)[:, 0]
+        bonus = bonus_probs.div_(self._exponentials((rows, vocab))).argmax(dim=-1)
+        bonus = torch.where(
+            self.is_greedy, greedy.gather(1, num_draft_tokens[:, None])[:, 0], bonus
+        )
+
+        output = torch.full((rows, positions), -1, dtype=torch.int32)
+        accepted_counts = []
+        accept_host, recovered_host = accept.tolist(), recovered.tolist()
+        for row in range(rows):  # vLLM's reference path walks each request's drafts
+            count = 0
+            while count < num_host[row] and accept_host[row][count]:
+                output[row, count] = drafts_host[row][count]
+                count += 1
+            last = bonus[row] if count == num_host[row] else recovered_host[row][count]
+            output[row, count] = int(last)
+            accepted_counts.append(count)
+        return RejectionSamplerOutput(output, torch.tensor(accepted_counts, dtype=torch.int32))
+
+
+# ----------------------------------------------------------------- case and agreement
+
+
+def make_config() -> SamplerConfig:
+    return SamplerConfig(max_num_reqs=NUM_ROWS, vocab_size=VOCAB_SIZE, seed=0)
+
+
+def new_rejection_sampler(requests: list[DriverRequest]) -> RejectionSampler:
+    sampler = Sampler(make_config(), "cpu")
+    rejection = RejectionSampler(sampler, MAX_SPEC_LEN)
+    added = [(row, r.params, r.prompt_tok_ids, r.output_tok_ids) for row, r in enumerate(requests)]
+    sampler.update_state(BatchUpdate(len(requests), added=added))
+    return rejection
+
+
+@dataclass
+class Case:
+    inputs: list[StepInputs]
+    requests: list[DriverRequest]  # pristine; each provider deep-copies them
+    mix: dict[str, int]
+    greedy_rows: list[int]
+    check: dict[str, object] = field(default_factory=dict)
+    # (compiled RejectionSampler, its live requests), set by check_agreement
+    compiled: tuple[Callable[..., RejectionSamplerOutput], list[DriverRequest]] | None = None
+
+
+def check_agreement(case: Case) -> dict[str, object]:
+    """Untimed: the compiled RejectionSampler against the baseline over CHECK_STEPS steps.
+
+    Compiles the RejectionSampler (once per process) and leaves it, mid-run with its own
+    requests, in `case.compiled` for the timed provider.
+    """
+    ours_reqs, theirs_reqs = copy.deepcopy(case.requests), copy.deepcopy(case.requests)
+    compiled = torch.compile(new_rejection_sampler(ours_reqs), fullgraph=True)
+    baseline = VllmStyleRejectionSampler(theirs_reqs, VOCAB_SIZE, MAX_SPEC_LEN)
+    greedy = set(case.greedy_rows)
+    accepted = {"rejection-compiled": 0, "vllm-style": 0}
+    compile_s = 0.0
+    for step in range(CHECK_STEPS):
+        inputs = case.inputs[step % NUM_INPUTS]
+        drafts = inputs.draft_token_ids.tolist()
+        # The random rows' histories differ between the two sides: judge each side's
+        # tokens by the baseline's filters over its own history.
+        judge = VllmStyleRejectionSampler(copy.deepcopy(ours_reqs), VOCAB_SIZE, MAX_SPEC_LEN)
+        filtered = {
+            "rejection-compiled": judge.processed_logits(inputs.target_logits.clone(), drafts)[0],
+            "vllm-style": baseline.processed_logits(inputs.target_logits.clone(), drafts)[0],
+        }
+        start = time.perf_counter()
+        ours = compiled(*inputs.fresh())
+        if step == 0:
+            compile_s = time.perf_counter() - start
+        theirs = baseline(*inputs.fresh())
+        for who, out in (("rejection-compiled", ours), ("vllm-style", theirs)):
+            view = filtered[who].view(NUM_ROWS, MAX_SPEC_LEN + 1, VOCAB_SIZE)
+            counts = out.num_accepted.tolist()
+            accepted[who] += sum(counts)
+            for row in sorted(set(range(NUM_ROWS)) - greedy):
+                for j in range(counts[row] + 1):
+                    token = int(out.output_token_ids[row, j])
+                    assert view[row, j, token] > float("-inf"), (
+                        f"step {step}, row {row}, position {j}: {who} emitted {token}, which "
+                        "the baseline's filters remove"
+                    )
+        for row in greedy:
+            assert ours.output_token_ids[row].tolist() == theirs.output_token_ids[row].tolist(), (
+                f"step {step}, greedy row {row}"
+            )
+        record_tokens(ours_reqs, ours)
+        record_tokens(theirs_reqs, theirs)
+    case.compiled = (compiled, ours_reqs)
+    return {
+        "check_steps": CHECK_STEPS,
+        "greedy_rows": len(greedy),
+        "compile_s": round(compile_s, 1),
+        "accepted_drafts_per_step": {k: v / CHECK_STEPS for k, v in accepted.items()},
+    }
+
+
+@pytest.fixture(scope="module")
+def case() -> Case:
+    torch.manual_seed(0)  # the baseline's unseeded rows draw from torch's global generator
+    inputs = [make_inputs(seed) for seed in range(NUM_INPUTS)]
+    requests, mix = make_requests()
+    greedy = [r for r, req in enumerate(requests) if req.params.temperature < GREEDY_TEMPERATURE]
+    built = Case(inputs, requests, mix, greedy)
+    built.check = check_agreement(built)
+    return built
+
+
+# ----------------------------------------------------------------- providers
+
+Step = Callable[..., object]
+
+
+def clone_step(case: Case) -> tuple[Step, dict]:
+    return (lambda target_logits, *_: target_logits.clone()), {}
+
+
+def rejection_compiled_step(case: Case) -> tuple[Step, dict]:
+    assert case.compiled is not None
+    forward, requests = case.compiled  # compiled and checked by `check_agreement`
+
+    def step(*inputs: torch.Tensor) -> RejectionSamplerOutput:
+        out = forward(*inputs)
+        record_tokens(requests, out)
+        return out
+
+    return step, {}
+
+
+def vllm_style_step(case: Case) -> tuple[Step, dict]:
+    requests = copy.deepcopy(case.requests)
+    baseline = VllmStyleRejectionSampler(requests, VOCAB_SIZE, MAX_SPEC_LEN)
+
+    def step(*inputs: torch.Tensor) -> RejectionSamplerOutput:
+        out = baseline(*inputs)
+        record_tokens(requests, out)
+        return out
+
+    return step, {"seeded_random_rows": len(baseline.generators)}
+
+
+BUILDERS = {
+    "clone": clone_step,
+    "rejection-compiled": rejection_compiled_step,
+    "vllm-style": vllm_style_step,
+}
+
+
+# ----------------------------------------------------------------- summary
+
+
+class _Summary:
+    """Medians by provider, ratios into each benchmark's extra_info, a table at the end."""
+
+    name = "bench_rejection_summary"
+
+    def __init__(self) -> None:
+        self.medians: dict[str, float] = {}
+        self.benchmarks: dict[str, BenchmarkFixture] = {}
+
+    def record(self, provider: str, benchmark: BenchmarkFixture) -> None:
+        assert benchmark.stats is not None
+        self.medians[provider] = float(np.median(benchmark.stats.stats.data))
+        self.benchmarks[provider] = benchmark
+        floor, baseline = self.medians.get("clone"), self.medians.get("vllm-style")
+        for name, bench in self.benchmarks.items():
+            median = self.medians[name]
+            bench.extra_info["ratio_to_clone"] = None if floor is None else round(median / floor, 2)
+            bench.extra_info["speedup_vs_vllm_style"] = (
+                None if baseline is None else round(baseline / median, 2)
+            )
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if not self.medians:
+            return
+        floor, baseline = self.medians.get("clone"), self.medians.get("vllm-style")
+        write = terminalreporter.write_line
+        terminalreporter.section(
+            f"rejection step: {NUM_ROWS} x (S = {MAX_SPEC_LEN}) x {VOCAB_SIZE}, "
+            f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+        )
+        write(f"{'provider':<20}{'median ms':>12}{'x clone':>10}{'speed-up vs vllm-style':>25}")
+        for name in PROVIDERS:
+            if name in self.medians:
+                median = self.medians[name]
+                to_floor = f"{median / floor:.1f}" if floor else "-"
+                speedup = f"{baseline / median:.1f}x" if baseline else "-"
+                write(f"{name:<20}{median * 1e3:>12.2f}{to_floor:>10}{speedup:>25}")
+
+
+@pytest.fixture(scope="module")
+def summary(request: pytest.FixtureRequest) -> _Summary:
+    manager = request.config.pluginmanager
+    plugin = manager.get_plugin(_Summary.name)
+    if plugin is None:
+        plugin = _Summary()
+        manager.register(plugin, _Summary.name)
+    return plugin
+
+
+# ----------------------------------------------------------------- the benchmark
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_rejection_step(
+    benchmark: BenchmarkFixture, case: Case, summary: _Summary, provider: str
+) -> None:
+    step, info = BUILDERS[provider](case)
+    load_before = os.getloadavg()[0]
+    turn = iter(range(10**9))
+
+    def fresh_inputs() -> tuple[tuple[torch.Tensor, ...], dict]:
+        return case.inputs[next(turn) % NUM_INPUTS].fresh(), {}
+
+    warmup, rounds = ROUNDS[provider]
+    benchmark.group = f"rejection step {NUM_ROWS}x{MAX_SPEC_LEN + 1}x{VOCAB_SIZE}"
+    benchmark.pedantic(step, setup=fresh_inputs, rounds=rounds, warmup_rounds=warmup, iterations=1)
+    if benchmark.stats is None:  # --benchmark-disable: one untimed call, a smoke test
+        return
+    ms = np.asarray(benchmark.stats.stats.data, dtype=np.float64) * 1e3
+    benchmark.extra_info.update(
+        provider=provider,
+        num_rows=NUM_ROWS,
+        max_spec_len=MAX_SPEC_LEN,
+        vocab_size=VOCAB_SIZE,
+        logits=f"llm_like_logits(peakedness={PEAKEDNESS}), draft noise {DRAFT_NOISE}",
+        torch_version=torch.__version__,
+        torch_threads=torch.get_num_threads(),
+        load_avg_1min=[round(load_before, 2), round(os.getloadavg()[0], 2)],
+        rounds=rounds,
+        ms_p20=round(float(np.percentile(ms, 20)), 3),
+        ms_median=round(float(np.median(ms)), 3),
+        ms_p80=round(float(np.percentile(ms, 80)), 3),
+        row_mix=case.mix,
+        **case.check,
+        **info,
+    )
+    summary.record(provider, benchmark)
