@@ -42,14 +42,23 @@ from graphsafe_sampler.processors.min_p import MinPLogitsProcessor
 from graphsafe_sampler.processors.min_tokens import MinTokensLogitsProcessor
 from graphsafe_sampler.sampling_state import SamplingState
 from graphsafe_sampler.structured_output import GrammarBitmask
+from graphsafe_sampler.triton_backend import TritonPipeline, triton_available
 
 _LOGITS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _resolve_backend(config: SamplerConfig, device: torch.device) -> str:
+    """ "auto": Triton where its kernels run natively (CUDA), PyTorch elsewhere."""
+    if config.backend == "torch":
+        return "torch"
     if config.backend == "triton":
-        raise NotImplementedError("backend='triton' is not available yet; use 'torch'")
-    return "torch"
+        if not triton_available(device):
+            raise ValueError(
+                f"backend='triton' needs a CUDA device (or TRITON_INTERPRET=1, the Triton "
+                f"interpreter, for tests); the sampler is on {device}: use 'torch' or 'auto'"
+            )
+        return "triton"
+    return "triton" if device.type == "cuda" else "torch"
 
 
 class Sampler(nn.Module):
@@ -84,6 +93,8 @@ class Sampler(nn.Module):
             classes, config, self.device, pin, state
         )
         self.graph_safe = all(p.graph_safe for p in self.custom)
+        # The Triton backend drives the same state through the kernels (triton_backend.py).
+        self._triton = TritonPipeline(self) if self.backend == "triton" else None
         self._ready = False
 
     # ----------------------------------------------------------------- host side
@@ -187,6 +198,17 @@ class Sampler(nn.Module):
         slots = self.batch_state.slots(num_rows)  # [num_rows] int64
         raw = logits
         x = logits.to(torch.float32, copy=True)  # [num_rows, V]; never written in place
+        if self._triton is not None:
+            mode = config.logprobs_mode
+            processed = config.max_num_logprobs > 0 and mode.startswith("processed")
+            tokens, x = self._triton.sample(x, slots, return_processed=processed)
+            logprobs = None
+            if config.max_num_logprobs > 0:
+                source = raw if mode.startswith("raw") else x
+                logprobs = self._triton.logprobs(source, tokens, mode.endswith("logprobs"))
+            if commit:
+                self._triton.commit(tokens, commit_mask)
+            return SamplerOutput(tokens.to(torch.int32)[:, None], logprobs)
         x, greedy_tokens, is_greedy = self.process_logits(x, slots, self.grammar)
         positions = self.sampling.positions(slots)
         seeds = self.sampling.seed.device[slots]

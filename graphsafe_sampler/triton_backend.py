@@ -1,0 +1,162 @@
+"""The Triton backend: `Sampler(config)` with `backend="triton"` runs DESIGN §4 through the
+kernels in `kernels/` (as the custom ops of `triton_ops.py`) instead of PyTorch ops.
+
+Per step, on a fresh float32 copy `x` of the logits ([num_rows, V]):
+
+1. bad words: the PyTorch scatter of `bad_words.py` (sparse: a few tokens a row);
+2. `process_logits`: logit bias, min_tokens, allowed ids, the grammar bitmask, penalties and
+   temperature in one pass, in place (1 read + 1 write of `x`);
+3. `apply_min_p` in place; custom argmax-invariant processors (PyTorch);
+4. top-k/top-p: `top_k_top_p_threshold` writes each row's cut ([num_rows] float32) without
+   touching `x`; only the `processed_*` logprobs modes, which return the filtered logits,
+   write the mask (`apply_top_k_top_p`);
+5. `sample_tokens`: greedy argmax or the Gumbel-max race on `ops/rng.py`'s uniforms, the cut
+   applied on the fly (1 read);
+6. logprobs: `compute_logprobs` (1 read of the source, no [num_rows, V] log-softmax);
+7. the commit: `commit_history` (counts with their overflow table, the bad-words ring,
+   `num_generated`) when no other slot state needs a commit hook, else `BatchState.commit`.
+
+Same semantics as the PyTorch backend, tested side by side (tests/test_sampler_triton.py):
+greedy tokens and the uniforms are bit-identical, processed logits equal to float32 rounding,
+and random tokens equal except where two candidates' perturbed logits tie within the Gumbel
+transform's last-bit rounding (the kernel's log1p is a few ulp from libm's).
+
+Custom processors that are not argmax-invariant run between logit bias and the penalties, in
+the middle of the fused pass: with any of them configured, steps 1-4 run the PyTorch stages
+(`Sampler.process_logits`) and only sampling, logprobs and the commit use kernels.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import torch
+
+from graphsafe_sampler import triton_ops
+from graphsafe_sampler.ops.rng import SALT_SAMPLE
+from graphsafe_sampler.output import LogprobsTensors
+
+if TYPE_CHECKING:
+    from graphsafe_sampler.sampler import Sampler
+
+
+def triton_available(device: torch.device) -> bool:
+    """Whether Triton kernels can run on `device`: CUDA, or any device under the Triton
+    interpreter (`TRITON_INTERPRET=1`, numpy: correct and slow, for tests)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return True
+    return device.type == "cuda"
+
+
+class TritonPipeline:
+    """Steps 2-10 of a `Sampler` step through the Triton custom ops (module docstring)."""
+
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
+        self.fused = not any(not p.is_argmax_invariant() for p in sampler.custom)
+        # commit_history covers BatchState's own counter and these two states; any other
+        # slot state with a commit hook (a custom processor's history) needs the PyTorch commit.
+        from graphsafe_sampler.slot_tables import SlotTables
+
+        hooks = [
+            s
+            for s in sampler.batch_state._slot_states
+            if type(s).commit is not SlotTables.commit
+            and s is not sampler.penalties
+            and s is not sampler.bad_words
+        ]
+        self.commit_kernel = not hooks
+
+    def sample(
+        self, x: torch.Tensor, slots: torch.Tensor, *, return_processed: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [num_rows, V] float32, a fresh copy (updated in place); slots [num_rows] int64.
+
+        Returns (tokens [num_rows] int64, x): x is the processed logits, with the top-k/top-p
+        mask written only when `return_processed` (otherwise tokens below the cut are still
+        in x, and only the sampling skipped them)."""
+        s = self.sampler
+        num_rows = x.shape[0]
+        cut: torch.Tensor | None = None
+        if self.fused:
+            x = s.bad_words.apply(x, slots)
+            triton_ops.process_logits(
+                x,
+                slots,
+                s.logit_bias.bias_ids.device,
+                s.logit_bias.bias_values.device,
+                s.min_tokens.min_tokens.device,
+                s.batch_state.num_generated.device,
+                s.min_tokens.stop_ids.device,
+                s.allowed.allowed.device,
+                s.grammar.bitmask.device[:num_rows],
+                s.penalties.counts,
+                s.penalties.overflow_token.device,
+                s.penalties.overflow_excess.device,
+                s.penalties.prompt_mask.device,
+                s.penalties.repetition.device,
+                s.penalties.frequency.device,
+                s.penalties.presence.device,
+                s.sampling.temperature.device,
+            )
+            triton_ops.apply_min_p(x, slots, s.min_p.min_p.device)
+            for proc in s.custom:  # all argmax-invariant here
+                x = proc.apply(x)
+            cut = torch.empty(num_rows, dtype=torch.float32, device=x.device)
+            top_k, top_p = s.sampling.top_k.device, s.sampling.top_p.device
+            if return_processed:
+                triton_ops.apply_top_k_top_p(x, slots, top_k, top_p, cut)
+                cut = None  # the mask is in x
+            else:
+                triton_ops.top_k_top_p_threshold(x, slots, top_k, top_p, cut)
+        else:
+            x, _, _ = s.process_logits(x, slots, s.grammar)
+            x = x.contiguous()
+        tokens = torch.empty(num_rows, dtype=torch.int64, device=x.device)
+        positions = s.sampling.positions(slots)
+        triton_ops.sample_tokens(
+            x,
+            slots,
+            s.sampling.temperature.device,
+            s.sampling.seed.device,
+            positions,
+            cut,
+            tokens,
+            SALT_SAMPLE,
+        )
+        return tokens, x
+
+    def logprobs(
+        self, source: torch.Tensor, tokens: torch.Tensor, subtract_lse: bool
+    ) -> LogprobsTensors:
+        """source: [num_rows, V] raw or processed logits; tokens [num_rows] int64."""
+        num_rows, k = source.shape[0], self.sampler.config.max_num_logprobs
+        device = source.device
+        token_ids = torch.empty(num_rows, k + 1, dtype=torch.int32, device=device)
+        values = torch.empty(num_rows, k + 1, dtype=torch.float32, device=device)
+        ranks = torch.empty(num_rows, dtype=torch.int32, device=device)
+        lse = torch.empty(num_rows, dtype=torch.float32, device=device)
+        triton_ops.compute_logprobs(source, tokens, token_ids, values, ranks, lse, subtract_lse)
+        return LogprobsTensors(token_ids, values, ranks)
+
+    def commit(self, tokens: torch.Tensor, keep: torch.Tensor | None) -> None:
+        """tokens: [num_rows] int64; keep: [num_rows] bool or None (all rows)."""
+        s = self.sampler
+        if not self.commit_kernel:
+            s.batch_state.commit(tokens, keep)
+            return
+        num_rows = tokens.shape[0]
+        if keep is None:
+            keep = torch.ones(num_rows, dtype=torch.bool, device=tokens.device)
+        triton_ops.commit_history(
+            s.batch_state.slots(num_rows),
+            tokens,
+            keep,
+            s.batch_state.num_generated.device,
+            s.penalties.counts,
+            s.penalties.overflow_token.device,
+            s.penalties.overflow_excess.device,
+            s.bad_words.window.device,
+            s.config.padding_slot,
+        )
