@@ -35,6 +35,7 @@ import numpy as np
 import pytest
 import torch
 from pytest_benchmark.fixture import BenchmarkFixture
+from summary import registered_plugin
 
 from graphsafe_sampler.demo import (
     DemoOptions,
@@ -140,12 +141,7 @@ class _Summary:
 
 @pytest.fixture(scope="module")
 def summary(request: pytest.FixtureRequest) -> _Summary:
-    manager = request.config.pluginmanager
-    plugin = manager.get_plugin(_Summary.name)
-    if plugin is None:
-        plugin = _Summary()
-        manager.register(plugin, _Summary.name)
-    return plugin
+    return registered_plugin(request, _Summary.name, _Summary)
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

@@ -46,6 +46,7 @@ import numpy as np
 import pytest
 import torch
 from pytest_benchmark.fixture import BenchmarkFixture
+from summary import ProviderSummary, registered_plugin
 
 from graphsafe_sampler import (
     BatchUpdate,
@@ -55,12 +56,9 @@ from graphsafe_sampler import (
     SamplerConfig,
     SamplingParams,
 )
+from graphsafe_sampler.bench.logits import llm_like_logits
+from graphsafe_sampler.bench.workload import DECODE_RECIPES
 from graphsafe_sampler.testing import DriverRequest
-
-try:  # moved into the package; older trees keep it in perf/
-    from graphsafe_sampler.bench.logits import llm_like_logits
-except ImportError:  # pragma: no cover - depends on the tree's layout
-    from logits import llm_like_logits  # type: ignore[no-redef]
 
 NUM_ROWS = 64
 MAX_SPEC_LEN = 4
@@ -76,16 +74,8 @@ ROUNDS = {  # (warm-up rounds, timed rounds)
     "rejection-compiled": (2, 8),
     "vllm-style": (1, 4),
 }
-PROFILES: tuple[tuple[str, dict], ...] = (
-    ("greedy", {"temperature": 0.0}),
-    ("temperature", {"temperature": 0.8}),
-    ("top-k", {"temperature": 0.7, "top_k": 50}),
-    ("top-p", {"temperature": 0.7, "top_p": 0.9}),
-    ("top-k+top-p", {"temperature": 1.0, "top_k": 40, "top_p": 0.95}),
-    ("min-p", {"temperature": 1.0, "min_p": 0.05}),
-    ("greedy", {"temperature": 0.0}),
-    ("top-k+top-p+min-p", {"temperature": 0.6, "top_k": 20, "top_p": 0.8, "min_p": 0.02}),
-)
+# Per row, cycled: the CLI workload's recipes (2 of 8 rows greedy).
+PROFILES = DECODE_RECIPES
 
 
 def make_requests(seed: int = 0) -> tuple[list[DriverRequest], dict[str, int]]:
@@ -439,54 +429,15 @@ BUILDERS = {
 # ----------------------------------------------------------------- summary
 
 
-class _Summary:
-    """Medians by provider, ratios into each benchmark's extra_info, a table at the end."""
-
-    name = "bench_rejection_summary"
-
-    def __init__(self) -> None:
-        self.medians: dict[str, float] = {}
-        self.benchmarks: dict[str, BenchmarkFixture] = {}
-
-    def record(self, provider: str, benchmark: BenchmarkFixture) -> None:
-        assert benchmark.stats is not None
-        self.medians[provider] = float(np.median(benchmark.stats.stats.data))
-        self.benchmarks[provider] = benchmark
-        floor, baseline = self.medians.get("clone"), self.medians.get("vllm-style")
-        for name, bench in self.benchmarks.items():
-            median = self.medians[name]
-            bench.extra_info["ratio_to_clone"] = None if floor is None else round(median / floor, 2)
-            bench.extra_info["speedup_vs_vllm_style"] = (
-                None if baseline is None else round(baseline / median, 2)
-            )
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        if not self.medians:
-            return
-        floor, baseline = self.medians.get("clone"), self.medians.get("vllm-style")
-        write = terminalreporter.write_line
-        terminalreporter.section(
-            f"rejection step: {NUM_ROWS} x (S = {MAX_SPEC_LEN}) x {VOCAB_SIZE}, "
-            f"torch {torch.__version__}, {torch.get_num_threads()} threads"
-        )
-        write(f"{'provider':<20}{'median ms':>12}{'x clone':>10}{'speed-up vs vllm-style':>25}")
-        for name in PROVIDERS:
-            if name in self.medians:
-                median = self.medians[name]
-                to_floor = f"{median / floor:.1f}" if floor else "-"
-                speedup = f"{baseline / median:.1f}x" if baseline else "-"
-                write(f"{name:<20}{median * 1e3:>12.2f}{to_floor:>10}{speedup:>25}")
-
-
 @pytest.fixture(scope="module")
-def summary(request: pytest.FixtureRequest) -> _Summary:
-    manager = request.config.pluginmanager
-    plugin = manager.get_plugin(_Summary.name)
-    if plugin is None:
-        plugin = _Summary()
-        manager.register(plugin, _Summary.name)
-    return plugin
+def summary(request: pytest.FixtureRequest) -> ProviderSummary:
+    title = (
+        f"rejection step: {NUM_ROWS} x (S = {MAX_SPEC_LEN}) x {VOCAB_SIZE}, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
+    return registered_plugin(
+        request, "bench_rejection_summary", lambda: ProviderSummary(title, PROVIDERS)
+    )
 
 
 # ----------------------------------------------------------------- the benchmark
@@ -494,7 +445,7 @@ def summary(request: pytest.FixtureRequest) -> _Summary:
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_rejection_step(
-    benchmark: BenchmarkFixture, case: Case, summary: _Summary, provider: str
+    benchmark: BenchmarkFixture, case: Case, summary: ProviderSummary, provider: str
 ) -> None:
     step, info = BUILDERS[provider](case)
     load_before = os.getloadavg()[0]

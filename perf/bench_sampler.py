@@ -46,10 +46,12 @@ import numpy as np
 import pytest
 import torch
 from pytest_benchmark.fixture import BenchmarkFixture
+from summary import ProviderSummary, registered_plugin
 
 from graphsafe_sampler import BatchUpdate, Sampler, SamplerConfig, SamplerOutput, SamplingParams
 from graphsafe_sampler.bench.logits import llm_like_logits
 from graphsafe_sampler.bench.vllm_style import VllmStyleSampler
+from graphsafe_sampler.bench.workload import DECODE_RECIPES
 from graphsafe_sampler.testing import DriverRequest
 
 NUM_ROWS = 64
@@ -69,17 +71,8 @@ ROUNDS = {
     "vllm-style": (1, 5),
 }
 
-# Per row, cycled: 2 of 8 rows greedy, the rest one sampling recipe each.
-PROFILES: tuple[tuple[str, dict], ...] = (
-    ("greedy", {"temperature": 0.0}),
-    ("temperature", {"temperature": 0.8}),
-    ("top-k", {"temperature": 0.7, "top_k": 50}),
-    ("top-p", {"temperature": 0.7, "top_p": 0.9}),
-    ("top-k+top-p", {"temperature": 1.0, "top_k": 40, "top_p": 0.95}),
-    ("min-p", {"temperature": 1.0, "min_p": 0.05}),
-    ("greedy", {"temperature": 0.0}),
-    ("top-k+top-p+min-p", {"temperature": 0.6, "top_k": 20, "top_p": 0.8, "min_p": 0.02}),
-)
+# Per row, cycled: the CLI workload's recipes (2 of 8 rows greedy).
+PROFILES = DECODE_RECIPES
 ALLOWED_ROWS = {5: 16, 29: 256, 50: 4096}  # row -> allowed_token_ids length
 BAD_WORDS_ROWS = (2, 17, 40, 63)
 
@@ -321,56 +314,15 @@ BUILDERS = {
 # ----------------------------------------------------------------- summary
 
 
-class _Summary:
-    """Medians by provider; fills the ratios into every benchmark's extra_info as results
-    come in (so the JSON has them whatever the order) and prints a table at the end."""
-
-    name = "bench_sampler_summary"
-
-    def __init__(self) -> None:
-        self.medians: dict[str, float] = {}
-        self.benchmarks: dict[str, BenchmarkFixture] = {}
-
-    def record(self, provider: str, benchmark: BenchmarkFixture) -> None:
-        assert benchmark.stats is not None
-        self.medians[provider] = float(np.median(benchmark.stats.stats.data))
-        self.benchmarks[provider] = benchmark
-        floor, baseline = self.medians.get("clone"), self.medians.get("vllm-style")
-        for name, bench in self.benchmarks.items():
-            median = self.medians[name]
-            bench.extra_info["ratio_to_clone"] = None if floor is None else round(median / floor, 2)
-            bench.extra_info["speedup_vs_vllm_style"] = (
-                None if baseline is None else round(baseline / median, 2)
-            )
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        if not self.medians:
-            return
-        floor, baseline = self.medians.get("clone"), self.medians.get("vllm-style")
-        write = terminalreporter.write_line
-        terminalreporter.section(
-            f"sampling step: {NUM_ROWS} x {VOCAB_SIZE}, torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads"
-        )
-        write(f"{'provider':<18}{'median ms':>12}{'x clone':>10}{'speed-up vs vllm-style':>25}")
-        for name in PROVIDERS:
-            if name not in self.medians:
-                continue
-            median = self.medians[name]
-            to_floor = f"{median / floor:.1f}" if floor else "-"
-            speedup = f"{baseline / median:.1f}x" if baseline else "-"
-            write(f"{name:<18}{median * 1e3:>12.2f}{to_floor:>10}{speedup:>25}")
-
-
 @pytest.fixture(scope="module")
-def summary(request: pytest.FixtureRequest) -> _Summary:
-    manager = request.config.pluginmanager
-    plugin = manager.get_plugin(_Summary.name)
-    if plugin is None:
-        plugin = _Summary()
-        manager.register(plugin, _Summary.name)
-    return plugin
+def summary(request: pytest.FixtureRequest) -> ProviderSummary:
+    title = (
+        f"sampling step: {NUM_ROWS} x {VOCAB_SIZE}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
+    return registered_plugin(
+        request, "bench_sampler_summary", lambda: ProviderSummary(title, PROVIDERS)
+    )
 
 
 # ----------------------------------------------------------------- the benchmark
@@ -380,7 +332,7 @@ def summary(request: pytest.FixtureRequest) -> _Summary:
 def test_sampling_step(
     benchmark: BenchmarkFixture,
     case: Case,
-    summary: _Summary,
+    summary: ProviderSummary,
     provider: str,
     gs_record: Callable[..., None],
 ) -> None:
