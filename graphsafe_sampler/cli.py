@@ -235,7 +235,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         )
     start = time.perf_counter()
     results, skipped = run_grid(grid, progress=not args.quiet)
-    results.context["wall_s"] = round(time.perf_counter() - start, 1)
+    results.context["wall_s"] = round(time.perf_counter() - start, 3)
     print(format_table(results), file=out)
     for note in skipped:
         print(f"skipped: {note}", file=out)
