@@ -445,7 +445,11 @@ def summary(request: pytest.FixtureRequest) -> ProviderSummary:
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_rejection_step(
-    benchmark: BenchmarkFixture, case: Case, summary: ProviderSummary, provider: str
+    benchmark: BenchmarkFixture,
+    case: Case,
+    summary: ProviderSummary,
+    provider: str,
+    gs_record: Callable[..., None],
 ) -> None:
     step, info = BUILDERS[provider](case)
     load_before = os.getloadavg()[0]
@@ -478,3 +482,14 @@ def test_rejection_step(
         **info,
     )
     summary.record(provider, benchmark)
+    # `--gs-json`: rows counts logits rows (requests x positions), so that GB/s and the
+    # clone floor of the same shape read the [64 * 5, V] target logits.
+    gs_record(
+        benchmark,
+        stage="rejection",
+        provider=provider,
+        rows=NUM_ROWS * (MAX_SPEC_LEN + 1),
+        vocab=VOCAB_SIZE,
+        dtype=torch.float32,
+        extra={"requests": NUM_ROWS, "max_spec_len": MAX_SPEC_LEN},
+    )
