@@ -4,6 +4,7 @@ determinism across layouts, sampling statistics, graph safety, bad input."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,6 +18,12 @@ from graphsafe_sampler import SamplingParams as SP
 from graphsafe_sampler.testing import BatchDriver, check_graph_safety
 
 V = 111
+# Tests that hold for both backends run on both: "triton" through the Triton interpreter.
+BACKENDS = ["torch", "triton"]
+
+
+def _config(backend: str, *args: Any, **kwargs: Any) -> SamplerConfig:
+    return SamplerConfig(*args, backend=backend, **kwargs)
 
 
 def _processed(out: gs.SamplerOutput, rows: int) -> np.ndarray:
@@ -30,8 +37,9 @@ def _processed(out: gs.SamplerOutput, rows: int) -> np.ndarray:
     return full
 
 
-def test_pipeline_matches_reference_under_churn() -> None:
-    config = SamplerConfig(
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pipeline_matches_reference_under_churn(backend: str) -> None:
+    config = _config(backend,
         max_num_reqs=17, vocab_size=V, eos_token_id=3, max_num_logprobs=V,
         logprobs_mode="processed_logits", max_logit_bias_tokens=16, max_stop_token_ids=4,
         max_bad_word_len=4, seed=0,
@@ -40,7 +48,8 @@ def test_pipeline_matches_reference_under_churn() -> None:
     driver = BatchDriver(config, seed=5, churn=0.15)
     gen = torch.Generator().manual_seed(5)
     boundary = 0
-    for _step in range(40):
+    # The interpreter pays K = V logprobs selections per row and step: fewer steps there.
+    for _step in range(40 if backend == "torch" else 5):
         sampler.update_state(driver.next_update())
         logits = torch.randn(17, V, generator=gen) * 3
         out = sampler(logits)
@@ -68,8 +77,9 @@ def _run(sampler: Sampler, row: int, num_rows: int, steps: int) -> list[int]:
     return out
 
 
-def test_seeded_tokens_do_not_depend_on_row_batch_or_padding() -> None:
-    config = SamplerConfig(max_num_reqs=9, vocab_size=V, seed=1)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_seeded_tokens_do_not_depend_on_row_batch_or_padding(backend: str) -> None:
+    config = _config(backend, max_num_reqs=9, vocab_size=V, seed=1)
     params = SP(temperature=1.3, top_k=40, top_p=0.9, seed=1234)
     a = Sampler(config, "cpu")
     a.update_state(BatchUpdate(1, added=[(0, params, [5, 6], [])]))
@@ -194,8 +204,9 @@ def test_forward_before_update_state() -> None:
         sampler(torch.randn(2, V))
 
 
-def test_nan_and_fully_masked_rows_give_valid_ids() -> None:
-    config = SamplerConfig(max_num_reqs=3, vocab_size=V)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nan_and_fully_masked_rows_give_valid_ids(backend: str) -> None:
+    config = _config(backend, max_num_reqs=3, vocab_size=V)
     sampler = Sampler(config, "cpu")
     sampler.update_state(
         BatchUpdate(3, added=[(r, SP(seed=r, top_p=0.5), None, []) for r in range(3)])
@@ -208,8 +219,9 @@ def test_nan_and_fully_masked_rows_give_valid_ids() -> None:
     assert ((toks >= 0) & (toks < V)).all()
 
 
-def test_bfloat16_logits_and_rng_draws_stay_in_range() -> None:
-    sampler = Sampler(SamplerConfig(max_num_reqs=2, vocab_size=V, max_num_logprobs=2), "cpu")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bfloat16_logits_and_rng_draws_stay_in_range(backend: str) -> None:
+    sampler = Sampler(_config(backend, max_num_reqs=2, vocab_size=V, max_num_logprobs=2), "cpu")
     sampler.update_state(BatchUpdate(2, added=[(0, SP(seed=5), None, []), (1, SP(), None, [])]))
     out = sampler(torch.randn(2, V).bfloat16())
     assert out.logprobs_tensors is not None
@@ -220,8 +232,9 @@ def test_bfloat16_logits_and_rng_draws_stay_in_range() -> None:
     assert (out.logprobs_tensors.selected_token_ranks >= 1).all()
 
 
-def test_commit_masks_and_multi_token_commits_enter_history() -> None:
-    config = SamplerConfig(max_num_reqs=4, vocab_size=V, max_num_logprobs=V,
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_commit_masks_and_multi_token_commits_enter_history(backend: str) -> None:
+    config = _config(backend, max_num_reqs=4, vocab_size=V, max_num_logprobs=V,
                            logprobs_mode="processed_logits")  # fmt: skip
     sampler = Sampler(config, "cpu")
     pen = SP(temperature=0.0, presence_penalty=1.0)
@@ -249,10 +262,11 @@ def test_commit_masks_and_multi_token_commits_enter_history() -> None:
     assert added.sum() == 5  # the padded row commits nothing
 
 
-def test_grammar_bitmask_rows_and_clearing() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grammar_bitmask_rows_and_clearing(backend: str) -> None:
     from graphsafe_sampler.bitmask import pack_token_ids
 
-    config = SamplerConfig(max_num_reqs=3, vocab_size=V, max_num_logprobs=V,
+    config = _config(backend, max_num_reqs=3, vocab_size=V, max_num_logprobs=V,
                            logprobs_mode="processed_logits")  # fmt: skip
     sampler = Sampler(config, "cpu")
     sampler.update_state(BatchUpdate(3, added=[(r, SP(seed=r), None, []) for r in range(3)]))
@@ -277,9 +291,10 @@ def test_grammar_bitmask_rows_and_clearing() -> None:
 @pytest.mark.parametrize(
     "mode", ["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
 )
-def test_logprobs_modes(mode: str) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_logprobs_modes(backend: str, mode: str) -> None:
     k = 4
-    config = SamplerConfig(max_num_reqs=5, vocab_size=V, max_num_logprobs=k, logprobs_mode=mode)
+    config = _config(backend, max_num_reqs=5, vocab_size=V, max_num_logprobs=k, logprobs_mode=mode)
     sampler = Sampler(config, "cpu")
     params = [SP(temperature=0.0), SP(temperature=0.8, top_k=5, seed=1), SP(min_p=0.2, seed=2)]
     sampler.update_state(BatchUpdate(3, added=[(r, p, None, []) for r, p in enumerate(params)]))
@@ -309,8 +324,9 @@ def test_logprobs_modes(mode: str) -> None:
         assert lp.selected_token_ranks[r].item() == int((values >= sampled - 1e-6).sum())
 
 
-def test_padded_rows_touch_no_request_state() -> None:
-    config = SamplerConfig(max_num_reqs=6, vocab_size=V, seed=2)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_padded_rows_touch_no_request_state(backend: str) -> None:
+    config = _config(backend, max_num_reqs=6, vocab_size=V, seed=2)
     sampler = Sampler(config, "cpu")
     sampler.update_state(BatchUpdate(2, added=[(r, SP(), [1], []) for r in range(2)]))
     before = {k: t.clone() for k, t in sampler.state_tensors().items()}
@@ -364,10 +380,11 @@ def test_custom_processors_run_inside_the_sampler() -> None:
         check_graph_safety(eager_only)
 
 
-def test_grammar_mask_follows_its_request() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grammar_mask_follows_its_request(backend: str) -> None:
     from graphsafe_sampler.bitmask import pack_token_ids
 
-    config = SamplerConfig(max_num_reqs=3, vocab_size=V)
+    config = _config(backend, max_num_reqs=3, vocab_size=V)
     sampler = Sampler(config, "cpu")
     logits = torch.zeros(3, V)
     logits[:, 9] = 50.0  # unconstrained rows take token 9
@@ -418,10 +435,11 @@ def test_fewer_rows_than_the_batch_is_refused() -> None:
         sampler(torch.randn(2, V))
 
 
-def test_fully_masked_row_has_minus_inf_logprobs_not_nan() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fully_masked_row_has_minus_inf_logprobs_not_nan(backend: str) -> None:
     from graphsafe_sampler.bitmask import num_words
 
-    config = SamplerConfig(max_num_reqs=2, vocab_size=V, max_num_logprobs=3,
+    config = _config(backend, max_num_reqs=2, vocab_size=V, max_num_logprobs=3,
                            logprobs_mode="processed_logprobs")  # fmt: skip
     sampler = Sampler(config, "cpu")
     sampler.update_state(BatchUpdate(2, added=[(r, SP(seed=r), None, []) for r in range(2)]))
@@ -451,8 +469,9 @@ def test_commit_mask_and_multi_token_commits_are_graph_safe() -> None:
     assert report.compile_frames == 1
 
 
-def test_bad_words_match_the_last_outputs_and_fill_the_token_capacity() -> None:
-    config = SamplerConfig(max_num_reqs=2, vocab_size=V, max_num_logprobs=V,
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_words_match_the_last_outputs_and_fill_the_token_capacity(backend: str) -> None:
+    config = _config(backend, max_num_reqs=2, vocab_size=V, max_num_logprobs=V,
                            logprobs_mode="processed_logits")  # fmt: skip
     singles = [[t] for t in range(20, 20 + 1000)][: config.max_bad_words_tokens - 10]
     singles = [w for w in singles if w[0] < V]
