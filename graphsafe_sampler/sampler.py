@@ -207,7 +207,7 @@ class Sampler(nn.Module):
                 source = raw if mode.startswith("raw") else x
                 logprobs = self._triton.logprobs(source, tokens, mode.endswith("logprobs"))
             if commit:
-                self._triton.commit(tokens, commit_mask)
+                self._triton.commit(slots, tokens, commit_mask)
             return SamplerOutput(tokens.to(torch.int32)[:, None], logprobs)
         x, greedy_tokens, is_greedy = self.process_logits(x, slots, self.grammar)
         positions = self.sampling.positions(slots)

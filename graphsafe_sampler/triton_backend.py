@@ -36,6 +36,7 @@ import torch
 from graphsafe_sampler import triton_ops
 from graphsafe_sampler.ops.rng import SALT_SAMPLE
 from graphsafe_sampler.output import LogprobsTensors
+from graphsafe_sampler.slot_tables import SlotTables
 
 if TYPE_CHECKING:
     from graphsafe_sampler.sampler import Sampler
@@ -57,8 +58,6 @@ class TritonPipeline:
         self.fused = not any(not p.is_argmax_invariant() for p in sampler.custom)
         # commit_history covers BatchState's own counter and these two states; any other
         # slot state with a commit hook (a custom processor's history) needs the PyTorch commit.
-        from graphsafe_sampler.slot_tables import SlotTables
-
         hooks = [
             s
             for s in sampler.batch_state._slot_states
@@ -140,17 +139,16 @@ class TritonPipeline:
         triton_ops.compute_logprobs(source, tokens, token_ids, values, ranks, lse, subtract_lse)
         return LogprobsTensors(token_ids, values, ranks)
 
-    def commit(self, tokens: torch.Tensor, keep: torch.Tensor | None) -> None:
-        """tokens: [num_rows] int64; keep: [num_rows] bool or None (all rows)."""
+    def commit(self, slots: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor | None) -> None:
+        """slots, tokens: [num_rows] int64; keep: [num_rows] bool or None (all rows)."""
         s = self.sampler
         if not self.commit_kernel:
             s.batch_state.commit(tokens, keep)
             return
-        num_rows = tokens.shape[0]
         if keep is None:
-            keep = torch.ones(num_rows, dtype=torch.bool, device=tokens.device)
+            keep = torch.ones_like(tokens, dtype=torch.bool)
         triton_ops.commit_history(
-            s.batch_state.slots(num_rows),
+            slots,
             tokens,
             keep,
             s.batch_state.num_generated.device,
