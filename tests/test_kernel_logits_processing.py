@@ -240,6 +240,20 @@ def _listed(state: State, slots: torch.Tensor) -> torch.Tensor:
     return listed
 
 
+def _expose_first_saturated(state: State, grammar: torch.Tensor | None = None) -> None:
+    """Keep slot 0's first listed saturated token finite in row 0 (allowed, grammar bit set,
+    not a banned stop id), so the excess it carries shows in the finite logits. Drawn masks
+    hide every saturated token of a row often enough to make a check on them flaky."""
+    token = int(state.penalties.overflow_token.device[0, 0])
+    word, bit = divmod(token, 32)
+    as_int32 = torch.tensor(1 << bit, dtype=torch.int64).to(torch.int32)  # bit 31 wraps
+    state.allowed[0, word] |= as_int32
+    if grammar is not None:
+        grammar[0, word] |= as_int32
+    stops = state.stop_ids[0]
+    stops[stops == token] = (token + 1) % state.full_counts.shape[1]
+
+
 @pytest.mark.parametrize(
     ("rows", "vocab"),
     [pytest.param(1, 111, id="R1-V111"), pytest.param(3, 1023, id="R3-V1023"),
@@ -268,6 +282,7 @@ def test_skipped_excess_is_caught() -> None:
     listed saturated tokens, so test_matches_torch_backend would catch it."""
     gen = _gen()
     state = _random_state(3, 1023, gen)
+    _expose_first_saturated(state)
     slots = torch.tensor([0, 2, 1, 3])
     logits = torch.randn(4, 1023, generator=gen) * 4
     want = _torch_backend(logits, slots, state, None)
@@ -294,6 +309,7 @@ def test_matches_float64_reference(rows: int, vocab: int) -> None:
     slots = torch.tensor([0, *torch.randperm(num_reqs - 1, generator=gen)[: rows - 1].add(1)])
     logits = torch.randn(rows, vocab, generator=gen) * 4
     grammar = torch.randint(-(2**31), 2**31 - 1, (rows, num_words(vocab)), generator=gen).int()
+    _expose_first_saturated(state, grammar)
     got = _kernel(logits, slots, state, grammar).double().numpy()
     want = _float64_reference(logits, slots, state, grammar)
     assert np.array_equal(np.isneginf(got), np.isneginf(want))
