@@ -250,6 +250,8 @@ def process_logits(
     frequency: torch.Tensor,
     presence: torch.Tensor,
     temperature: torch.Tensor,
+    drafts: torch.Tensor | None = None,
+    num_preceding: torch.Tensor | None = None,
 ) -> None:
     """Logit bias, min_tokens, allowed and grammar bitmasks, penalties and temperature on
     logits [num_rows, V] float32, in place, in one pass (kernels/logits_processing.py).
@@ -260,7 +262,9 @@ def process_logits(
     entries first) / overflow_excess int32 [E + 1] (a saturated token's count - 255; column
     E is the commit's spare, never read): penalties.py's PenaltyState layout; repetition,
     frequency, presence, temperature float32. grammar: int32 [num_rows, ceil(V/32)] by
-    row, or None.
+    row, or None. drafts int64 [num_rows, D] with num_preceding int64 [num_rows] (both or
+    neither): a speculative step's drafted ids, of which the first num_preceding[r] precede
+    row r's position and count as output tokens for the penalties and min_tokens.
     """
     from graphsafe_sampler.kernels.logits_processing import process_logits as launch
 
@@ -291,10 +295,21 @@ def process_logits(
         raise ValueError(
             f"overflow_token must have E + 1 >= 2 columns, got {overflow_token.shape[1]}"
         )
+    if (drafts is None) != (num_preceding is None):
+        raise ValueError("drafts and num_preceding come together")
+    if drafts is not None and num_preceding is not None:
+        if drafts.dtype != torch.int64:
+            raise TypeError(f"drafts must be torch.int64, got {drafts.dtype}")
+        if drafts.dim() != 2 or drafts.shape[0] != num_rows or not drafts.is_contiguous():
+            raise ValueError(
+                f"drafts must be a contiguous [{num_rows}, D] tensor, got shape "
+                f"{tuple(drafts.shape)}"
+            )
+        _check_rows("num_preceding", num_preceding, torch.int64, num_rows)
     launch(
         logits, slots, bias_ids, bias_values, min_tokens, num_generated, stop_ids, allowed,
         grammar, counts, overflow_token, overflow_excess, prompt_mask, repetition, frequency,
-        presence, temperature,
+        presence, temperature, drafts, num_preceding,
     )  # fmt: skip
 
 
@@ -317,6 +332,8 @@ def _(
     frequency: torch.Tensor,
     presence: torch.Tensor,
     temperature: torch.Tensor,
+    drafts: torch.Tensor | None = None,
+    num_preceding: torch.Tensor | None = None,
 ) -> None:
     return None
 

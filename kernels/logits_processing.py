@@ -2,12 +2,13 @@
 allowed-token and grammar bitmasks, repetition/frequency/presence penalties, temperature.
 
 Per row r with slot s = slots[r], in the PyTorch backend's order (graphsafe_sampler/sampler.py,
-`process_logits`; bad words, custom processors and speculative drafts are not here):
+`process_logits`; bad words and custom processors are not here):
 1. logit bias: `l[t] += bias` for the slot's sparse (bias_ids, bias_values) table; unused
    entries are (token 0, +0.0) and are skipped (adding +0.0 changes nothing but the sign of
    a -0.0 logit, which compares equal);
-2. min_tokens: while num_generated[s] < min_tokens[s], the slot's stop ids (EOS included)
-   become -inf; unused entries repeat the first id, so duplicate stores carry one value;
+2. min_tokens: while num_generated[s] (+ num_preceding[r] with drafts) < min_tokens[s], the
+   slot's stop ids (EOS included) become -inf; unused entries repeat the first id, so
+   duplicate stores carry one value;
 3. allowed_token_ids: tokens whose bit is clear in allowed[s] become -inf;
 4. grammar: tokens whose bit is clear in grammar[r] (row-indexed, per step) become -inf;
 5. penalties in graphsafe_sampler/penalties.py's layout: the byte `counts[s, t]` is the
@@ -15,7 +16,9 @@ Per row r with slot s = slots[r], in the PyTorch backend's order (graphsafe_samp
    255 + overflow_excess[s, e] at the entry e with overflow_token[s, e] == t. The dense
    pass applies `apply_penalties` with the byte (repetition `l / r` if l > 0 else `l * r`
    over prompt ∪ output tokens, `l -= frequency * count`, `l -= presence * (count > 0)`;
-   `count > 0` is exact from the byte);
+   `count > 0` is exact from the byte). With speculative drafts, the row's first
+   num_preceding[r] drafts[r, :] count as output tokens on top of the byte (the PyTorch
+   backend's `PenaltyState.apply(extra_tokens=...)`): a D-step compare per tile;
 6. temperature: `l / T`, except greedy rows (T < GREEDY_TEMPERATURE) and T = 1, which keep l.
 7. the excess: a short loop over the slot's used overflow entries (filled in order from
    entry 0, so the first -1 ends it) applies `l -= frequency * excess` to the saturated
@@ -87,14 +90,18 @@ def _process_logits_kernel(
     frequency_ptr,  # [num_slots] float32
     presence_ptr,  # [num_slots] float32
     temperature_ptr,  # [num_slots] float32
+    drafts_ptr,  # [num_rows, D] int64 (HAS_DRAFTS): drafted ids before each row's position
+    num_preceding_ptr,  # [num_rows] int64 (HAS_DRAFTS): how many of them precede the row
     vocab_size,
     num_words,  # W = ceil(V / 32)
     num_bias,  # C
     num_stop,  # S
     num_overflow,  # E, the used entries' capacity (the tables have E + 1 columns)
+    num_drafts,  # D
     GREEDY_BELOW: tl.constexpr,
     SATURATED: tl.constexpr,
     HAS_GRAMMAR: tl.constexpr,
+    HAS_DRAFTS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr,
 ):
@@ -112,7 +119,10 @@ def _process_logits_kernel(
         x = tl.load(row_ptr + token, mask=used, other=0.0)
         tl.store(row_ptr + token, x + value, mask=used)
     # 2. min_tokens
-    if tl.load(num_generated_ptr + slot) < tl.load(min_tokens_ptr + slot):
+    preceding = 0
+    if HAS_DRAFTS:
+        preceding = tl.load(num_preceding_ptr + row).to(tl.int32)
+    if tl.load(num_generated_ptr + slot) + preceding < tl.load(min_tokens_ptr + slot):
         for start in range(0, num_stop, SPARSE_BLOCK):
             entry = start + tl.arange(0, SPARSE_BLOCK)
             used = entry < num_stop
@@ -145,7 +155,12 @@ def _process_logits_kernel(
         # 5. penalties with the byte count (a saturated token is charged 255 here)
         saturated = tl.zeros((BLOCK_SIZE,), tl.int1)
         if penalties_on:
-            count = tl.load(counts_row + cols, mask=in_row, other=0).to(tl.int32)
+            byte = tl.load(counts_row + cols, mask=in_row, other=0).to(tl.int32)
+            count = byte
+            if HAS_DRAFTS:
+                for j in range(0, preceding):
+                    drafted = tl.load(drafts_ptr + row.to(tl.int64) * num_drafts + j)
+                    count += (cols == drafted).to(tl.int32)
             in_output = count > 0
             seen = in_output | _bit_is_set(prompt_row, cols, in_row)
             penalised = tl.where(x > 0.0, tl.math.div_rn(x, repetition), x * repetition)
@@ -153,7 +168,7 @@ def _process_logits_kernel(
             x = x - frequency * count.to(tl.float32)
             x = x - presence * in_output.to(tl.float32)
             # tl.where, not &: the interpreter cannot & a scalar bool with a block of them
-            saturated = tl.where(fix_excess, count == SATURATED, False)
+            saturated = tl.where(fix_excess, byte == SATURATED, False)
         # 6. temperature, except where step 7 still subtracts the excess first
         if scale_on:
             x = tl.where(saturated, x, tl.math.div_rn(x, temperature))
@@ -211,6 +226,8 @@ def process_logits(
     frequency: torch.Tensor,  # [num_slots] float32
     presence: torch.Tensor,  # [num_slots] float32
     temperature: torch.Tensor,  # [num_slots] float32
+    drafts: torch.Tensor | None = None,  # [num_rows, D] int64 ids in [0, V)
+    num_preceding: torch.Tensor | None = None,  # [num_rows] int64 in [0, D]
     block_size: int = 1024,
     sparse_block: int = 128,
 ) -> None:
@@ -236,14 +253,18 @@ def process_logits(
         frequency,
         presence,
         temperature,
+        drafts if drafts is not None else slots,  # unread without HAS_DRAFTS
+        num_preceding if num_preceding is not None else slots,
         vocab_size,
         allowed.shape[1],
         bias_ids.shape[1],
         stop_ids.shape[1],
         overflow_token.shape[1] - 1,
+        drafts.shape[1] if drafts is not None else 0,
         GREEDY_BELOW=GREEDY_TEMPERATURE,
         SATURATED=SATURATED,
         HAS_GRAMMAR=grammar is not None,
+        HAS_DRAFTS=drafts is not None,
         BLOCK_SIZE=block_size,
         SPARSE_BLOCK=sparse_block,
         # why: x - f * count must round twice, as torch's separate multiply and subtract do

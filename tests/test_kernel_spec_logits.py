@@ -1,0 +1,127 @@
+"""The logits-processing kernel on a speculative step's positions (interpreted on CPU): the
+drafts before a position count as output tokens for the penalties and min_tokens, bit for
+bit as the PyTorch backend's `PenaltyState.apply(extra_tokens=...)` and
+`MinTokensLogitsProcessor.apply(num_preceding)` count them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_kernel_logits_processing import (
+    State,
+    _expose_first_saturated,
+    _gen,
+    _random_grammar,
+    _random_state,
+)
+
+from graphsafe_sampler import triton_ops
+from graphsafe_sampler.bitmask import BitmaskUnpacker
+from graphsafe_sampler.params import GREEDY_TEMPERATURE
+
+
+def _torch_backend(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    state: State,
+    grammar: torch.Tensor,
+    drafts: torch.Tensor,
+    preceding: torch.Tensor,
+) -> torch.Tensor:
+    """The PyTorch backend's stages with drafts (Sampler.process_logits's order)."""
+    unpack = BitmaskUnpacker(logits.shape[1], logits.device).unpack
+    x = logits.clone()
+    x.scatter_add_(1, state.bias_ids[slots].long(), state.bias_values[slots])
+    generated = state.batch.num_generated.device[slots] + preceding
+    active = generated < state.min_tokens[slots]
+    ban = torch.where(active, float("-inf"), float("inf"))[:, None]
+    ids = state.stop_ids[slots].long()
+    x.scatter_reduce_(1, ids, ban.expand_as(ids), reduce="amin")
+    x.masked_fill_(~unpack(state.allowed[slots]), float("-inf"))
+    x.masked_fill_(~unpack(grammar), float("-inf"))
+    columns = torch.arange(drafts.shape[1])
+    x = state.penalties.apply(
+        x, slots, extra_tokens=drafts, extra_mask=columns[None, :] < preceding[:, None]
+    )
+    t = state.temperature[slots]
+    return x / torch.where(t < GREEDY_TEMPERATURE, 1.0, t)[:, None]
+
+
+def _spec_rows(
+    state: State, num_reqs: int, spec: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows r * (spec + 1) + j = request r after its first j drafts: (slots, drafts
+    [rows, spec] int64, preceding [rows] int64). Each request drafts one of its saturated
+    tokens (penalised by the excess too; request 0 drafts it first), a token of its prompt
+    or output history and random ids, one of them twice."""
+    vocab = state.full_counts.shape[1]
+    slots, drafts = [], []
+    for r in range(num_reqs):
+        saturated = int(state.penalties.overflow_token.device[r, 0])
+        seen = state.full_counts[r].nonzero().flatten()
+        row = torch.randint(0, vocab, (spec,), generator=gen)
+        row[0] = saturated
+        row[1] = seen[int(torch.randint(0, seen.numel(), (1,), generator=gen))]
+        row[-1] = row[int(torch.randint(0, spec - 1, (1,), generator=gen))]
+        if r > 0:  # request 0 drafts its saturated token first (checked at every position)
+            row = row[torch.randperm(spec, generator=gen)]
+        for _ in range(spec + 1):
+            slots.append(r)
+            drafts.append(row)
+    preceding = torch.arange(spec + 1).repeat(num_reqs)
+    return torch.tensor(slots), torch.stack(drafts).contiguous(), preceding
+
+
+@pytest.mark.parametrize(("num_reqs", "vocab", "spec"), [(2, 111, 3), (3, 1023, 4)])
+def test_drafts_match_torch_backend(num_reqs: int, vocab: int, spec: int) -> None:
+    gen = _gen()
+    state = _random_state(num_reqs, vocab, gen)
+    _expose_first_saturated(state)
+    # min_tokens in force for the first positions of each request, lifted by its drafts
+    generated = state.batch.num_generated.device[:num_reqs]
+    state.min_tokens[:num_reqs] = generated + torch.randint(1, spec + 1, (num_reqs,))
+    slots, drafts, preceding = _spec_rows(state, num_reqs, spec, gen)
+    rows = slots.shape[0]
+    logits = torch.randn(rows, vocab, generator=gen) * 4
+    grammar = _random_grammar(rows, vocab, gen)
+    token = int(drafts[0, 0])  # request 0's saturated draft: allowed at all its positions
+    grammar[: spec + 1, token // 32] |= torch.tensor(1 << token % 32).to(torch.int32)
+    got = logits.clone()
+    triton_ops.process_logits(
+        got, slots, *state.kernel_args(), grammar, *state.penalty_args(), drafts, preceding
+    )
+    want = _torch_backend(logits, slots, state, grammar, drafts, preceding)
+    assert torch.equal(got, want)
+    # The drafts changed the penalised rows: without them the kernel gives another answer.
+    without = logits.clone()
+    triton_ops.process_logits(without, slots, *state.kernel_args(), grammar, *state.penalty_args())
+    changed = (without != got).any(-1).view(num_reqs, spec + 1)
+    assert not bool(changed[:, 0].any())  # no draft precedes position 0
+    assert bool(changed[0, 1:].all())  # slot 0: penalties on, the saturated draft unmasked
+
+
+def test_bad_draft_arguments() -> None:
+    gen = _gen()
+    state = _random_state(2, 111, gen)
+    slots, drafts, preceding = _spec_rows(state, 2, 3, gen)
+    logits = torch.randn(slots.shape[0], 111, generator=gen)
+    args = (logits, slots, *state.kernel_args(), None, *state.penalty_args())
+    with pytest.raises(ValueError, match="drafts and num_preceding come together"):
+        triton_ops.process_logits(*args, drafts, None)
+    with pytest.raises(TypeError, match=r"drafts must be torch\.int64"):
+        triton_ops.process_logits(*args, drafts.int(), preceding)
+    with pytest.raises(ValueError, match=r"drafts must be a contiguous \[8, D\] tensor"):
+        triton_ops.process_logits(*args, drafts[:4], preceding)
+    with pytest.raises(TypeError, match=r"num_preceding must be torch\.int64"):
+        triton_ops.process_logits(*args, drafts, preceding.int())
+
+
+def test_opcheck_with_drafts() -> None:
+    gen = _gen()
+    state = _random_state(2, 129, gen)
+    slots, drafts, preceding = _spec_rows(state, 2, 2, gen)
+    logits = torch.randn(slots.shape[0], 129, generator=gen)
+    torch.library.opcheck(
+        triton_ops.process_logits,
+        (logits, slots, *state.kernel_args(), None, *state.penalty_args(), drafts, preceding),
+    )
