@@ -1,4 +1,4 @@
-"""`RejectionSampler`: speculative decoding's verification step, graph-safe (PyTorch backend).
+"""`RejectionSampler`: speculative decoding's verification step, graph-safe, on both backends.
 
 A draft model (or an n-gram lookup) proposes up to S = `max_spec_len` tokens per request;
 the target model scores all of them at once, giving `[num_rows, S + 1, V]` logits where
@@ -29,6 +29,14 @@ tokens therefore do not depend on its row, its neighbours, the batch size or pad
 recovered and bonus draws are Gumbel-max over the vocabulary, `argmax(log q + g)` (q = 0 is
 -inf), computed only at each row's one emitted position: one [num_rows, V] noise pass.
 
+Backends: on the Triton backend the S + 1 positions go through the kernels
+(`TritonPipeline.process_logits`: the logits-processing kernel counts the preceding drafts,
+then min_p and the top-k/top-p mask), and the emitted token's race is `sample_tokens`, once
+per stream; the acceptance test ([num_rows, S] values) and the residual are PyTorch ops on
+both backends. The kernels' uniforms are bit-identical to the PyTorch backend's and the
+processed logits equal, so both backends emit the same tokens, except where two candidates'
+perturbed scores tie within the Gumbel transform's last-bit rounding (kernels/sampling.py).
+
 By default `forward` commits each row's accepted drafts and its emitted token to the request's
 device-side history (`Sampler.commit_tokens` with num_accepted + 1 tokens), inside the graph.
 
@@ -48,6 +56,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from graphsafe_sampler import triton_ops
 from graphsafe_sampler.batch_update import BatchUpdate
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.ops.rng import (
@@ -222,6 +231,35 @@ class RejectionSampler(nn.Module):
 
     # ----------------------------------------------------------------- device side
 
+    def _race_kernels(
+        self,
+        bonus_scores: torch.Tensor,  # [num_rows, V] float32
+        recovered_scores: torch.Tensor,  # [num_rows, V] float32
+        is_bonus: torch.Tensor,  # [num_rows] bool
+        slots: torch.Tensor,  # [num_rows] int64
+        emit_position: torch.Tensor,  # [num_rows] int64
+    ) -> torch.Tensor:
+        """The Triton backend's Gumbel-max races for the emitted token: `sample_tokens` once
+        per stream (the salt is a launch constant), merged per row. Greedy rows come out as
+        argmax and are replaced by the caller. Returns [num_rows] int64."""
+        sampling = self.sampler.sampling
+        num_rows = slots.shape[0]
+        picks = []
+        for scores, salt in ((bonus_scores, SALT_BONUS), (recovered_scores, SALT_RECOVER)):
+            tokens = torch.empty(num_rows, dtype=torch.int64, device=scores.device)
+            triton_ops.sample_tokens(
+                scores.contiguous(),
+                slots,
+                sampling.temperature.device,
+                sampling.seed.device,
+                emit_position,
+                None,
+                tokens,
+                salt,
+            )
+            picks.append(tokens)
+        return torch.where(is_bonus, picks[0], picks[1])
+
     def forward(
         self,
         target_logits: torch.Tensor,
@@ -326,14 +364,19 @@ class RejectionSampler(nn.Module):
         scores = torch.where(is_bonus[:, None], emitted_logits, recovered_scores)
         # One noise row per request, from the stream of what it emits.
         emit_position = start + num_accepted
-        keys = torch.where(
-            is_bonus,
-            row_keys(seeds, emit_position, SALT_BONUS),
-            row_keys(seeds, emit_position, SALT_RECOVER),
-        )
-        token_ids = torch.arange(vocab, device=device)
-        gumbel = exponentials_from_hashes(hash_tokens(keys, token_ids)).log_().neg_()
-        random_emitted = (scores + gumbel).argmax(dim=-1)  # [num_rows]
+        if sampler.backend == "triton":
+            random_emitted = self._race_kernels(
+                emitted_logits, recovered_scores, is_bonus, slots, emit_position
+            )
+        else:
+            keys = torch.where(
+                is_bonus,
+                row_keys(seeds, emit_position, SALT_BONUS),
+                row_keys(seeds, emit_position, SALT_RECOVER),
+            )
+            token_ids = torch.arange(vocab, device=device)
+            gumbel = exponentials_from_hashes(hash_tokens(keys, token_ids)).log_().neg_()
+            random_emitted = (scores + gumbel).argmax(dim=-1)  # [num_rows]
         greedy_emitted = greedy.gather(1, num_accepted[:, None])[:, 0]
         emitted = torch.where(row_is_greedy, greedy_emitted, random_emitted)
 

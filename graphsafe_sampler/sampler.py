@@ -209,7 +209,7 @@ class Sampler(nn.Module):
             if commit:
                 self._triton.commit(slots, tokens, commit_mask)
             return SamplerOutput(tokens.to(torch.int32)[:, None], logprobs)
-        x, greedy_tokens, is_greedy = self.process_logits(x, slots, self.grammar)
+        x, greedy_tokens, is_greedy = self.torch_process_logits(x, slots, self.grammar)
         positions = self.sampling.positions(slots)
         seeds = self.sampling.seed.device[slots]
         noise = gumbel_noise(seeds, positions, config.vocab_size, SALT_SAMPLE)
@@ -240,8 +240,26 @@ class Sampler(nn.Module):
         output tokens for penalties, bad words and min_tokens.
 
         Returns (processed logits [rows, V] after temperature, min_p and top-k/top-p,
-        greedy token [rows] int64 (argmax before temperature), is_greedy [rows] bool).
+        greedy token [rows] int64 (argmax before temperature; read it for greedy rows),
+        is_greedy [rows] bool). The Triton backend runs it through its kernels
+        (`TritonPipeline.process_logits`) unless a custom processor is not
+        argmax-invariant; the PyTorch stages are `torch_process_logits`.
         """
+        if (drafts is None) != (num_preceding is None):
+            raise ValueError("drafts and num_preceding come together")
+        if self._triton is not None and self._triton.fused:
+            return self._triton.process_logits(x, slots, grammar, drafts, num_preceding)
+        return self.torch_process_logits(x, slots, grammar, drafts, num_preceding)
+
+    def torch_process_logits(
+        self,
+        x: torch.Tensor,  # [rows, V] float32, a fresh copy: updated in place
+        slots: torch.Tensor,  # [rows] int64, the slot of each row's request
+        grammar: GrammarBitmask,
+        drafts: torch.Tensor | None = None,  # [rows, S] int64 ids in [0, V)
+        num_preceding: torch.Tensor | None = None,  # [rows] int64 in [0, S]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`process_logits` through the PyTorch stages, whatever the backend."""
         if (drafts is None) != (num_preceding is None):
             raise ValueError("drafts and num_preceding come together")
         # Processors find their rows through `batch_state.slots(n)`: bind this map.

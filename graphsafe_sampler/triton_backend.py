@@ -36,10 +36,12 @@ import torch
 from graphsafe_sampler import triton_ops
 from graphsafe_sampler.ops.rng import SALT_SAMPLE
 from graphsafe_sampler.output import LogprobsTensors
+from graphsafe_sampler.params import GREEDY_TEMPERATURE
 from graphsafe_sampler.slot_tables import SlotTables
 
 if TYPE_CHECKING:
     from graphsafe_sampler.sampler import Sampler
+    from graphsafe_sampler.structured_output import GrammarBitmask
 
 
 def triton_available(device: torch.device) -> bool:
@@ -67,6 +69,79 @@ class TritonPipeline:
         ]
         self.commit_kernel = not hooks
 
+    def _process(
+        self,
+        x: torch.Tensor,
+        slots: torch.Tensor,
+        grammar: torch.Tensor,
+        drafts: torch.Tensor | None = None,
+        num_preceding: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Steps 1-3 of the module docstring on x [num_rows, V] float32 (the fused path):
+        bad words, `process_logits`, `apply_min_p`, in place; returns x. grammar:
+        [num_rows, ceil(V/32)] int32, row-indexed."""
+        s = self.sampler
+        x = s.bad_words.apply(x, slots, drafts, num_preceding)
+        triton_ops.process_logits(
+            x,
+            slots,
+            s.logit_bias.bias_ids.device,
+            s.logit_bias.bias_values.device,
+            s.min_tokens.min_tokens.device,
+            s.batch_state.num_generated.device,
+            s.min_tokens.stop_ids.device,
+            s.allowed.allowed.device,
+            grammar,
+            s.penalties.counts,
+            s.penalties.overflow_token.device,
+            s.penalties.overflow_excess.device,
+            s.penalties.prompt_mask.device,
+            s.penalties.repetition.device,
+            s.penalties.frequency.device,
+            s.penalties.presence.device,
+            s.sampling.temperature.device,
+            drafts,
+            num_preceding,
+        )
+        triton_ops.apply_min_p(x, slots, s.min_p.min_p.device)
+        return x
+
+    def process_logits(
+        self,
+        x: torch.Tensor,
+        slots: torch.Tensor,
+        grammar: GrammarBitmask,
+        drafts: torch.Tensor | None = None,
+        num_preceding: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`Sampler.process_logits` through the kernels (the fused path only): x [rows, V]
+        float32, a fresh copy, updated in place; rows need not be batch rows (speculative
+        decoding passes every position of every row, `grammar` holding a mask per position
+        and `drafts` [rows, S] int64 with `num_preceding` [rows] int64 the drafts that
+        precede each row).
+
+        Returns (processed logits after temperature, min_p and top-k/top-p with the mask
+        written, greedy tokens [rows] int64, is_greedy [rows] bool). A greedy row's token
+        is its argmax (lowest index on ties): its temperature is skipped and min_p, top-k
+        and top-p keep the maximum, so it equals the PyTorch backend's argmax before
+        temperature. Other rows' greedy tokens are the argmax after their temperature: unused.
+        """
+        s = self.sampler
+        num_rows = x.shape[0]
+        table = grammar.bitmask.device[: num_rows // grammar.num_positions]
+        x = self._process(x, slots, table.reshape(num_rows, -1), drafts, num_preceding)
+        s.batch_state.bind_slots(slots)  # argmax-invariant custom processors read it
+        try:
+            for proc in s.custom:
+                x = proc.apply(x)
+        finally:
+            s.batch_state.bind_slots(None)
+        cut = torch.empty(num_rows, dtype=torch.float32, device=x.device)
+        top_k, top_p = s.sampling.top_k.device, s.sampling.top_p.device
+        triton_ops.apply_top_k_top_p(x, slots, top_k, top_p, cut)
+        is_greedy = s.sampling.temperature.device[slots] < GREEDY_TEMPERATURE
+        return x, x.argmax(dim=-1), is_greedy
+
     def sample(
         self, x: torch.Tensor, slots: torch.Tensor, *, return_processed: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,27 +154,7 @@ class TritonPipeline:
         num_rows = x.shape[0]
         cut: torch.Tensor | None = None
         if self.fused:
-            x = s.bad_words.apply(x, slots)
-            triton_ops.process_logits(
-                x,
-                slots,
-                s.logit_bias.bias_ids.device,
-                s.logit_bias.bias_values.device,
-                s.min_tokens.min_tokens.device,
-                s.batch_state.num_generated.device,
-                s.min_tokens.stop_ids.device,
-                s.allowed.allowed.device,
-                s.grammar.bitmask.device[:num_rows],
-                s.penalties.counts,
-                s.penalties.overflow_token.device,
-                s.penalties.overflow_excess.device,
-                s.penalties.prompt_mask.device,
-                s.penalties.repetition.device,
-                s.penalties.frequency.device,
-                s.penalties.presence.device,
-                s.sampling.temperature.device,
-            )
-            triton_ops.apply_min_p(x, slots, s.min_p.min_p.device)
+            x = self._process(x, slots, s.grammar.bitmask.device[:num_rows])
             for proc in s.custom:  # all argmax-invariant here
                 x = proc.apply(x)
             cut = torch.empty(num_rows, dtype=torch.float32, device=x.device)
@@ -110,7 +165,7 @@ class TritonPipeline:
             else:
                 triton_ops.top_k_top_p_threshold(x, slots, top_k, top_p, cut)
         else:
-            x, _, _ = s.process_logits(x, slots, s.grammar)
+            x, _, _ = s.torch_process_logits(x, slots, s.grammar)
             x = x.contiguous()
         tokens = torch.empty(num_rows, dtype=torch.int64, device=x.device)
         positions = s.sampling.positions(slots)

@@ -1,9 +1,12 @@
-"""RejectionSampler (PyTorch backend): exact greedy cases, in-step history, the float64
-reference under churn, per-position chi-square against the target distribution, the RNG
-streams, determinism across layouts, graph safety and bad input."""
+"""RejectionSampler: exact greedy cases, in-step history, the float64 reference under churn,
+per-position chi-square against the target distribution, the RNG streams, determinism across
+layouts, graph safety and bad input. Tests taking `backend` run on both backends (Triton
+through the interpreter); the chi-square runs on the PyTorch backend, and
+test_rejection_sampler_triton.py checks that the backends emit the same tokens."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -24,10 +27,13 @@ from graphsafe_sampler.testing import BatchDriver, DriverRequest, check_graph_sa
 
 V = 111
 S = 3
+BACKENDS = ["torch", "triton"]
 
 
-def _pair(config: gs.SamplerConfig, spec: int = S) -> tuple[Sampler, RejectionSampler]:
-    sampler = Sampler(config, "cpu")
+def _pair(
+    config: gs.SamplerConfig, spec: int = S, backend: str = "torch"
+) -> tuple[Sampler, RejectionSampler]:
+    sampler = Sampler(dataclasses.replace(config, backend=backend), "cpu")
     return sampler, RejectionSampler(sampler, spec)
 
 
@@ -38,9 +44,10 @@ def _ids(*rows: list[int]) -> torch.Tensor:
 # ----------------------------------------------------------------- exact greedy cases
 
 
-def test_greedy_exact_cases_and_commit() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_greedy_exact_cases_and_commit(backend: str) -> None:
     config = gs.SamplerConfig(max_num_reqs=5, vocab_size=V, seed=0)
-    sampler, rejection = _pair(config)
+    sampler, rejection = _pair(config, backend=backend)
     greedy = SP(temperature=0.0)
     sampler.update_state(BatchUpdate(4, added=[(r, greedy, None, []) for r in range(4)]))
     gen = torch.Generator().manual_seed(1)
@@ -91,12 +98,13 @@ def test_commit_mask_and_no_commit() -> None:
     assert [int(generated[s]) for s in slots] == [4, 1, 4]
 
 
-def test_drafts_before_a_position_count_as_output() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_drafts_before_a_position_count_as_output(backend: str) -> None:
     # Greedy rows whose targets change within the step because of the drafts before
     # each position: min_tokens, bad words and penalties.
     eos = 9
     config = gs.SamplerConfig(max_num_reqs=3, vocab_size=V, eos_token_id=eos)
-    sampler, rejection = _pair(config)
+    sampler, rejection = _pair(config, backend=backend)
     rows = [
         SP(temperature=0.0, min_tokens=2),
         SP(temperature=0.0, bad_words_token_ids=[[5, 7]]),
@@ -137,12 +145,13 @@ def _reference_position(
     return reference.pipeline(row, view, config)
 
 
-def test_matches_reference_under_churn() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_matches_reference_under_churn(backend: str) -> None:
     config = gs.SamplerConfig(
         max_num_reqs=7, vocab_size=V, eos_token_id=3, seed=0, max_logit_bias_tokens=16,
         max_stop_token_ids=4, max_bad_word_len=4,
     )  # fmt: skip
-    sampler, rejection = _pair(config)
+    sampler, rejection = _pair(config, backend=backend)
     driver = BatchDriver(config, seed=11, churn=0.15)
     np_rng = np.random.default_rng(11)
     gen = torch.Generator().manual_seed(11)
@@ -401,7 +410,8 @@ def _step_inputs(num_rows: int, where: dict[int, int], step: int) -> tuple[torch
     return logits, drafts, num, probs
 
 
-def test_tokens_do_not_depend_on_row_batch_or_padding() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tokens_do_not_depend_on_row_batch_or_padding(backend: str) -> None:
     config = gs.SamplerConfig(max_num_reqs=8, vocab_size=V, seed=4)
     requests = [
         SP(temperature=0.9, top_k=30, seed=11, presence_penalty=0.5),
@@ -411,7 +421,7 @@ def test_tokens_do_not_depend_on_row_batch_or_padding() -> None:
     prompts = [[1, 2], [3], None]
 
     def run(num_rows: int, where: dict[int, int], others: int) -> list[list[int]]:
-        sampler, rejection = _pair(config)
+        sampler, rejection = _pair(config, backend=backend)
         added: list[AddedRequest] = [(where[k], p, prompts[k], []) for k, p in enumerate(requests)]
         free = [r for r in range(num_rows) if r not in where.values()][:others]
         added += [(r, SP(temperature=0.7, seed=r), None, []) for r in free]
@@ -429,7 +439,7 @@ def test_tokens_do_not_depend_on_row_batch_or_padding() -> None:
     assert alone == crowded
 
     # Moving a request between steps keeps its stream too.
-    sampler, rejection = _pair(config)
+    sampler, rejection = _pair(config, backend=backend)
     sampler.update_state(
         BatchUpdate(3, added=[(k, p, prompts[k], []) for k, p in enumerate(requests)])
     )
@@ -448,12 +458,13 @@ def test_tokens_do_not_depend_on_row_batch_or_padding() -> None:
 # ----------------------------------------------------------------- graph safety
 
 
-def test_graph_safety_of_the_rejection_sampler() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_graph_safety_of_the_rejection_sampler(backend: str) -> None:
     config = gs.SamplerConfig(
         max_num_reqs=5, vocab_size=V, eos_token_id=2, seed=0, max_logit_bias_tokens=8,
         max_stop_token_ids=4, max_bad_word_len=4,
     )  # fmt: skip
-    rejection = _pair(config)[1]
+    rejection = _pair(config, backend=backend)[1]
     np_rng = np.random.default_rng(6)
     words = num_words(V)
 
@@ -480,17 +491,20 @@ def test_graph_safety_of_the_rejection_sampler() -> None:
         mask = np_rng.integers(-(2**31), 2**31, size=(len(rows), S + 1, words), dtype=np.int64)
         rejection.stage_grammar_bitmask(mask.astype(np.int32), rows=rows)
 
+    # The interpreter runs each kernel in numpy: fewer steps on the Triton backend.
+    num_steps = 30 if backend == "torch" else 12
     report = check_graph_safety(
-        rejection, fn=step, num_steps=30, seed=6, make_logits=make_logits, advance=advance
+        rejection, fn=step, num_steps=num_steps, seed=6, make_logits=make_logits, advance=advance
     )
     assert report.compile_frames == 1
 
 
-def test_ngram_drafts_trace_and_replay() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ngram_drafts_trace_and_replay(backend: str) -> None:
     # The draft_probs=None path (a different graph): trace once, replay under churn.
     config = gs.SamplerConfig(max_num_reqs=4, vocab_size=V, seed=1, max_logit_bias_tokens=4,
                               max_stop_token_ids=2, max_bad_word_len=3)  # fmt: skip
-    rejection = _pair(config)[1]
+    rejection = _pair(config, backend=backend)[1]
 
     def step(logits: torch.Tensor) -> gs.RejectionSamplerOutput:
         drafts = logits[:, :S].argmax(dim=-1)
@@ -500,19 +514,19 @@ def test_ngram_drafts_trace_and_replay() -> None:
     report = check_graph_safety(
         rejection,
         fn=step,
-        num_steps=20,
+        num_steps=20 if backend == "torch" else 8,
         seed=2,
         make_logits=lambda n, gen: torch.randn(n, S + 1, V, generator=gen) * 3,
         compile=False,
     )
-    assert report.steps == 20
+    assert report.steps == (20 if backend == "torch" else 8)
 
 
 # ----------------------------------------------------------------- bad input
 
 
-def _ready(num_rows: int = 3) -> RejectionSampler:
-    sampler, rejection = _pair(gs.SamplerConfig(max_num_reqs=4, vocab_size=V))
+def _ready(num_rows: int = 3, backend: str = "torch") -> RejectionSampler:
+    sampler, rejection = _pair(gs.SamplerConfig(max_num_reqs=4, vocab_size=V), backend=backend)
     sampler.update_state(
         BatchUpdate(num_rows, added=[(r, SP(temperature=0.0), None, []) for r in range(num_rows)])
     )
@@ -568,8 +582,9 @@ def test_bad_input_is_refused_before_anything_runs(
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
-def test_out_of_range_device_values_are_clamped_or_refused() -> None:
-    rejection = _ready()
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_out_of_range_device_values_are_clamped_or_refused(backend: str) -> None:
+    rejection = _ready(backend=backend)
     logits = torch.randn(3, S + 1, V)
     best = logits.argmax(dim=-1)
     drafts = best[:, :S].clone()
@@ -626,9 +641,10 @@ def test_forward_before_update_state() -> None:
         rejection(**GOOD)
 
 
-def test_per_position_grammar_bitmask() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_per_position_grammar_bitmask(backend: str) -> None:
     config = gs.SamplerConfig(max_num_reqs=2, vocab_size=V)
-    sampler, rejection = _pair(config)
+    sampler, rejection = _pair(config, backend=backend)
     sampler.update_state(
         BatchUpdate(2, added=[(r, SP(temperature=0.0), None, []) for r in range(2)])
     )
