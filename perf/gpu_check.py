@@ -16,6 +16,14 @@ or a slow compile costs that part only), each writing its results as it goes:
                 `triton.testing.do_bench_cudagraph`: the floor (a captured copy of the
                 logits), the Sampler eager and (second pass) compiled, each captured
                 -> bench.json (graphsafe_sampler.bench.results format), bench.md
+    spec        speculative decoding's verification step, `RejectionSampler.forward`
+                (S = 4): captured the same way and replayed for --steps steps of churn
+                against an eager twin (drafts, counts, grammar masks per position, a
+                commit mask), per backend, with draft_probs and without (n-gram drafts)
+                -> graph_check.json; then the step timed at rows 64 first, the other
+                grid rows after while its time lasts (vocab: the first of --vocabs),
+                beside the floor (a captured copy of the target logits)
+                -> appended to bench.json, bench.md (stage "rejection")
     flashinfer  FlashInfer's sampling functions on the same grid, when importable
                 -> appended to bench.json, bench.md
     compiled    `torch.compile(fullgraph=True)` of the step, captured by hand in a CUDA
@@ -58,7 +66,7 @@ import time
 import traceback
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +105,7 @@ _alias_kernels()
 # E402: these imports need the fallback above on a machine where the package is not installed.
 from graphsafe_sampler import (  # noqa: E402
     BatchUpdate,
+    RejectionSampler,
     Sampler,
     SamplerConfig,
     SamplerOutput,
@@ -113,6 +122,7 @@ from graphsafe_sampler.bench.results import (  # noqa: E402
     run_context,
 )
 from graphsafe_sampler.bench.timing import time_rounds  # noqa: E402
+from graphsafe_sampler.bench.workload import DECODE_RECIPES  # noqa: E402
 from graphsafe_sampler.testing import (  # noqa: E402
     BatchDriver,
     SyncOpDetector,
@@ -122,7 +132,7 @@ from graphsafe_sampler.testing import (  # noqa: E402
 
 # ----------------------------------------------------------------- parts and budget
 
-PART_NAMES = ("graph", "bench", "flashinfer", "compiled", "tests")
+PART_NAMES = ("graph", "bench", "spec", "flashinfer", "compiled", "tests")
 FINAL_RESERVE_S = 8.0
 """Kept back from the budget for the summary and the process start-ups."""
 INTERRUPT_GRACE_S = 8.0
@@ -149,14 +159,16 @@ class Part:
 
 
 PARTS: tuple[Part, ...] = (
-    Part("graph", 0.18, 25.0, True, "CUDA-graph replay of Sampler.forward against an eager twin"),
-    Part("bench", 0.38, 40.0, True, "graph-replay benchmarks: floor, Sampler eager, compiled"),
-    Part("flashinfer", 0.12, 30.0, False, "FlashInfer's sampling functions on the same grid"),
-    Part("compiled", 0.12, 45.0, True, "torch.compile + manual CUDA-graph capture vs eager"),
-    Part("tests", 0.20, 30.0, False, "pytest on CUDA with TRITON_INTERPRET=0"),
+    Part("graph", 0.16, 25.0, True, "CUDA-graph replay of Sampler.forward against an eager twin"),
+    Part("bench", 0.34, 40.0, True, "graph-replay benchmarks: floor, Sampler eager, compiled"),
+    Part("spec", 0.12, 25.0, True, "RejectionSampler: replay vs eager twin, then its benchmark"),
+    Part("flashinfer", 0.10, 30.0, False, "FlashInfer's sampling functions on the same grid"),
+    Part("compiled", 0.10, 45.0, True, "torch.compile + manual CUDA-graph capture vs eager"),
+    Part("tests", 0.18, 30.0, False, "pytest on CUDA with TRITON_INTERPRET=0"),
 )
-"""Run order. The core proof first, then the table; the parts most likely to overrun (a
-compile, the test suite) last, where they get whatever the others left unused."""
+"""Run order. The core proof first, then the table, then the speculative step (its own
+part: a crash in its capture costs it alone); the parts most likely to overrun (a compile,
+the test suite) last, where they get whatever the others left unused."""
 PARTS_BY_NAME = {p.name: p for p in PARTS}
 
 
@@ -221,6 +233,8 @@ class Options:
     graph_vocab: int = 32_000
     rows: tuple[int, ...] = (1, 64, 256, 1024)
     vocabs: tuple[int, ...] = (128_256, 151_936)
+    spec_rows: tuple[int, ...] = ()
+    """Requests of the speculative benchmark; empty: the grid's rows (64 first)."""
     cases: tuple[str, ...] = ()
     backends: tuple[str, ...] = ("torch", "triton")
     rep_ms: int = 10
@@ -242,7 +256,7 @@ class Options:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Options:
-        tuples = ("skip", "rows", "vocabs", "cases", "backends")
+        tuples = ("skip", "rows", "vocabs", "spec_rows", "cases", "backends")
         fields: dict[str, Any] = {k: tuple(v) if k in tuples else v for k, v in data.items()}
         return cls(**fields)
 
@@ -254,6 +268,7 @@ GPU_DEFAULTS: dict[str, Any] = {
     "graph_vocab": 32_000,
     "rows": (1, 64, 256, 1024),
     "vocabs": (128_256, 151_936),
+    "spec_rows": (),
 }
 SMOKE_DEFAULTS: dict[str, Any] = {
     "steps": 12,
@@ -262,6 +277,7 @@ SMOKE_DEFAULTS: dict[str, Any] = {
     "graph_vocab": 111,
     "rows": (1, 3),
     "vocabs": (1000,),
+    "spec_rows": (1, 3),
 }
 
 
@@ -289,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rows", type=int, nargs="+", help="benchmark rows (GPU: 1 64 256 1024)")
     parser.add_argument("--vocabs", type=int, nargs="+",
                         help="benchmark vocabularies (GPU: 128256 151936)")  # fmt: skip
+    parser.add_argument("--spec-rows", type=int, nargs="+",
+                        help="requests of the speculative step's benchmark, at the first of "
+                        "--vocabs (GPU: the --rows, 64 first)")  # fmt: skip
     parser.add_argument("--cases", nargs="+", choices=BENCH_CASES, metavar="CASE",
                         help=f"benchmark cases (default all: {' '.join(BENCH_CASES)})")  # fmt: skip
     parser.add_argument("--backends", nargs="+", default=["torch", "triton"],
@@ -328,6 +347,7 @@ def options_from_args(ns: argparse.Namespace) -> Options:
         graph_vocab=pick("graph_vocab"),
         rows=tuple(pick("rows")),
         vocabs=tuple(pick("vocabs")),
+        spec_rows=tuple(pick("spec_rows")),
         cases=tuple(ns.cases or BENCH_CASES),
         backends=tuple(dict.fromkeys(ns.backends)),
         rep_ms=ns.rep_ms,
@@ -344,6 +364,7 @@ def options_from_args(ns: argparse.Namespace) -> Options:
         ("--rep-ms", opts.rep_ms, 1),
         ("--rows", min(opts.rows), 1),
         ("--vocabs", min(opts.vocabs), 8),
+        ("--spec-rows", min(opts.spec_rows, default=1), 1),
     ):
         if value < minimum:
             raise SystemExit(f"gpu_check: {name} must be >= {minimum}, got {value}")
@@ -502,8 +523,13 @@ def environment_report(opts: Options) -> dict[str, Any]:
 
 # ----------------------------------------------------------------- replay checks
 
-StepFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
+StepFn = Callable[..., tuple[torch.Tensor, ...]]
+"""A captured step: its inputs positionally (the Sampler's: logits, commit mask), its
+outputs a flat tuple of tensors."""
 OUTPUT_NAMES = ("sampled_token_ids", "logprob_token_ids", "logprobs", "selected_token_ranks")
+SPEC_OUTPUT_NAMES = ("output_token_ids", "num_accepted")
+TOKEN_OUTPUTS = (OUTPUT_NAMES[0], *SPEC_OUTPUT_NAMES)
+"""Outputs whose differences count as token mismatches (the others: logprob mismatches)."""
 ATOL = 1e-5
 RTOL = 1e-5
 MAX_FAILURES_KEPT = 8
@@ -559,9 +585,10 @@ def graph_config(opts: Options, backend: str, logprobs_mode: str) -> SamplerConf
 
 
 class StateTensors:
-    """A Sampler's state tensors (`state_tensors()`): snapshots, address checks, diffs."""
+    """A Sampler's state tensors (`state_tensors()`; a RejectionSampler's are its Sampler's):
+    snapshots, address checks, diffs."""
 
-    def __init__(self, sampler: Sampler) -> None:
+    def __init__(self, sampler: Target) -> None:
         self.sampler = sampler
         self.tensors: dict[str, torch.Tensor] = dict(sampler.state_tensors())
         self.ptrs = {name: t.data_ptr() for name, t in self.tensors.items()}
@@ -613,15 +640,23 @@ def same_values(want: torch.Tensor, got: torch.Tensor) -> torch.Tensor:
     return (close | (got == want) | (got.isnan() & want.isnan())).all()
 
 
-def diff_outputs(want: tuple[torch.Tensor, ...], got: tuple[torch.Tensor, ...]) -> list[str]:
-    """Why the replay's outputs differ from eager's (empty: they agree).
+def diff_outputs(
+    want: tuple[torch.Tensor, ...],
+    got: tuple[torch.Tensor, ...],
+    names: Sequence[str] | None = None,
+) -> list[str]:
+    """Why the replay's outputs differ from eager's (empty: they agree); each problem starts
+    with the output's name (`names`, default the Sampler's OUTPUT_NAMES).
 
     Tokens, ranks and other integer outputs must be equal. Logprob token ids must be equal
     where the logprob is finite and not tied with another column of the row (ties and -inf
     columns may name any of the tied ids); logprobs must be close."""
     if len(want) != len(got):
         return [f"outputs: {len(got)} tensors, eager gave {len(want)}"]
-    names = OUTPUT_NAMES if len(want) in (1, 4) else tuple(f"output {i}" for i in range(len(want)))
+    if names is None or len(names) != len(want):
+        names = (
+            OUTPUT_NAMES if len(want) in (1, 4) else tuple(f"output {i}" for i in range(len(want)))
+        )
     problems = []
     for i, (w, g) in enumerate(zip(want, got, strict=True)):
         if w.shape != g.shape or w.dtype != g.dtype:
@@ -735,14 +770,21 @@ Replayer = CudaGraphReplayer | MakeFxReplayer | CompiledReplayer
 MakeReplayer = Callable[[StepFn, tuple[torch.Tensor, ...], StateTensors], Replayer]
 
 
+Target = Sampler | RejectionSampler
+"""What a replay check drives: the Sampler, or a RejectionSampler on its own Sampler."""
+
+
 class _Engine:
     """The engine side of the replay check: one driver's updates and grammar bitmasks,
-    applied to every sampler alike."""
+    applied to every sampler alike. A RejectionSampler gets one mask per verified position
+    ([rows, S + 1, words]), staged through its own `stage_grammar_bitmask`."""
 
-    def __init__(self, driver: BatchDriver, samplers: Sequence[Sampler], seed: int) -> None:
+    def __init__(self, driver: BatchDriver, samplers: Sequence[Target], seed: int) -> None:
         self.driver = driver
         self.samplers = samplers
         self.rng = np.random.default_rng(seed)
+        spec = getattr(samplers[0], "max_spec_len", None)
+        self.positions: tuple[int, ...] = () if spec is None else (spec + 1,)
 
     def update(self) -> None:
         update = self.driver.next_update()
@@ -760,7 +802,8 @@ class _Engine:
         elif draw < 0.5:
             size = int(self.rng.integers(1, max(2, config.max_num_reqs // 4) + 1))
             rows = sorted(self.rng.choice(config.max_num_reqs, size=size, replace=False).tolist())
-            bits = self.rng.integers(-(2**31), 2**31, size=(len(rows), words), dtype=np.int64)
+            shape = (len(rows), *self.positions, words)
+            bits = self.rng.integers(-(2**31), 2**31, size=shape, dtype=np.int64)
             for sampler in self.samplers:
                 sampler.stage_grammar_bitmask(bits.astype(np.int32), rows=rows)
 
@@ -788,20 +831,149 @@ class StepInputs:
         return logits, mask
 
 
+MakeInputs = Callable[[SamplerConfig, torch.device, int], Callable[[int], tuple[torch.Tensor, ...]]]
+"""(config, device, seed) -> inputs(step): a step's inputs, in the step function's order."""
+RecordTokens = Callable[[BatchDriver, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]], None]
+"""(driver, eager's outputs, the step's inputs): the engine appends what was committed."""
+
+
+def record_sampled(
+    driver: BatchDriver, outputs: tuple[torch.Tensor, ...], inputs: tuple[torch.Tensor, ...]
+) -> None:
+    """The Sampler's step: one token per row, kept where the commit mask (last input) is."""
+    driver.record_tokens(outputs[0][:, 0].tolist(), inputs[-1].tolist())
+
+
+SPEC_LEN = 4
+"""S = max_spec_len of the speculative step (the issue's case)."""
+SPEC_STAGE = "rejection"
+"""The verification step's stage name in bench.json (as perf/bench_rejection.py names it)."""
+DRAFT_NOISE = 1.0
+"""Draft model = target logits + Gaussian noise of this standard deviation (as in
+perf/bench_rejection.py)."""
+
+
+class SpecInputs:
+    """Fresh inputs per verification step, drawn on the device: target logits
+    [rows, S + 1, V] whose spread varies per step (a NaN row and an all -inf row every 5th
+    step); a draft model's logits (the target's plus noise), whose softmax is draft_probs
+    [rows, S, V] (`with_probs`; n-gram drafts otherwise); drafts drawn from them, or on
+    about half the rows the target's argmax (so greedy rows accept runs of them), with an id
+    outside the vocabulary every 7th step; num_draft_tokens in [0, S] (S + 2 on one row
+    every 6th step: clamped on the device); a commit mask keeping about 1 row in 10 out.
+    Returns (target_logits, draft_token_ids, num_draft_tokens[, draft_probs], commit_mask)."""
+
+    def __init__(
+        self,
+        config: SamplerConfig,
+        device: torch.device,
+        seed: int,
+        *,
+        spec_len: int = SPEC_LEN,
+        with_probs: bool = True,
+    ) -> None:
+        self.rows, self.vocab, self.spec = config.max_num_reqs, config.vocab_size, spec_len
+        self.with_probs = with_probs
+        self.device = device
+        self.gen = torch.Generator(device).manual_seed(seed)
+        self.rng = random.Random(seed)
+
+    def __call__(self, step: int) -> tuple[torch.Tensor, ...]:
+        rows, spec, vocab = self.rows, self.spec, self.vocab
+        device, gen, rng = self.device, self.gen, self.rng
+        logits = torch.randn(rows, spec + 1, vocab, generator=gen, device=device)
+        logits *= rng.uniform(0.5, 8.0)
+        if step % 5 == 4 and rows >= 2:
+            nan_row, inf_row = rng.sample(range(rows), 2)
+            logits[nan_row] = float("nan")
+            logits[inf_row] = float("-inf")
+        finite = torch.where(logits[:, :spec].isfinite(), logits[:, :spec], 0.0)
+        noise = torch.randn(rows, spec, vocab, generator=gen, device=device)
+        draft_logits = finite + DRAFT_NOISE * noise
+        uniform = torch.rand(rows, spec, vocab, generator=gen, device=device)
+        gumbel = -(-uniform.clamp_min(1e-20).log()).log()
+        sampled = (draft_logits + gumbel).argmax(dim=-1)  # a draw from softmax(draft_logits)
+        take_best = torch.rand(rows, 1, generator=gen, device=device) < 0.5
+        drafts = torch.where(take_best, finite.argmax(dim=-1), sampled)
+        if step % 7 == 6:
+            drafts[rng.randrange(rows), rng.randrange(spec)] = rng.choice([-1, vocab + 3])
+        num = torch.randint(0, spec + 1, (rows,), generator=gen, device=device)
+        if step % 6 == 5:
+            num[rng.randrange(rows)] = spec + 2
+        mask = torch.rand(rows, generator=gen, device=device) >= 0.1
+        if self.with_probs:
+            return logits, drafts, num, torch.softmax(draft_logits, dim=-1), mask
+        return logits, drafts, num, mask
+
+
+def rejection_step(with_probs: bool) -> Callable[[RejectionSampler], StepFn]:
+    """The speculative step a model runner captures: verify the drafts (with or without
+    the draft model's probabilities), committing under a commit mask."""
+
+    def make(rejection: RejectionSampler) -> StepFn:
+        if with_probs:
+
+            def step(
+                target_logits: torch.Tensor,
+                draft_token_ids: torch.Tensor,
+                num_draft_tokens: torch.Tensor,
+                draft_probs: torch.Tensor,
+                commit_mask: torch.Tensor,
+            ) -> tuple[torch.Tensor, ...]:
+                out = rejection(target_logits, draft_token_ids, num_draft_tokens, draft_probs,
+                                commit_mask=commit_mask)  # fmt: skip
+                return (out.output_token_ids, out.num_accepted)
+
+            return step
+
+        def ngram_step(
+            target_logits: torch.Tensor,
+            draft_token_ids: torch.Tensor,
+            num_draft_tokens: torch.Tensor,
+            commit_mask: torch.Tensor,
+        ) -> tuple[torch.Tensor, ...]:
+            out = rejection(target_logits, draft_token_ids, num_draft_tokens,
+                            commit_mask=commit_mask)  # fmt: skip
+            return (out.output_token_ids, out.num_accepted)
+
+        return ngram_step
+
+    return make
+
+
+def record_accepted(
+    driver: BatchDriver, outputs: tuple[torch.Tensor, ...], inputs: tuple[torch.Tensor, ...]
+) -> None:
+    """The speculative step: a row's accepted drafts and its emitted token, kept where the
+    commit mask (last input) is."""
+    tokens, accepted, keep = outputs[0].tolist(), outputs[1].tolist(), inputs[-1].tolist()
+    for row, req in enumerate(driver.rows):
+        if req is not None and keep[row]:
+            req.output_tok_ids.extend(tokens[row][: accepted[row] + 1])
+
+
 def replay_check(
-    make_sampler: Callable[[], Sampler],
+    make_sampler: Callable[[], Target],
     make_replayer: MakeReplayer,
     *,
     steps: int,
     seed: int,
     deadline: float,
-    step_fn: Callable[[Sampler], StepFn] = sampler_step,
+    step_fn: Callable[[Any], StepFn] = sampler_step,
+    make_inputs: MakeInputs = StepInputs,
+    record: RecordTokens = record_sampled,
+    output_names: Sequence[str] | None = None,
+    min_steps: int = 0,
 ) -> dict[str, Any]:
     """Capture `step_fn(sampler)` once (`make_replayer`), then for each of `steps` random
     batch states: update both samplers alike, replay the capture on one and run the other
     eagerly on the same inputs, with host syncs forbidden around both; outputs and the
     state left behind must agree. A mismatch is recorded and the replayed sampler is reset
-    to the twin's state, so each later step is judged on its own. Stops at `deadline`."""
+    to the twin's state, so each later step is judged on its own. Stops at `deadline`, once
+    `min_steps` steps are done (a capture whose setup outlasted its time still gets judged).
+
+    The defaults drive `Sampler.forward`; a RejectionSampler's check passes its step
+    (`rejection_step`), inputs (`SpecInputs`), `record_accepted` and SPEC_OUTPUT_NAMES."""
     result: dict[str, Any] = {
         "status": "error",
         "steps_requested": steps,
@@ -820,12 +992,14 @@ def replay_check(
         vocab=config.vocab_size,
         max_num_logprobs=config.max_num_logprobs,
         logprobs_mode=config.logprobs_mode,
-        backend=getattr(replayed, "backend", config.backend),
+        backend=getattr(getattr(replayed, "sampler", replayed), "backend", config.backend),
         device=str(device),
     )
+    if isinstance(replayed, RejectionSampler):
+        result["max_spec_len"] = replayed.max_spec_len
     driver = BatchDriver(config, seed=seed, make_params=all_feature_params, churn=0.25)
     engine = _Engine(driver, (replayed, eager), seed)
-    inputs = StepInputs(config, device, seed)
+    inputs = make_inputs(config, device, seed)
     engine.update()
     state, twin_state = StateTensors(replayed), StateTensors(eager)
     eager_fn = step_fn(eager)
@@ -840,14 +1014,14 @@ def replay_check(
     result["replay"] = replayer.kind
     result["setup_s"] = round(time.monotonic() - started, 2)
     for step in range(steps):
-        if time.monotonic() > deadline:
+        if step >= min_steps and time.monotonic() > deadline:
             break
         if step:
             engine.update()
         moved = state.moved()
         if moved:
             fail("address_changes", f"step {step}: state tensors reallocated: {moved[:5]}")
-        logits, mask = inputs(step)
+        step_inputs = inputs(step)
         try:
             # On the CPU the sync guard is a TorchDispatchMode, under which torch.compile
             # refuses to run compiled code: the compiled replay goes unguarded there.
@@ -855,25 +1029,27 @@ def replay_check(
             with (
                 no_host_sync(device, f"step {step}: replay") if guard else contextlib.nullcontext()
             ):
-                got = replayer(logits, mask)
+                got = replayer(*step_inputs)
             with no_host_sync(device, f"step {step}: eager"):
-                want = eager_fn(logits.clone(), mask.clone())
+                want = eager_fn(*(t.clone() for t in step_inputs))
             _sync(device)
         except Exception as exc:  # a sync, a crash: the step cannot be judged
             fail("", f"step {step}: {_error_text(exc)}")
             result["error"] = traceback.format_exc()[-3000:]
             result["seconds"] = round(time.monotonic() - started, 2)
             return result
-        problems = diff_outputs(want, got)
+        problems = diff_outputs(want, got, output_names)
         for problem in problems:
-            token = problem.startswith(OUTPUT_NAMES[0])
+            token = problem.split(":", 1)[0] in TOKEN_OUTPUTS
             fail("token_mismatches" if token else "logprob_mismatches", f"step {step}: {problem}")
         bad_state = twin_state.diff(state)
         if bad_state:
             fail("state_mismatches", f"step {step}: state differs from eager's: {bad_state[:6]}")
         if problems or bad_state:
             twin_state.copy_to(state)  # judge the next step on its own
-        driver.record_tokens(want[0][:, 0].tolist(), mask.tolist())
+        record(driver, want, step_inputs)
+        if "max_spec_len" in result:  # how much of the acceptance path the steps exercised
+            result["accepted_drafts"] = result.get("accepted_drafts", 0) + int(want[1].sum())
         result["steps_run"] = step + 1
     result.update(replayer.info)
     mismatches = sum(
@@ -1102,11 +1278,13 @@ def bench_params(case: str, row: int, vocab: int, gen: torch.Generator) -> Sampl
     """A request of `case`: bench.stages' parameters for one feature alone, or for "all"
     every per-request feature at once (penalties, bias, stop ids under min_tokens, bad
     words, min_p, top-k, top-p, seed, logprobs; not allowed_token_ids, whose host lists
-    would dominate the update)."""
+    would dominate the update); `spec_params` for the speculative step."""
 
     def ids(n: int) -> list[int]:
         return torch.randint(vocab, (n,), generator=gen).tolist()
 
+    if case == SPEC_STAGE:
+        return spec_params(row)
     if case == "all":
         return SamplingParams(
             temperature=0.8,
@@ -1127,6 +1305,19 @@ def bench_params(case: str, row: int, vocab: int, gen: torch.Generator) -> Sampl
     if case == "bias":
         params.logit_bias = dict.fromkeys(ids(BIAS_ENTRIES), 1.5)
     return params
+
+
+def spec_params(row: int) -> SamplingParams:
+    """A request of the speculative step's benchmark, mixed as perf/bench_rejection.py mixes
+    them: the decode recipes in turn (greedy, temperature, top-k, top-p, min_p and their
+    combinations; 2 rows in 8 greedy), penalties on every third row, a seed on every other."""
+    _, recipe = DECODE_RECIPES[row % len(DECODE_RECIPES)]
+    kwargs: dict[str, Any] = dict(recipe)
+    if row % 3 == 1:
+        kwargs.update(repetition_penalty=1.1, frequency_penalty=0.3, presence_penalty=0.5)
+    if row % 2 == 1:
+        kwargs["seed"] = 1000 + row
+    return SamplingParams(**kwargs)
 
 
 def provider_name(kind: str, device: torch.device) -> str:
@@ -1204,13 +1395,15 @@ class LogitsCache:
 
 class SamplerPool:
     """The Samplers of the benchmark, one per (vocab, max_num_logprobs, backend), sized for
-    the largest rows; each holds one case's requests at a time."""
+    the largest rows; each holds one case's requests at a time. `get_rejection`: a
+    RejectionSampler on one of them (the speculative step's benchmark)."""
 
     def __init__(self, device: torch.device, max_rows: int, seed: int) -> None:
         self.device = device
         self.max_rows = max_rows
         self.seed = seed
         self.samplers: dict[tuple[int, int, str], Sampler | str] = {}
+        self.rejections: dict[tuple[int, str, int], RejectionSampler | str] = {}
         self.loaded: dict[int, tuple[str, int]] = {}  # id(sampler) -> (case, rows)
         self.gen = torch.Generator().manual_seed(seed)
 
@@ -1230,7 +1423,19 @@ class SamplerPool:
             self.samplers[key] = _sampler_or_reason(config, self.device)
         return self.samplers[key]
 
-    def load(self, sampler: Sampler, case: str, rows: int) -> float:
+    def get_rejection(self, vocab: int, backend: str, spec_len: int) -> RejectionSampler | str:
+        """A RejectionSampler of `spec_len` on the Sampler of (vocab, no logprobs, backend),
+        built with it before any request is loaded; or why there is none."""
+        key = (vocab, backend, spec_len)
+        if key not in self.rejections:
+            sampler = self.get(vocab, 0, backend)
+            if isinstance(sampler, str):
+                self.rejections[key] = sampler
+            else:
+                self.rejections[key] = RejectionSampler(sampler, spec_len)
+        return self.rejections[key]
+
+    def load(self, sampler: Target, case: str, rows: int) -> float:
         """Give `sampler` `rows` requests of `case` (replacing the batch it held); returns
         the host seconds the update took (0 when it already held them)."""
         if self.loaded.get(id(sampler)) == (case, rows):
@@ -1351,6 +1556,16 @@ def format_markdown(results: Results) -> str:
         "(one captured copy of the logits); `x FI` is the headline Sampler provider over "
         "FlashInfer on the same case († over FlashInfer's top-k/top-p sampling, where "
         "FlashInfer has nothing for the case). float32 logits.",
+        *(
+            [
+                "",
+                f"`{SPEC_STAGE}`: speculative decoding's verification step (`RejectionSampler`, "
+                "draft probabilities given); its rows are requests x (S + 1) target-logits rows "
+                "(extra: requests, max_spec_len), so its floor is a copy of the target logits.",
+            ]
+            if any(c.stage == SPEC_STAGE for c in cases)
+            else []
+        ),
         "",
         "## Floor",
         "",
@@ -1583,6 +1798,219 @@ def _compiled_pass(
     return left_out > 0
 
 
+# ----------------------------------------------------------------- speculative decoding
+
+SPEC_HEADLINE_ROWS = 64
+"""The issue's case: 64 requests (S = SPEC_LEN, the first of --vocabs: 128,256 on a GPU)."""
+SPEC_CHECK_WEIGHT = 1.0
+SPEC_BENCH_WEIGHT = 2.0
+"""Weights in the spec part's time: each replay check, and the benchmark (last)."""
+SPEC_SETUP_S = 5.0
+"""Added to the estimate of a benchmark shape: a capture and its replays per backend."""
+SPEC_MIN_STEPS = 8
+"""Steps a spec replay check runs even past its time: its setup (kernel compiles, the
+capture) may outlast its share, and steps 4-6 bring the NaN/-inf rows, an over-long draft
+count and an out-of-vocabulary draft (`SpecInputs`)."""
+
+
+def spec_config(opts: Options, backend: str) -> SamplerConfig:
+    """The graph part's every-feature config (bad words, EOS under min_tokens, the custom
+    target-token processor, ...) without logprobs: the verification step returns none."""
+    return replace(graph_config(opts, backend, "raw_logprobs"), max_num_logprobs=0)
+
+
+def _rejection_or_reason(config: SamplerConfig, device: torch.device) -> RejectionSampler | str:
+    """A RejectionSampler (SPEC_LEN) built right after its Sampler, or why this backend
+    cannot be built here (see `_sampler_or_reason`)."""
+    sampler = _sampler_or_reason(config, device)
+    if isinstance(sampler, str):
+        return sampler
+    return RejectionSampler(sampler, SPEC_LEN)
+
+
+def spec_bench_rows(rows: Sequence[int]) -> list[int]:
+    """The speculative benchmark's request counts (--spec-rows, default the grid's --rows)
+    in run order: the issue's 64 first when present, then the others, smallest first."""
+    ordered = sorted(set(rows))
+    if SPEC_HEADLINE_ROWS in ordered:
+        ordered.remove(SPEC_HEADLINE_ROWS)
+        ordered.insert(0, SPEC_HEADLINE_ROWS)
+    return ordered
+
+
+def spec_bench_inputs(
+    rows: int, vocab: int, device: torch.device, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """perf/bench_rejection.py's case at `rows` requests: LLM-like target logits
+    [rows, S + 1, V], a draft model's probabilities [rows, S, V] (the target plus Gaussian
+    noise, softmaxed), drafts drawn from them; S drafts per row, 0 to S - 1 on every eighth
+    (rows 7, 15, ...). Returns (target_logits, draft_token_ids, num_draft_tokens,
+    draft_probs), in `RejectionSampler.forward`'s order."""
+    spec, positions = SPEC_LEN, SPEC_LEN + 1
+    flat = llm_like_logits(rows * positions, vocab, seed=seed, device=device)
+    target = flat.view(rows, positions, vocab)
+    gen = torch.Generator(device).manual_seed(seed)
+    noise = torch.randn(rows, spec, vocab, generator=gen, device=device)
+    draft_probs = torch.softmax(noise.mul_(DRAFT_NOISE).add_(target[:, :spec]), dim=-1)
+    del noise
+    drafts = torch.multinomial(draft_probs.view(-1, vocab), 1, generator=gen).view(rows, spec)
+    num = torch.full((rows,), spec, dtype=torch.int64, device=device)
+    short = num[7::8]
+    short.copy_(torch.arange(short.numel(), device=device) % spec)
+    _sync(device)  # the timers run on side streams
+    return target, drafts, num, draft_probs
+
+
+def _spec_bench(opts: Options, deadline: float) -> dict[str, Any]:
+    """The verification step timed like the bench part's cases (graph replay on CUDA),
+    beside the floor of its target logits, appended to bench.json: `spec_bench_rows`
+    requests at the first vocabulary, per backend. A shape starts only when its estimate
+    (the largest shape so far, scaled by rows, first calls left out) fits in the time left;
+    a provider that failed MAX_FAILURES_IN_A_ROW times in a row is not tried again."""
+    device = opts.device()
+    timer = Timer(device, opts.rep_ms, opts.cpu_rounds)
+    context = run_context(device, suite="perf/gpu_check.py", timer=timer.name, rep_ms=opts.rep_ms,
+                          flashinfer=flashinfer_version())  # fmt: skip
+    book = BenchBook(opts, context)
+    vocab = opts.vocabs[0]
+    order = spec_bench_rows(opts.spec_rows or opts.rows)
+    pool = SamplerPool(device, max(order), opts.seed)
+    per_row_s: float | None = None  # host seconds per request row, from the largest shape
+    largest = 0
+    failures: dict[str, int] = {}  # provider -> errors in a row (as in the bench part)
+    cases = errors = 0
+    incomplete = False
+    for rows in order:
+        left = deadline - time.monotonic()
+        estimate = SPEC_SETUP_S * len(opts.backends) + (per_row_s or 0.0) * rows
+        if left < estimate:
+            book.note(f"{SPEC_STAGE} stopped before {rows} requests: ~{estimate:.0f} s needed, "
+                      f"{left:.0f} s left")  # fmt: skip
+            incomplete = True
+            break
+        flat = rows * (SPEC_LEN + 1)
+        start = time.monotonic()
+        first_calls_s = 0.0
+        try:
+            inputs = spec_bench_inputs(rows, vocab, device, opts.seed)
+            if not book.floor_of(flat, vocab):
+                _time_floor(book, timer, inputs[0].view(flat, vocab))
+        except Exception as exc:
+            errors += 1
+            book.error(f"{SPEC_STAGE} inputs/floor R{flat}-V{vocab}", exc)
+            if not _cuda_alive(device):
+                return {"status": "error", "reason": "the CUDA context broke", "cases": cases}
+            continue
+        for backend in opts.backends:
+            kind = "sampler" if backend == "torch" else "sampler-triton"
+            name = provider_name(kind, device)
+            rejection = pool.get_rejection(vocab, backend, SPEC_LEN)
+            if isinstance(rejection, str):
+                book.note(f"{SPEC_STAGE} {name}: {rejection}")
+                continue
+            if failures.get(name, 0) >= MAX_FAILURES_IN_A_ROW:
+                continue
+            try:
+                update_s = pool.load(rejection, SPEC_STAGE, rows)
+                first = time.perf_counter()
+                out = rejection(*inputs)  # untimed: kernel compiles, lazy inits
+                accepted = float(out.num_accepted.float().mean())
+                first_s = time.perf_counter() - first
+                first_calls_s += first_s
+                timed = timer(functools.partial(rejection, *inputs))
+                extra = {"backend": backend, "requests": rows, "max_spec_len": SPEC_LEN,
+                         "draft_probs": True, "max_num_logprobs": 0,
+                         "update_s": round(update_s, 3), "first_call_s": round(first_s, 2),
+                         "accepted_per_request": round(accepted, 2)}  # fmt: skip
+                book.add(_case_result(SPEC_STAGE, name, flat, vocab, timed, extra))
+                cases += 1
+                failures[name] = 0
+            except Exception as exc:
+                errors += 1
+                failures[name] = failures.get(name, 0) + 1
+                book.error(f"{SPEC_STAGE} {name} R{flat}-V{vocab}", exc)
+                if failures[name] == MAX_FAILURES_IN_A_ROW:
+                    book.note(f"{SPEC_STAGE} {name} failed {MAX_FAILURES_IN_A_ROW} times in a row: "
+                              "not tried again")  # fmt: skip
+                if not _cuda_alive(device):
+                    return {"status": "error", "reason": "the CUDA context broke", "cases": cases}
+        del inputs
+        if rows >= largest:
+            largest = rows
+            per_row_s = max(0.0, time.monotonic() - start - first_calls_s) / rows
+    status = "failed" if errors else "incomplete" if incomplete else "passed"
+    return {"status": status, "cases": cases, "errors": errors, "vocab": vocab, "rows": order}
+
+
+def run_spec_part(opts: Options, deadline: float) -> dict[str, Any]:
+    """The RejectionSampler: its replay checks (per backend, with the draft model's
+    probabilities and with n-gram drafts) into graph_check.json, then its benchmark into
+    bench.json (`_spec_bench`)."""
+    device = opts.device()
+    cuda = device.type == "cuda"
+    make_replayer: MakeReplayer = CudaGraphReplayer if cuda else MakeFxReplayer
+    kind = CudaGraphReplayer.kind if cuda else MakeFxReplayer.kind
+
+    def replay_job(backend: str, with_probs: bool) -> Callable[[float], dict[str, Any]]:
+        config = spec_config(opts, backend)
+
+        def job(until: float) -> dict[str, Any]:
+            probe = _rejection_or_reason(config, device)
+            if isinstance(probe, str):
+                return {"status": "skipped", "reason": probe}
+            del probe
+
+            def make() -> RejectionSampler:
+                return RejectionSampler(Sampler(config, device), SPEC_LEN)
+
+            check = replay_check(
+                make,
+                make_replayer,
+                steps=opts.steps,
+                seed=opts.seed,
+                deadline=until,
+                step_fn=rejection_step(with_probs),
+                make_inputs=functools.partial(SpecInputs, with_probs=with_probs),
+                record=record_accepted,
+                output_names=SPEC_OUTPUT_NAMES,
+                min_steps=min(SPEC_MIN_STEPS, opts.steps),
+            )
+            return {**check, "draft_probs": with_probs}
+
+        return job
+
+    # (name, weight in the part's time, job); triton first, as in the graph part.
+    jobs: list[tuple[str, float, Callable[[float], dict[str, Any]]]] = [
+        (f"{SPEC_STAGE}/{backend}/{drafts}/{kind}", SPEC_CHECK_WEIGHT,
+         replay_job(backend, with_probs))
+        for backend in ("triton", "torch")
+        if backend in opts.backends
+        for drafts, with_probs in (("draft_probs", True), ("ngram", False))
+    ]  # fmt: skip
+    jobs.append(("bench", SPEC_BENCH_WEIGHT, lambda until: _spec_bench(opts, until)))
+    checks: list[str] = []
+    statuses = []
+    bench: dict[str, Any] = {}
+    for i, (name, weight, job) in enumerate(jobs):
+        share = weight / sum(w for _, w, _ in jobs[i:])
+        until = time.monotonic() + (deadline - time.monotonic()) * share
+        if not _cuda_alive(device):
+            result = {"status": "error", "reason": "the CUDA context is broken by an earlier error"}
+        else:
+            try:
+                result = job(until)
+            except Exception as exc:
+                result = {"status": "error", "error": _error_text(exc, 2000),
+                          "traceback": traceback.format_exc()[-3000:]}  # fmt: skip
+        if name == "bench":
+            bench = result
+        else:
+            _record_check(opts, name, result)
+            checks.append(name)
+        statuses.append(result["status"])
+    return {"status": overall_status(statuses), "checks": checks, "bench": bench}
+
+
 def flashinfer_call(
     fi: Any, case: str, rows: int, device: torch.device
 ) -> tuple[str, Callable[[torch.Tensor], object]] | None:
@@ -1793,6 +2221,7 @@ def run_tests_part(opts: Options, timeout_s: float) -> dict[str, Any]:
 RUNNERS: dict[str, Callable[[Options, float], dict[str, Any]]] = {
     "graph": run_graph_part,
     "bench": run_bench_part,
+    "spec": run_spec_part,
     "flashinfer": run_flashinfer_part,
     "compiled": run_compiled_part,
 }

@@ -1,6 +1,7 @@
 """perf/gpu_check.py on a CPU-only machine: the CPU-side parts (argument parsing, the
-environment report, the replay comparison with make_fx, the benchmark grid and the result
-files), the case grid, the budget and the helpers. No torch.compile here."""
+environment report, the replay comparison with make_fx for the Sampler and the
+RejectionSampler, the benchmark grid, the speculative step's cases and the result files),
+the case grid, the budget and the helpers. No torch.compile here."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from graphsafe_sampler import Sampler
+from graphsafe_sampler import RejectionSampler, Sampler
 from graphsafe_sampler.bench.results import CaseResult, Results, fill_ratios
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,14 +39,16 @@ def _json(path: Path) -> dict:
 
 
 def test_cpu_smoke_run_writes_every_result(tmp_path: Path) -> None:
-    # The real thing at tiny sizes: each part in its own subprocess, as on the GPU.
+    # The real thing at tiny sizes: each part in its own subprocess, as on the GPU. Eight
+    # replay steps: the spec checks' awkward inputs come on steps 4 to 6.
     out = tmp_path / "out"
-    assert gpu_check.main([str(out), "--cpu-smoke", "--skip", "tests", "--budget-s", "400"]) == 0
+    argv = [str(out), "--cpu-smoke", "--skip", "tests", "--budget-s", "400", "--steps", "8"]
+    assert gpu_check.main(argv) == 0
 
     summary = _json(out / "summary.json")
     assert summary["finished"] and summary["status"] == "passed"
     parts = summary["parts"]
-    assert [parts[p]["status"] for p in ("env", "graph", "bench")] == ["passed"] * 3
+    assert [parts[p]["status"] for p in ("env", "graph", "bench", "spec")] == ["passed"] * 4
     assert parts["tests"] == {"status": "skipped", "reason": "--skip"}
     no_cuda = "--cpu-smoke runs the CPU versions only" if CUDA else "no CUDA device"
     assert parts["flashinfer"] == {"status": "skipped", "reason": no_cuda}
@@ -63,7 +66,7 @@ def test_cpu_smoke_run_writes_every_result(tmp_path: Path) -> None:
     for mode in ("raw_logprobs", "processed_logprobs"):
         check = graph["checks"][f"torch/{mode}/make_fx"]
         assert check["status"] == "passed" and check["replay"] == "make_fx"
-        assert check["steps_run"] == check["steps_requested"] == 12
+        assert check["steps_run"] == check["steps_requested"] == 8
         assert check["logprobs_mode"] == mode and check["failures"] == []
         for counter in ("token_mismatches", "logprob_mismatches", "state_mismatches"):
             assert check[counter] == 0
@@ -72,13 +75,35 @@ def test_cpu_smoke_run_writes_every_result(tmp_path: Path) -> None:
     harness = graph["checks"]["harness/torch/check_graph_safety"]
     assert harness["status"] == "passed" and harness["steps_run"] == 6
 
+    # The spec part: the RejectionSampler's replay checks, with and without draft_probs.
+    assert parts["spec"]["log"] == "spec.log" and parts["spec"]["bench"]["status"] == "passed"
+    for backend in ("torch", "triton"):
+        for drafts in ("draft_probs", "ngram"):
+            name = f"rejection/{backend}/{drafts}/make_fx"
+            assert name in parts["spec"]["checks"]
+            check = graph["checks"][name]
+            if backend == "triton" and check["status"] == "skipped":
+                continue
+            assert check["status"] == "passed" and check["replay"] == "make_fx", name
+            assert check["steps_run"] == check["steps_requested"] == 8
+            assert check["backend"] == backend and check["max_spec_len"] == gpu_check.SPEC_LEN
+            assert check["draft_probs"] is (drafts == "draft_probs")
+            assert check["accepted_drafts"] > 0 and check["failures"] == []
+            for counter in ("token_mismatches", "state_mismatches", "address_changes"):
+                assert check[counter] == 0
+
     results = Results.read(out / "bench.json")  # the bench results schema, validated
     assert results.context["suite"] == "perf/gpu_check.py"
     assert results.context["errors"] == []
     floors = {(c.rows, c.vocab) for c in results.cases if c.provider == "clone"}
-    assert floors == {(1, 1000), (3, 1000)}
+    # The speculative step's floors: requests x (S + 1) target-logits rows.
+    assert floors == {(1, 1000), (3, 1000), (5, 1000), (15, 1000)}
     eager = {(c.stage, c.rows) for c in results.cases if c.provider == "sampler-eager"}
-    assert eager == {(case, rows) for case in gpu_check.BENCH_CASES for rows in (1, 3)}
+    spec = {(gpu_check.SPEC_STAGE, rows) for rows in (5, 15)}
+    assert eager == {(case, rows) for case in gpu_check.BENCH_CASES for rows in (1, 3)} | spec
+    verify = [c for c in results.cases if c.stage == gpu_check.SPEC_STAGE]
+    assert {(c.extra["requests"], c.extra["max_spec_len"]) for c in verify} == {(1, 4), (3, 4)}
+    assert all(c.extra["draft_probs"] and c.extra["first_call_s"] >= 0 for c in verify)
     for case in results.cases:
         assert case.median_us > 0 and case.ratio_to_floor is not None and case.gbps
         if case.provider == "sampler-eager":
@@ -86,6 +111,7 @@ def test_cpu_smoke_run_writes_every_result(tmp_path: Path) -> None:
     md = (out / "bench.md").read_text(encoding="utf-8")
     assert "| case | rows | vocab | floor µs | sampler-eager µs (x floor) |" in md
     assert md.count("\n| all | ") == 2
+    assert md.count("\n| rejection | ") == 2 and "`rejection`: speculative decoding" in md
 
 
 def _tiny_options(**kwargs: object) -> object:
@@ -120,6 +146,37 @@ def test_replay_check_catches_a_value_baked_into_the_trace() -> None:
     assert check["token_mismatches"] == check["state_mismatches"] == 0
     assert check["steps_run"] == 10
     assert any("output 4: 1 elements differ" in f for f in check["failures"])
+
+
+def test_spec_replay_check_catches_a_value_baked_into_the_trace() -> None:
+    # The same for the speculative step: a draft count capped by the host's batch size is
+    # baked into the trace; the tokens, num_accepted and the history must all notice.
+    config = gpu_check.spec_config(_tiny_options(), "torch")
+
+    def leaky(rejection: RejectionSampler) -> gpu_check.StepFn:
+        def step(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            logits, drafts, num, probs, mask = inputs
+            cap = max(rejection.sampler.batch_state.batch_size - 3, 0)
+            out = rejection(logits, drafts, num.clamp(max=cap), probs, commit_mask=mask)
+            return (out.output_token_ids, out.num_accepted)
+
+        return step
+
+    check = gpu_check.replay_check(
+        lambda: RejectionSampler(Sampler(config, "cpu"), gpu_check.SPEC_LEN),
+        gpu_check.MakeFxReplayer,
+        steps=8,
+        seed=3,
+        deadline=time.monotonic() + 300,
+        step_fn=leaky,
+        make_inputs=gpu_check.SpecInputs,
+        record=gpu_check.record_accepted,
+        output_names=gpu_check.SPEC_OUTPUT_NAMES,
+    )
+    assert check["status"] == "failed" and check["steps_run"] == 8
+    assert check["token_mismatches"] > 0 and check["state_mismatches"] > 0
+    assert check["logprob_mismatches"] == 0 and check["max_spec_len"] == gpu_check.SPEC_LEN
+    assert any(f.split(": ")[1] == "num_accepted" for f in check["failures"])
 
 
 def test_replay_check_stops_at_its_deadline() -> None:
@@ -168,6 +225,35 @@ def test_diff_outputs_rules() -> None:
     assert gpu_check.diff_outputs(want, want[:1]) == ["outputs: 1 tensors, eager gave 4"]
 
 
+def test_spec_inputs_and_output_names() -> None:
+    # The speculative step's inputs: every awkward value on its step, the right shapes.
+    config = gpu_check.spec_config(_tiny_options(), "torch")
+    assert config.max_num_logprobs == 0 and config.logits_processors
+    rows, spec, vocab = config.max_num_reqs, gpu_check.SPEC_LEN, config.vocab_size
+    inputs = gpu_check.SpecInputs(config, torch.device("cpu"), seed=0)
+    for step in range(7):
+        logits, drafts, num, probs, mask = inputs(step)
+        assert logits.shape == (rows, spec + 1, vocab) and probs.shape == (rows, spec, vocab)
+        assert drafts.shape == (rows, spec) and num.shape == mask.shape == (rows,)
+        assert drafts.dtype == num.dtype == torch.int64 and mask.dtype == torch.bool
+        assert torch.allclose(probs.sum(dim=-1), torch.ones(rows, spec))
+        assert logits.isnan().any() == (step == 4) and (num > spec).any() == (step == 5)
+        assert ((drafts < 0) | (drafts >= vocab)).any() == (step == 6)
+    ngram = gpu_check.SpecInputs(config, torch.device("cpu"), seed=0, with_probs=False)(0)
+    assert [t.dim() for t in ngram] == [3, 2, 1, 1]
+
+    # Both outputs of the verification step are tokens: a difference is a token mismatch.
+    tokens = torch.tensor([[5, 6, -1], [7, -1, -1]], dtype=torch.int32)
+    accepted = torch.tensor([1, 0], dtype=torch.int32)
+    names = gpu_check.SPEC_OUTPUT_NAMES
+    assert gpu_check.diff_outputs((tokens, accepted), (tokens, accepted.clone()), names) == []
+    other = accepted.clone()
+    other[1] = 1
+    (problem,) = gpu_check.diff_outputs((tokens, accepted), (tokens, other), names)
+    assert problem.startswith("num_accepted: 1 elements differ, rows [1]")
+    assert problem.split(":")[0] in gpu_check.TOKEN_OUTPUTS
+
+
 def test_case_grid_runs_big_shapes_last() -> None:
     rows, vocabs = (1024, 1, 256, 64), (151_936, 128_256)
     grid = gpu_check.case_grid(rows, vocabs, gpu_check.BENCH_CASES)
@@ -192,9 +278,10 @@ def test_case_grid_runs_big_shapes_last() -> None:
 
 def test_budget_shares_and_skip_reasons() -> None:
     parts = gpu_check.PARTS_BY_NAME
-    assert gpu_check.allot(440, parts["graph"], gpu_check.PARTS) == pytest.approx(440 * 0.18)
-    later = [parts["bench"], parts["flashinfer"], parts["compiled"]]
-    assert gpu_check.allot(300, parts["bench"], later) == pytest.approx(300 * 0.38 / 0.62)
+    assert gpu_check.allot(440, parts["graph"], gpu_check.PARTS) == pytest.approx(440 * 0.16)
+    later = [parts["bench"], parts["spec"], parts["flashinfer"], parts["compiled"]]
+    assert gpu_check.allot(300, parts["bench"], later) == pytest.approx(300 * 0.34 / 0.66)
+    assert gpu_check.allot(300, parts["spec"], later[1:]) == pytest.approx(300 * 0.12 / 0.32)
     assert gpu_check.allot(-5, parts["bench"], later) == 0.0
     assert gpu_check.allot(90, parts["compiled"], [parts["compiled"]]) == 90
     with pytest.raises(ValueError, match="not among the pending parts"):
@@ -207,6 +294,8 @@ def test_budget_shares_and_skip_reasons() -> None:
     assert gpu_check.skip_reason(parts["bench"], gpu, cuda=False) == "no CUDA device"
     smoke = gpu_check.Options(out_dir="x", cpu_smoke=True)
     assert gpu_check.skip_reason(parts["graph"], smoke, cuda=False) is None
+    assert gpu_check.skip_reason(parts["spec"], smoke, cuda=False) is None
+    assert gpu_check.skip_reason(parts["spec"], gpu, cuda=False) == "no CUDA device"
     assert gpu_check.skip_reason(parts["flashinfer"], smoke, cuda=False) == "no CUDA device"
     assert "--smoke-compile" in gpu_check.skip_reason(parts["compiled"], smoke, cuda=False)
     smoke.smoke_compile = True
@@ -218,7 +307,7 @@ def test_a_spent_budget_skips_every_part(tmp_path: Path) -> None:
     assert gpu_check.main([str(out), "--cpu-smoke", "--budget-s", "20"]) == 1
     summary = _json(out / "summary.json")
     assert summary["status"] == "incomplete" and summary["parts"]["env"]["status"] == "passed"
-    for name in ("graph", "bench"):
+    for name in ("graph", "bench", "spec"):
         assert summary["parts"][name]["status"] == "skipped"
         assert summary["parts"][name]["reason"].startswith("budget: ")
     assert (out / "env.json").exists() and not (out / "bench.json").exists()
@@ -228,8 +317,12 @@ def test_options_defaults_and_round_trip() -> None:
     gpu = gpu_check.options_from_args(gpu_check.build_parser().parse_args(["o"]))
     assert gpu.rows == (1, 64, 256, 1024) and gpu.vocabs == (128_256, 151_936)
     assert gpu.steps >= 100 and gpu.cases == gpu_check.BENCH_CASES and gpu.budget_s == 450
+    # The speculative benchmark: the issue's 64 requests first, then the other grid rows.
+    assert gpu.spec_rows == () and gpu_check.spec_bench_rows(gpu.rows) == [64, 1, 256, 1024]
+    assert gpu_check.spec_bench_rows((3, 2)) == [2, 3]
     smoke = _tiny_options(argv=["--rows", "2", "--skip", "tests", "bench"])
     assert smoke.rows == (2,) and smoke.vocabs == (1000,) and smoke.skip == ("tests", "bench")
+    assert smoke.spec_rows == (1, 3)
     assert gpu_check.Options.from_json(json.loads(json.dumps(smoke.to_json()))) == smoke
     with pytest.raises(SystemExit, match="--steps must be >= 1"):
         gpu_check.options_from_args(gpu_check.build_parser().parse_args(["o", "--steps", "0"]))
