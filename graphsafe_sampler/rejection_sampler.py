@@ -307,12 +307,14 @@ class RejectionSampler(nn.Module):
         # Every position of every row through the pipeline at once: flattened row
         # r * (S + 1) + j is row r after its first j drafts.
         flat_rows = num_rows * num_positions
-        flat_slots = slots[:, None].expand(num_rows, num_positions).reshape(flat_rows)
+        # repeat_interleave, not expand + reshape: a real copy is contiguous, as the kernels
+        # require, while the reshape of an expanded single row is a stride-0 view
+        flat_slots = slots.repeat_interleave(num_positions)  # [flat_rows]
         preceding = torch.arange(num_positions, device=device).repeat(num_rows)  # [flat]
-        flat_drafts = drafts[:, None, :].expand(num_rows, num_positions, spec)
+        flat_drafts = drafts.repeat_interleave(num_positions, dim=0)  # [flat_rows, S]
         x = target_logits.reshape(flat_rows, vocab).to(torch.float32, copy=True)
         x, greedy, is_greedy = sampler.process_logits(
-            x, flat_slots, self.grammar, flat_drafts.reshape(flat_rows, spec), preceding
+            x, flat_slots, self.grammar, flat_drafts, preceding
         )
         x = x.view(num_rows, num_positions, vocab)  # processed target logits
         greedy = greedy.view(num_rows, num_positions)  # [num_rows, S + 1]

@@ -133,9 +133,13 @@ def _random_state(
     for s in range(num_reqs):
         n = NUM_BIAS if s == 0 else int(torch.randint(0, NUM_BIAS + 1, (1,), generator=gen))
         n = max(n, 1) if s == 1 else n
-        ids = torch.randperm(vocab, generator=gen)[:n]
+        perm = torch.randperm(vocab, generator=gen)
         if s == 1:
-            ids[0] = 0  # a real bias on token 0, next to unused (0, +0.0) entries
+            # a real bias on token 0, next to unused (0, +0.0) entries. Moved to the front,
+            # not written over ids[0]: the keys stay unique (logit_bias is a dict; the kernel
+            # relies on it), where a draw holding 0 among ids[1:n] would bias token 0 twice.
+            perm = torch.cat([perm.new_zeros(1), perm[perm != 0]])
+        ids = perm[:n]
         bias_ids[s, :n] = ids.int()
         bias_values[s, :n] = torch.randn(n, generator=gen) * 3
         n = NUM_STOP if s == 0 else int(torch.randint(1, NUM_STOP + 1, (1,), generator=gen))

@@ -144,12 +144,20 @@ def test_ties_take_the_lowest_index(k: int) -> None:
 def test_rank_counts_tokens_merged_by_the_shift() -> None:
     """Tokens within 1e-6 of each other near 0, beside a max of 10: after the shift by
     lse (about 10) they round together, so the rank counts some below the sampled value
-    (the kernel's second pass)."""
+    (the kernel's second pass).
+
+    Each sampled token sits at 0.0 with a neighbour 2**-23 below it. The shifted values are
+    in [8, 16), where float32's ulp is 2**-20, and lse is a float32 there too: 0 - lse is
+    exact and -2**-23 - lse rounds onto it, whatever the draw and the lse. Left to the draw,
+    a sampled token that is the lowest of its rounding group has nothing below it to merge
+    (about 1 run in 55)."""
     gen = _gen()
     vocab = 1023
     raw = torch.randn(2, vocab, generator=gen) * 1e-6
     raw[:, 7] = 10.0
     tokens = torch.tensor([100, 900])
+    raw[[0, 1], tokens] = 0.0
+    raw[[0, 1], tokens + 1] = -(2.0**-23)
     want = _torch_logprobs("raw_logprobs", 2, raw, raw, tokens)
     got, lse = _kernel(raw, tokens, 2, True)
     _check(got, lse, want, raw, tokens, True)

@@ -137,7 +137,8 @@ def test_tokens_match_torch_backend(rows: int, vocab: int, fused_threshold: bool
 def test_greedy_and_random_rows_merge() -> None:
     gen = _gen()
     rows, vocab = 8, 300
-    logits = torch.randn(rows, vocab, generator=gen)
+    # below the tied maximum: an unclamped draw tops 5.0 in a greedy row ~1 run in 2,500
+    logits = torch.randn(rows, vocab, generator=gen).clamp(max=4.0)
     logits[:, 7] = 5.0  # ties at the maximum: greedy takes the lowest index
     logits[:, 250] = 5.0
     slots = torch.arange(rows)

@@ -125,3 +125,19 @@ def test_backends_emit_the_same_tokens_under_churn() -> None:
     states = [pairs[b][0].state_tensors() for b in ("torch", "triton")]
     for name, tensor in states[0].items():
         assert torch.equal(tensor, states[1][name]), name
+
+
+def test_one_row_batch() -> None:
+    """A batch of one request (its slot repeated over S + 1 positions must reach the
+    kernels as a contiguous tensor) emits what the PyTorch backend emits."""
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(1, S + 1, V, generator=gen) * 2
+    drafts = torch.randint(0, V, (1, S), generator=gen)
+    probs = torch.softmax(torch.randn(1, S, V, generator=gen), dim=-1)
+    outputs = []
+    for backend in ("torch", "triton"):
+        sampler, rejection = _pair(backend)
+        params = SP(temperature=0.8, top_k=20, presence_penalty=0.5, seed=9)
+        sampler.update_state(BatchUpdate(1, added=[(0, params, [1, 2], [])]))
+        outputs.append(rejection(logits, drafts, torch.full((1,), S), probs).output_token_ids)
+    assert torch.equal(outputs[0], outputs[1])
