@@ -1,5 +1,6 @@
-"""The logits-processing Triton kernel (interpreted on CPU) against the PyTorch backend's
-stages (bit for bit) and a float64 reference of the whole sequence."""
+"""The logits-processing Triton kernel (on `kernel_device`: interpreted on CPU, compiled on
+CUDA) against the PyTorch backend's stages (bit for bit) and a float64 reference of the whole
+sequence."""
 
 from __future__ import annotations
 
@@ -30,9 +31,10 @@ def _gen() -> torch.Generator:
 
 @dataclass
 class State:
-    """Per-slot tables in the layouts the kernel reads: the processors' tables drawn at
-    random, the penalty tables those of a real PenaltyState advanced by BatchState.commit,
-    and the exact output counts they encode (kept on the host beside them)."""
+    """Per-slot tables in the layouts the kernel reads, on the kernel's device: the
+    processors' tables drawn at random, the penalty tables those of a real PenaltyState
+    advanced by BatchState.commit, and the exact output counts they encode (kept on the
+    host, the CPU, beside them)."""
 
     bias_ids: torch.Tensor
     bias_values: torch.Tensor
@@ -42,7 +44,7 @@ class State:
     temperature: torch.Tensor
     batch: BatchState
     penalties: PenaltyState
-    full_counts: torch.Tensor  # [num_slots, V] int64, every output token counted
+    full_counts: torch.Tensor  # [num_slots, V] int64 on the CPU, every output token counted
 
     def kernel_args(self) -> tuple[torch.Tensor, ...]:
         return (
@@ -73,7 +75,7 @@ def _penalty_params(s: int, gen: torch.Generator) -> SamplingParams:
 
 def commit_rows(batch: BatchState, tokens: list[int], full_counts: torch.Tensor) -> None:
     """Commit one token per batch row through the PyTorch commit, counting it on the host."""
-    batch.commit(torch.tensor(tokens))
+    batch.commit(torch.tensor(tokens, device=batch.device))
     for row, token in enumerate(tokens):
         slot = batch.slot_of_row(row)
         if slot is not None:
@@ -81,15 +83,19 @@ def commit_rows(batch: BatchState, tokens: list[int], full_counts: torch.Tensor)
 
 
 def penalty_state(
-    num_reqs: int, vocab: int, gen: torch.Generator, max_model_len: int = MAX_MODEL_LEN
+    num_reqs: int,
+    vocab: int,
+    gen: torch.Generator,
+    max_model_len: int = MAX_MODEL_LEN,
+    device: torch.device | str = "cpu",
 ) -> tuple[BatchState, PenaltyState, torch.Tensor]:
     """A real BatchState + PenaltyState holding `num_reqs` requests (rows = slots 0..n-1,
     the padding slot last), with resumed outputs and commits that take tokens past 255 both
     ways: a resumed token already past 255 (an entry from add_request) and one at 252 that
     the commits saturate (an entry taken on the device), then grow. Returns the exact counts
-    [num_slots, V] int64 too."""
+    [num_slots, V] int64 too, on the CPU (`device` is the state's)."""
     config = SamplerConfig(num_reqs, vocab, max_model_len=max_model_len)
-    batch = BatchState(config, "cpu")
+    batch = BatchState(config, device)
     penalties = PenaltyState(config, batch)
     full_counts = torch.zeros(config.num_slots, vocab, dtype=torch.int64)
     added, hot = [], []
@@ -117,18 +123,20 @@ def _random_state(
     vocab: int,
     gen: torch.Generator,
     penalty: tuple[BatchState, PenaltyState, torch.Tensor] | None = None,
+    device: torch.device | str = "cpu",
 ) -> State:
     """Slot 0 fills every sparse table; slot 1 (when there is one) has a real bias on token
     0; the padding slot (the last) has every feature off. `penalty`: the batch and penalty
-    state to use (default `penalty_state(num_reqs, vocab, gen)`)."""
-    batch, penalties, full_counts = penalty or penalty_state(num_reqs, vocab, gen)
+    state to use (default `penalty_state(num_reqs, vocab, gen, device=device)`; a given one
+    sets the device). The tables are drawn on the CPU, then moved to the state's device."""
+    batch, penalties, full_counts = penalty or penalty_state(num_reqs, vocab, gen, device=device)
     num_slots = num_reqs + 1
     words = num_words(vocab)
     bias_ids = torch.zeros(num_slots, NUM_BIAS, dtype=torch.int32)
     bias_values = torch.zeros(num_slots, NUM_BIAS)
     stop_ids = torch.zeros(num_slots, NUM_STOP, dtype=torch.int32)
     min_tokens = torch.zeros(num_slots, dtype=torch.int32)
-    generated = batch.num_generated.device
+    generated = batch.num_generated.device.cpu()
     allowed = torch.full((num_slots, words), -1, dtype=torch.int32)
     for s in range(num_reqs):
         n = NUM_BIAS if s == 0 else int(torch.randint(0, NUM_BIAS + 1, (1,), generator=gen))
@@ -155,10 +163,8 @@ def _random_state(
     ]
     temperature[0] = 1.3  # the excess goes in before a real temperature
     temperature[-1] = 0.0
-    return State(
-        bias_ids, bias_values, min_tokens, stop_ids, allowed, temperature, batch, penalties,
-        full_counts,
-    )  # fmt: skip
+    tables = (bias_ids, bias_values, min_tokens, stop_ids, allowed, temperature)
+    return State(*(t.to(batch.device) for t in tables), batch, penalties, full_counts)
 
 
 def _torch_backend(
@@ -189,28 +195,36 @@ def _float64_reference(
     full_counts: torch.Tensor | None = None,
 ) -> np.ndarray:
     """DESIGN §4 steps 2-6, token by token in float64, from the exact counts (or
-    `full_counts` [num_slots, V] in their place)."""
-    counts = state.full_counts if full_counts is None else full_counts
-    x = logits.double().numpy().copy()
+    `full_counts` [num_slots, V] in their place). Reads host copies of every table: one
+    device-to-host copy each, not one per element read."""
+    counts = (state.full_counts if full_counts is None else full_counts).cpu()
+    x = logits.double().cpu().numpy().copy()
     vocab = x.shape[1]
     p = state.penalties
-    generated = state.batch.num_generated.device
+    generated = state.batch.num_generated.device.cpu()
+    bias_ids, bias_values = state.bias_ids.cpu(), state.bias_values.cpu()
+    min_tokens, stop_ids = state.min_tokens.cpu(), state.stop_ids.cpu()
+    allowed, temperature = state.allowed.cpu(), state.temperature.cpu()
+    prompt_mask = p.prompt_mask.device.cpu()
+    repetition, frequency = p.repetition.device.cpu(), p.frequency.device.cpu()
+    presence = p.presence.device.cpu()
+    grammar = None if grammar is None else grammar.cpu()
 
     def bit(words: torch.Tensor, t: int) -> bool:
         return bool((int(words[t // 32]) >> (t % 32)) & 1)
 
     for r, s in enumerate(slots.tolist()):
-        for t, b in zip(state.bias_ids[s].tolist(), state.bias_values[s].tolist(), strict=True):
+        for t, b in zip(bias_ids[s].tolist(), bias_values[s].tolist(), strict=True):
             x[r, t] += b
-        if generated[s] < state.min_tokens[s]:
-            x[r, state.stop_ids[s].long().numpy()] = -np.inf
-        rep, freq = float(p.repetition.device[s]), float(p.frequency.device[s])
-        pres, temp = float(p.presence.device[s]), float(state.temperature[s])
+        if generated[s] < min_tokens[s]:
+            x[r, stop_ids[s].long().numpy()] = -np.inf
+        rep, freq = float(repetition[s]), float(frequency[s])
+        pres, temp = float(presence[s]), float(temperature[s])
         for t in range(vocab):
-            if not bit(state.allowed[s], t) or (grammar is not None and not bit(grammar[r], t)):
+            if not bit(allowed[s], t) or (grammar is not None and not bit(grammar[r], t)):
                 x[r, t] = -np.inf
             count = int(counts[s, t])
-            if count > 0 or bit(p.prompt_mask.device[s], t):
+            if count > 0 or bit(prompt_mask[s], t):
                 x[r, t] = x[r, t] / rep if x[r, t] > 0 else x[r, t] * rep
             x[r, t] -= freq * count + pres * (count > 0)
         if temp >= GREEDY_TEMPERATURE:
@@ -226,18 +240,22 @@ def _kernel(
     return got
 
 
-def _random_grammar(rows: int, vocab: int, gen: torch.Generator) -> torch.Tensor:
+def _random_grammar(
+    rows: int, vocab: int, gen: torch.Generator, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """[rows, ceil(V/32)] int32 on `device`, 80% of the bits set (packed on the host)."""
     bits = torch.rand(rows, num_words(vocab) * 32, generator=gen) < 0.8
     return torch.from_numpy(
         np.packbits(bits.numpy(), axis=1, bitorder="little").view(np.int32).copy()
-    )
+    ).to(device)
 
 
 def _listed(state: State, slots: torch.Tensor) -> torch.Tensor:
-    """[rows, V] bool: the saturated tokens each row's overflow table lists."""
+    """[rows, V] bool on the CPU: the saturated tokens each row's overflow table lists."""
     listed = torch.zeros(slots.shape[0], state.full_counts.shape[1], dtype=torch.bool)
+    overflow_token = state.penalties.overflow_token.device.cpu()
     for r, s in enumerate(slots.tolist()):
-        for t in state.penalties.overflow_token.device[s, :-1].tolist():
+        for t in overflow_token[s, :-1].tolist():
             if t < 0:
                 break
             listed[r, t] = True
@@ -264,57 +282,63 @@ def _expose_first_saturated(state: State, grammar: torch.Tensor | None = None) -
      pytest.param(17, 4099, id="R17-V4099")],
 )  # fmt: skip
 @pytest.mark.parametrize("with_grammar", [False, True], ids=["no-grammar", "grammar"])
-def test_matches_torch_backend(rows: int, vocab: int, with_grammar: bool) -> None:
+def test_matches_torch_backend(
+    rows: int, vocab: int, with_grammar: bool, kernel_device: torch.device
+) -> None:
     gen = _gen()
     num_reqs = rows + 2
-    state = _random_state(num_reqs, vocab, gen)
+    state = _random_state(num_reqs, vocab, gen, device=kernel_device)
     slots = torch.randperm(num_reqs + 1, generator=gen)[:rows]  # the padding slot may be in
     slots[0] = 0  # the slot whose sparse tables are full, with a frequency penalty
     if rows > 1:
         slots[-1] = 1  # the slot with a real bias on token 0
+    slots = slots.to(kernel_device)
     # every request holds saturated tokens: one from its resumed outputs, one from commits
     assert bool((state.penalties.overflow_token.device[:num_reqs, :2] >= 0).all())
-    logits = torch.randn(rows, vocab, generator=gen) * 4
-    grammar = _random_grammar(rows, vocab, gen) if with_grammar else None
+    logits = (torch.randn(rows, vocab, generator=gen) * 4).to(kernel_device)
+    grammar = _random_grammar(rows, vocab, gen, kernel_device) if with_grammar else None
     got = _kernel(logits, slots, state, grammar)
     assert torch.equal(got, _torch_backend(logits, slots, state, grammar))
 
 
-def test_skipped_excess_is_caught() -> None:
+def test_skipped_excess_is_caught(kernel_device: torch.device) -> None:
     """A kernel that ignored the overflow entries (here: fed emptied tables, as a kernel
     without step 7 would read them) differs from the PyTorch backend exactly at the
     listed saturated tokens, so test_matches_torch_backend would catch it."""
     gen = _gen()
-    state = _random_state(3, 1023, gen)
+    state = _random_state(3, 1023, gen, device=kernel_device)
     _expose_first_saturated(state)
-    slots = torch.tensor([0, 2, 1, 3])
-    logits = torch.randn(4, 1023, generator=gen) * 4
+    slots = torch.tensor([0, 2, 1, 3], device=kernel_device)
+    logits = (torch.randn(4, 1023, generator=gen) * 4).to(kernel_device)
     want = _torch_backend(logits, slots, state, None)
     p = state.penalties
     p.overflow_token.device.fill_(-1)
     p.overflow_excess.device.zero_()
     broken = _kernel(logits, slots, state, None)
-    differ = broken != want
+    # on the host, beside the exact counts
+    differ, slots = (broken != want).cpu(), slots.cpu()
     listed = torch.zeros_like(differ)
     listed[:, : state.full_counts.shape[1]] = (state.full_counts[slots] > SATURATED) & (
-        p.frequency.device[slots] != 0.0
+        p.frequency.device.cpu()[slots] != 0.0
     )[:, None]
     assert bool(differ[0].any())  # slot 0: a frequency penalty and saturated tokens
     assert bool((differ <= listed).all())
 
 
 @pytest.mark.parametrize(("rows", "vocab"), [(3, 111), (2, 1023)], ids=["R3-V111", "R2-V1023"])
-def test_matches_float64_reference(rows: int, vocab: int) -> None:
+def test_matches_float64_reference(rows: int, vocab: int, kernel_device: torch.device) -> None:
     """A tolerance match (float32 charges 255 and the excess in two roundings), tight enough
     that the byte counts alone (a kernel without the excess) fail it."""
     gen = _gen()
     num_reqs = rows + 1
-    state = _random_state(num_reqs, vocab, gen)
+    state = _random_state(num_reqs, vocab, gen, device=kernel_device)
     slots = torch.tensor([0, *torch.randperm(num_reqs - 1, generator=gen)[: rows - 1].add(1)])
-    logits = torch.randn(rows, vocab, generator=gen) * 4
+    slots = slots.to(kernel_device)
+    logits = (torch.randn(rows, vocab, generator=gen) * 4).to(kernel_device)
     grammar = torch.randint(-(2**31), 2**31 - 1, (rows, num_words(vocab)), generator=gen).int()
+    grammar = grammar.to(kernel_device)
     _expose_first_saturated(state, grammar)
-    got = _kernel(logits, slots, state, grammar).double().numpy()
+    got = _kernel(logits, slots, state, grammar).double().cpu().numpy()
     want = _float64_reference(logits, slots, state, grammar)
     assert np.array_equal(np.isneginf(got), np.isneginf(want))
     finite = np.isfinite(want)
@@ -325,14 +349,14 @@ def test_matches_float64_reference(rows: int, vocab: int) -> None:
     assert not np.allclose(got[finite], bytes_only[finite], rtol=2e-6, atol=2e-5)
 
 
-def test_full_overflow_table() -> None:
+def test_full_overflow_table(kernel_device: torch.device) -> None:
     """Past max_model_len the table fills and a token saturates into the spare column, with
     no entry: the kernel still equals the PyTorch backend (the extra temperature pass)."""
     gen = _gen()
     vocab, num_reqs = 111, 2
     # max_model_len 300: E = 2 entries
     config = SamplerConfig(num_reqs, vocab, max_model_len=300)
-    batch = BatchState(config, "cpu")
+    batch = BatchState(config, kernel_device)
     penalties = PenaltyState(config, batch)
     full_counts = torch.zeros(config.num_slots, vocab, dtype=torch.int64)
     hot = torch.randperm(vocab, generator=gen)[:8].view(num_reqs, 4).tolist()
@@ -350,29 +374,29 @@ def test_full_overflow_table() -> None:
             commit_rows(batch, [hot[s][j] for s in range(num_reqs)], full_counts)
     assert bool((penalties.overflow_token.device[:num_reqs, :2] >= 0).all())
     state = _random_state(num_reqs, vocab, gen, (batch, penalties, full_counts))
-    state.temperature[:num_reqs] = torch.tensor([1.3, 0.5])
-    slots = torch.tensor([0, 1, 2])
-    logits = torch.randn(3, vocab, generator=gen) * 4
+    state.temperature[:num_reqs] = torch.tensor([1.3, 0.5], device=kernel_device)
+    slots = torch.tensor([0, 1, 2], device=kernel_device)
+    logits = (torch.randn(3, vocab, generator=gen) * 4).to(kernel_device)
     assert torch.equal(
         _kernel(logits, slots, state, None), _torch_backend(logits, slots, state, None)
     )
 
 
-def test_padding_slot_changes_nothing() -> None:
+def test_padding_slot_changes_nothing(kernel_device: torch.device) -> None:
     gen = _gen()
-    state = _random_state(2, 333, gen)
-    logits = torch.randn(4, 333, generator=gen)
-    slots = torch.full((4,), 2, dtype=torch.int64)
+    state = _random_state(2, 333, gen, device=kernel_device)
+    logits = torch.randn(4, 333, generator=gen).to(kernel_device)
+    slots = torch.full((4,), 2, dtype=torch.int64, device=kernel_device)
     assert torch.equal(_kernel(logits, slots, state, None), logits)
 
 
-def test_non_contiguous_row_stride() -> None:
+def test_non_contiguous_row_stride(kernel_device: torch.device) -> None:
     gen = _gen()
-    state = _random_state(3, 300, gen)
-    base = torch.randn(6, 401, generator=gen)
+    state = _random_state(3, 300, gen, device=kernel_device)
+    base = torch.randn(6, 401, generator=gen).to(kernel_device)
     before = base.clone()
     logits = base[::2, :300]  # row stride 802
-    slots = torch.tensor([0, 2, 1])
+    slots = torch.tensor([0, 2, 1], device=kernel_device)
     want = _torch_backend(logits, slots, state, None)
     triton_ops.process_logits(logits, slots, *state.kernel_args(), None, *state.penalty_args())
     assert torch.equal(logits, want)
@@ -380,15 +404,16 @@ def test_non_contiguous_row_stride() -> None:
     assert torch.equal(base[::2, 300:], before[::2, 300:])
 
 
-def test_rejects_bad_input() -> None:
-    state = _random_state(1, 64, torch.Generator().manual_seed(0))
-    logits, slots = torch.randn(1, 64), torch.tensor([0])
+def test_rejects_bad_input(kernel_device: torch.device) -> None:
+    state = _random_state(1, 64, torch.Generator().manual_seed(0), device=kernel_device)
+    logits = torch.randn(1, 64).to(kernel_device)
+    slots = torch.tensor([0], device=kernel_device)
     with pytest.raises(TypeError, match=r"counts must be torch\.uint8, got torch\.int32"):
         args = list(state.penalty_args())
         args[0] = args[0].int()
         triton_ops.process_logits(logits, slots, *state.kernel_args(), None, *args)
     with pytest.raises(ValueError, match=r"grammar must have shape \[1, 2\], got \(2, 2\)"):
-        grammar = torch.zeros(2, 2, dtype=torch.int32)
+        grammar = torch.zeros(2, 2, dtype=torch.int32, device=kernel_device)
         triton_ops.process_logits(
             logits, slots, *state.kernel_args(), grammar, *state.penalty_args()
         )
@@ -398,11 +423,12 @@ def test_rejects_bad_input() -> None:
         triton_ops.process_logits(logits, slots, *state.kernel_args(), None, *args)
 
 
-def test_opcheck() -> None:
+def test_opcheck(kernel_device: torch.device) -> None:
     gen = _gen()
-    state = _random_state(3, 129, gen)
-    logits, slots = torch.randn(3, 129, generator=gen), torch.tensor([3, 0, 1])
-    grammar = torch.full((3, num_words(129)), -1, dtype=torch.int32)
+    state = _random_state(3, 129, gen, device=kernel_device)
+    logits = torch.randn(3, 129, generator=gen).to(kernel_device)
+    slots = torch.tensor([3, 0, 1], device=kernel_device)
+    grammar = torch.full((3, num_words(129)), -1, dtype=torch.int32, device=kernel_device)
     for g in (grammar, None):
         torch.library.opcheck(
             triton_ops.process_logits,

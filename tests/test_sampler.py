@@ -321,7 +321,10 @@ def test_logprobs_modes(backend: str, mode: str) -> None:
         assert got_ids[finite].tolist() == order[finite].tolist()
         sampled = values[int(tokens[r])]
         assert lp.logprobs[r, 0].item() == pytest.approx(sampled, rel=1e-5)
-        assert lp.selected_token_ranks[r].item() == int((values >= sampled - 1e-6).sum())
+        # float32 rounding may merge a neighbour within 1e-6 below the sampled value into it,
+        # or not: the rank lies between the two float64 counts (equal almost always)
+        rank = lp.selected_token_ranks[r].item()
+        assert int((values >= sampled).sum()) <= rank <= int((values >= sampled - 1e-6).sum())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
