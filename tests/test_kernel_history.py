@@ -1,6 +1,6 @@
-"""The commit kernel (interpreted on CPU) against the PyTorch commit, `BatchState.commit`
-with the package's PenaltyState and BadWordsState: every state tensor equal, step after
-step."""
+"""The commit kernel (on `kernel_device`: interpreted on CPU, compiled on CUDA) against the
+PyTorch commit, `BatchState.commit` with the package's PenaltyState and BadWordsState: every
+state tensor equal, step after step."""
 
 from __future__ import annotations
 
@@ -26,13 +26,15 @@ def _gen() -> torch.Generator:
 
 
 class History:
-    """A BatchState with the two slot states whose history the commit advances."""
+    """A BatchState with the two slot states whose history the commit advances, on
+    `device`."""
 
-    def __init__(self, max_num_reqs: int, vocab: int) -> None:
+    def __init__(self, max_num_reqs: int, vocab: int, device: torch.device | str = "cpu") -> None:
         config = SamplerConfig(
             max_num_reqs, vocab, max_model_len=MAX_MODEL_LEN, max_bad_word_len=WINDOW
         )
-        self.batch = BatchState(config, "cpu")
+        self.device = torch.device(device)
+        self.batch = BatchState(config, self.device)
         self.penalties = PenaltyState(config, self.batch)
         self.bad_words = BadWordsState(config, self.batch)
 
@@ -78,10 +80,10 @@ def _request(vocab: int, gen: torch.Generator) -> tuple[SamplingParams, list[int
 
 
 @pytest.mark.parametrize("vocab", [111, 1023], ids=["V111", "V1023"])
-def test_matches_torch_commit_over_random_steps(vocab: int) -> None:
+def test_matches_torch_commit_over_random_steps(vocab: int, kernel_device: torch.device) -> None:
     gen = _gen()
     max_num_reqs, batch_size, num_steps = 6, 5, 60
-    history = History(max_num_reqs, vocab)
+    history = History(max_num_reqs, vocab, kernel_device)
     hot: dict[int, list[int]] = {}  # row -> tokens it commits most
 
     def add(row: int) -> tuple[int, SamplingParams, list[int], list[int]]:
@@ -100,9 +102,10 @@ def test_matches_torch_commit_over_random_steps(vocab: int) -> None:
         num_rows = int(torch.randint(batch_size, max_num_reqs + 1, (1,), generator=gen))
         pick = torch.randint(0, 5, (num_rows,), generator=gen).tolist()
         token_ids = torch.tensor(
-            [hot[r][pick[r]] if r in hot else pick[r] for r in range(num_rows)]
+            [hot[r][pick[r]] if r in hot else pick[r] for r in range(num_rows)],
+            device=kernel_device,
         )
-        keep = torch.rand(num_rows, generator=gen) < 0.85
+        keep = (torch.rand(num_rows, generator=gen) < 0.85).to(kernel_device)
         _assert_commits_agree(history, token_ids, keep)
     # the steps took tokens past 255 on the device, so entries were taken and extended
     p = history.penalties
@@ -110,62 +113,69 @@ def test_matches_torch_commit_over_random_steps(vocab: int) -> None:
     assert int(p.overflow_excess.device.sum()) > 0
 
 
-def test_matches_torch_commit_on_full_and_odd_tables() -> None:
+def test_matches_torch_commit_on_full_and_odd_tables(kernel_device: torch.device) -> None:
     """Crafted states the engine reaches only past max_model_len (or not at all): full
     tables (a saturation lands in the spare), saturated tokens without an entry, counts at
     254 and 255 everywhere the commits go."""
     gen = _gen()
     vocab, max_num_reqs = 37, 7
-    history = History(max_num_reqs, vocab)
+    history = History(max_num_reqs, vocab, kernel_device)
     added = [(r, *_request(vocab, gen)) for r in range(max_num_reqs)]
     history.batch.update(BatchUpdate(max_num_reqs, [], added, []))
     p = history.penalties
     capacity = p.overflow_token.device.shape[1] - 1
     for _ in range(10):
-        # token 0 among them: an entry holding it is used (only -1 is unused)
+        # token 0 among them: an entry holding it is used (only -1 is unused). Drawn on the
+        # host, written to the device tables.
         hot = torch.cat(
             [torch.zeros(1, dtype=torch.int64), torch.randperm(vocab - 1, generator=gen)[:7] + 1]
         )
-        p.counts[:, hot] = torch.randint(
-            SATURATED - 2, SATURATED + 1, (p.counts.shape[0], 8), generator=gen
-        ).to(torch.uint8)
+        p.counts[:, hot.to(kernel_device)] = (
+            torch.randint(SATURATED - 2, SATURATED + 1, (p.counts.shape[0], 8), generator=gen)
+            .to(torch.uint8)
+            .to(kernel_device)
+        )
         for s in range(max_num_reqs):
             used = int(torch.randint(0, capacity + 1, (1,), generator=gen))
             table = torch.full((capacity + 1,), -1, dtype=torch.int32)
             table[:used] = hot[torch.randperm(8, generator=gen)[:used]].int()
             table[capacity] = int(torch.randint(-1, 2, (1,), generator=gen))  # spare: -1 or not
-            p.overflow_token.device[s] = table
-            p.overflow_excess.device[s] = torch.randint(0, 50, (capacity + 1,), generator=gen)
-        token_ids = hot[torch.randint(0, 8, (max_num_reqs,), generator=gen)]
-        keep = torch.rand(max_num_reqs, generator=gen) < 0.8
+            p.overflow_token.device[s] = table.to(kernel_device)
+            excess = torch.randint(0, 50, (capacity + 1,), generator=gen)
+            p.overflow_excess.device[s] = excess.to(kernel_device)
+        token_ids = hot[torch.randint(0, 8, (max_num_reqs,), generator=gen)].to(kernel_device)
+        keep = (torch.rand(max_num_reqs, generator=gen) < 0.8).to(kernel_device)
         _assert_commits_agree(history, token_ids, keep)
 
 
-def test_rejects_bad_input() -> None:
-    history = History(2, 50)
+def test_rejects_bad_input(kernel_device: torch.device) -> None:
+    history = History(2, 50, kernel_device)
     history.batch.update(BatchUpdate(1, [], [(0, SamplingParams(), [], [1, 2])], []))
+    on = {"device": kernel_device}
     with pytest.raises(TypeError, match=r"keep must be torch\.bool, got torch\.int64"):
-        history.kernel_commit(torch.tensor([3]), torch.tensor([1]))
+        history.kernel_commit(torch.tensor([3], **on), torch.tensor([1], **on))
     with pytest.raises(ValueError, match=r"padding_slot = 3 is outside the slots \[0, 3\)"):
         p = history.penalties
         triton_ops.commit_history(
-            torch.tensor([0]), torch.tensor([3]), torch.tensor([True]),
+            torch.tensor([0], **on), torch.tensor([3], **on), torch.tensor([True], **on),
             history.batch.num_generated.device, p.counts, p.overflow_token.device,
             p.overflow_excess.device, history.bad_words.window.device, 3,
         )  # fmt: skip
 
 
-def test_opcheck() -> None:
+def test_opcheck(kernel_device: torch.device) -> None:
     gen = _gen()
-    history = History(4, 64)
+    history = History(4, 64, kernel_device)
     added = [(r, *_request(64, gen)) for r in range(3)]
     history.batch.update(BatchUpdate(3, [], added, []))
     p = history.penalties
+    on = {"device": kernel_device}
     torch.library.opcheck(
         triton_ops.commit_history,
         (
-            history.batch.slots(4), torch.tensor([5, 9, 5, 1]),
-            torch.tensor([True, False, True, True]), history.batch.num_generated.device.clone(),
+            history.batch.slots(4), torch.tensor([5, 9, 5, 1], **on),
+            torch.tensor([True, False, True, True], **on),
+            history.batch.num_generated.device.clone(),
             p.counts.clone(), p.overflow_token.device.clone(), p.overflow_excess.device.clone(),
             history.bad_words.window.device.clone(), history.batch.padding_slot,
         ),
