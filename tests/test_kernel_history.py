@@ -33,8 +33,7 @@ class History:
         config = SamplerConfig(
             max_num_reqs, vocab, max_model_len=MAX_MODEL_LEN, max_bad_word_len=WINDOW
         )
-        self.device = torch.device(device)
-        self.batch = BatchState(config, self.device)
+        self.batch = BatchState(config, device)
         self.penalties = PenaltyState(config, self.batch)
         self.bad_words = BadWordsState(config, self.batch)
 
@@ -151,13 +150,15 @@ def test_matches_torch_commit_on_full_and_odd_tables(kernel_device: torch.device
 def test_rejects_bad_input(kernel_device: torch.device) -> None:
     history = History(2, 50, kernel_device)
     history.batch.update(BatchUpdate(1, [], [(0, SamplingParams(), [], [1, 2])], []))
-    on = {"device": kernel_device}
     with pytest.raises(TypeError, match=r"keep must be torch\.bool, got torch\.int64"):
-        history.kernel_commit(torch.tensor([3], **on), torch.tensor([1], **on))
+        history.kernel_commit(
+            torch.tensor([3], device=kernel_device), torch.tensor([1], device=kernel_device)
+        )
     with pytest.raises(ValueError, match=r"padding_slot = 3 is outside the slots \[0, 3\)"):
         p = history.penalties
         triton_ops.commit_history(
-            torch.tensor([0], **on), torch.tensor([3], **on), torch.tensor([True], **on),
+            torch.tensor([0], device=kernel_device), torch.tensor([3], device=kernel_device),
+            torch.tensor([True], device=kernel_device),
             history.batch.num_generated.device, p.counts, p.overflow_token.device,
             p.overflow_excess.device, history.bad_words.window.device, 3,
         )  # fmt: skip
@@ -169,12 +170,11 @@ def test_opcheck(kernel_device: torch.device) -> None:
     added = [(r, *_request(64, gen)) for r in range(3)]
     history.batch.update(BatchUpdate(3, [], added, []))
     p = history.penalties
-    on = {"device": kernel_device}
     torch.library.opcheck(
         triton_ops.commit_history,
         (
-            history.batch.slots(4), torch.tensor([5, 9, 5, 1], **on),
-            torch.tensor([True, False, True, True], **on),
+            history.batch.slots(4), torch.tensor([5, 9, 5, 1], device=kernel_device),
+            torch.tensor([True, False, True, True], device=kernel_device),
             history.batch.num_generated.device.clone(),
             p.counts.clone(), p.overflow_token.device.clone(), p.overflow_excess.device.clone(),
             history.bad_words.window.device.clone(), history.batch.padding_slot,

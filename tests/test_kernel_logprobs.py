@@ -1,5 +1,5 @@
-"""The logprobs kernel (interpreted on CPU) against `Sampler._logprobs`, the PyTorch
-backend's step 10, in all four logprobs modes."""
+"""The logprobs kernel (on `kernel_device`: interpreted on CPU, compiled on CUDA) against
+`Sampler._logprobs`, the PyTorch backend's step 10, in all four logprobs modes."""
 
 from __future__ import annotations
 
@@ -24,39 +24,42 @@ def _gen() -> torch.Generator:
 def _torch_logprobs(
     mode: str, k: int, raw: torch.Tensor, processed: torch.Tensor, tokens: torch.Tensor
 ) -> LogprobsTensors:
+    """The PyTorch backend's logprobs, on the inputs' device."""
     rows, vocab = raw.shape
-    config = SamplerConfig(rows, vocab, max_num_logprobs=k, logprobs_mode=mode)
-    return Sampler(config, device="cpu")._logprobs(raw, processed, tokens)
+    config = SamplerConfig(rows, vocab, max_num_logprobs=k, logprobs_mode=mode, backend="torch")
+    return Sampler(config, device=raw.device)._logprobs(raw, processed, tokens)
 
 
 def _kernel(
     source: torch.Tensor, tokens: torch.Tensor, k: int, subtract_lse: bool
 ) -> tuple[LogprobsTensors, torch.Tensor]:
     """Outputs poisoned first, so an element the kernel never wrote shows up."""
-    rows = source.shape[0]
-    ids = torch.full((rows, k + 1), -7, dtype=torch.int32)
-    values = torch.full((rows, k + 1), float("nan"))
-    ranks = torch.full((rows,), -7, dtype=torch.int32)
-    lse = torch.full((rows,), float("nan"))
+    rows, device = source.shape[0], source.device
+    ids = torch.full((rows, k + 1), -7, dtype=torch.int32, device=device)
+    values = torch.full((rows, k + 1), float("nan"), device=device)
+    ranks = torch.full((rows,), -7, dtype=torch.int32, device=device)
+    lse = torch.full((rows,), float("nan"), device=device)
     triton_ops.compute_logprobs(source, tokens, ids, values, ranks, lse, subtract_lse)
     return LogprobsTensors(ids, values, ranks), lse
 
 
 def _logits_and_tokens(
-    rows: int, vocab: int, gen: torch.Generator
+    rows: int, vocab: int, gen: torch.Generator, device: torch.device | str = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Raw logits; processed = raw with most tokens masked, the last row entirely; sampled
-    tokens among the survivors (any token in the all-masked row)."""
+    tokens among the survivors (any token in the all-masked row). Drawn on the CPU, returned
+    on `device`."""
     raw = torch.randn(rows, vocab, generator=gen) * 3
     masked = torch.rand(rows, vocab, generator=gen) < 0.6
     masked[-1] = rows > 1
     processed = torch.where(masked, float("-inf"), raw / 0.7)
     pick = torch.rand(rows, vocab, generator=gen).masked_fill(masked, -1.0)
-    return raw, processed, pick.argmax(-1)
+    return raw.to(device), processed.to(device), pick.argmax(-1).to(device)
 
 
 def _ulp(x: torch.Tensor) -> torch.Tensor:
-    return torch.from_numpy(np.spacing(np.abs(x.numpy()).astype(np.float32)))
+    """float32 spacing at |x| (numpy's, on the host), on x's device."""
+    return torch.from_numpy(np.spacing(np.abs(x.cpu().numpy()).astype(np.float32))).to(x.device)
 
 
 def _check(
@@ -68,7 +71,7 @@ def _check(
     subtract_lse: bool,
 ) -> None:
     source = source.float()
-    rows = torch.arange(source.shape[0])
+    rows = torch.arange(source.shape[0], device=source.device)
     lse_torch = source.logsumexp(-1)
     lse_torch = torch.where(lse_torch.isfinite(), lse_torch, 0.0)
     torch.testing.assert_close(lse, lse_torch, rtol=2e-6, atol=1e-6)
@@ -103,9 +106,11 @@ def _check(
     [pytest.param(1, 111, 1, id="R1-V111-K1"), pytest.param(3, 1023, 5, id="R3-V1023-K5"),
      pytest.param(17, 4099, 20, id="R17-V4099-K20")],
 )  # fmt: skip
-def test_matches_torch_logprobs(mode: str, rows: int, vocab: int, k: int) -> None:
+def test_matches_torch_logprobs(
+    mode: str, rows: int, vocab: int, k: int, kernel_device: torch.device
+) -> None:
     gen = _gen()
-    raw, processed, tokens = _logits_and_tokens(rows, vocab, gen)
+    raw, processed, tokens = _logits_and_tokens(rows, vocab, gen, kernel_device)
     want = _torch_logprobs(mode, k, raw, processed, tokens)
     source = raw if mode.startswith("raw") else processed
     subtract_lse = mode.endswith("logprobs")
@@ -114,10 +119,10 @@ def test_matches_torch_logprobs(mode: str, rows: int, vocab: int, k: int) -> Non
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_half_precision_raw_logits(dtype: torch.dtype) -> None:
+def test_half_precision_raw_logits(dtype: torch.dtype, kernel_device: torch.device) -> None:
     """Raw logits come in the model's dtype; `_logprobs` reads them as float32."""
     gen = _gen()
-    raw, processed, tokens = _logits_and_tokens(3, 1023, gen)
+    raw, processed, tokens = _logits_and_tokens(3, 1023, gen, kernel_device)
     raw = raw.to(dtype)
     want = _torch_logprobs("raw_logprobs", 4, raw, processed, tokens)
     got, lse = _kernel(raw, tokens, 4, True)
@@ -125,12 +130,12 @@ def test_half_precision_raw_logits(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("k", [3, 20])
-def test_ties_take_the_lowest_index(k: int) -> None:
+def test_ties_take_the_lowest_index(k: int, kernel_device: torch.device) -> None:
     """Quantised logits tie everywhere: the values are torch.topk's, the ids a stable
     descending sort's (the lowest index first among equal values)."""
     gen = _gen()
-    raw = (torch.randn(5, 300, generator=gen) * 2).round()
-    tokens = torch.randint(0, 300, (5,), generator=gen)
+    raw = (torch.randn(5, 300, generator=gen) * 2).round().to(kernel_device)
+    tokens = torch.randint(0, 300, (5,), generator=gen).to(kernel_device)
     got, _ = _kernel(raw, tokens, k, False)
     want_values, _ = raw.topk(k, dim=-1)
     assert torch.equal(got.logprobs[:, 1:], want_values)
@@ -141,7 +146,7 @@ def test_ties_take_the_lowest_index(k: int) -> None:
     )
 
 
-def test_rank_counts_tokens_merged_by_the_shift() -> None:
+def test_rank_counts_tokens_merged_by_the_shift(kernel_device: torch.device) -> None:
     """Tokens within 1e-6 of each other near 0, beside a max of 10: after the shift by
     lse (about 10) they round together, so the rank counts some below the sampled value
     (the kernel's second pass).
@@ -158,6 +163,7 @@ def test_rank_counts_tokens_merged_by_the_shift() -> None:
     tokens = torch.tensor([100, 900])
     raw[[0, 1], tokens] = 0.0
     raw[[0, 1], tokens + 1] = -(2.0**-23)
+    raw, tokens = raw.to(kernel_device), tokens.to(kernel_device)
     want = _torch_logprobs("raw_logprobs", 2, raw, raw, tokens)
     got, lse = _kernel(raw, tokens, 2, True)
     _check(got, lse, want, raw, tokens, True)
@@ -165,25 +171,31 @@ def test_rank_counts_tokens_merged_by_the_shift() -> None:
     assert bool((got.selected_token_ranks.long() > exact).all())
 
 
-def test_rejects_bad_input() -> None:
-    source, ids = torch.randn(2, 50), torch.zeros(2, 3, dtype=torch.int32)
-    values, ranks, lse = torch.zeros(2, 3), torch.zeros(2, dtype=torch.int32), torch.zeros(2)
+def test_rejects_bad_input(kernel_device: torch.device) -> None:
+    device = kernel_device
+    source = torch.randn(2, 50).to(device)
+    ids = torch.zeros(2, 3, dtype=torch.int32, device=device)
+    values, lse = torch.zeros(2, 3, device=device), torch.zeros(2, device=device)
+    ranks = torch.zeros(2, dtype=torch.int32, device=device)
     with pytest.raises(TypeError, match=r"tokens must be torch\.int64, got torch\.int32"):
-        tokens = torch.zeros(2, dtype=torch.int32)
+        tokens = torch.zeros(2, dtype=torch.int32, device=device)
         triton_ops.compute_logprobs(source, tokens, ids, values, ranks, lse, True)
     with pytest.raises(ValueError, match=r"logprobs must have shape \[2, 3\], got \(2, 4\)"):
-        tokens = torch.zeros(2, dtype=torch.int64)
-        triton_ops.compute_logprobs(source, tokens, ids, torch.zeros(2, 4), ranks, lse, True)
+        tokens = torch.zeros(2, dtype=torch.int64, device=device)
+        wide = torch.zeros(2, 4, device=device)
+        triton_ops.compute_logprobs(source, tokens, ids, wide, ranks, lse, True)
 
 
-def test_opcheck() -> None:
+def test_opcheck(kernel_device: torch.device) -> None:
     gen = _gen()
-    raw, processed, tokens = _logits_and_tokens(3, 129, gen)
+    device = kernel_device
+    raw, processed, tokens = _logits_and_tokens(3, 129, gen, device)
     for source, subtract_lse in ((raw, True), (processed, False)):
         torch.library.opcheck(
             triton_ops.compute_logprobs,
             (
-                source, tokens, torch.zeros(3, 6, dtype=torch.int32), torch.zeros(3, 6),
-                torch.zeros(3, dtype=torch.int32), torch.zeros(3), subtract_lse,
+                source, tokens, torch.zeros(3, 6, dtype=torch.int32, device=device),
+                torch.zeros(3, 6, device=device), torch.zeros(3, dtype=torch.int32, device=device),
+                torch.zeros(3, device=device), subtract_lse,
             ),
         )  # fmt: skip

@@ -1,4 +1,5 @@
-"""The min_p Triton kernel (interpreted on CPU) against the PyTorch backend."""
+"""The min_p Triton kernel (on `kernel_device`: interpreted on CPU, compiled on CUDA) against
+the PyTorch backend."""
 
 from __future__ import annotations
 
@@ -19,12 +20,13 @@ def _reference(logits: torch.Tensor, slots: torch.Tensor, min_p: torch.Tensor) -
     [pytest.param(1, 111, id="R1-V111"), pytest.param(3, 1023, id="R3-V1023"),
      pytest.param(17, 4099, id="R17-V4099")],
 )  # fmt: skip
-def test_matches_torch_backend(rows: int, vocab: int) -> None:
+def test_matches_torch_backend(rows: int, vocab: int, kernel_device: torch.device) -> None:
     gen = torch.Generator().manual_seed(torch.seed() % 2**31)
     logits = torch.randn(rows, vocab, generator=gen) * 4
     min_p = torch.rand(rows + 1, generator=gen) * 0.3
     min_p[0] = 0.0  # off
     slots = torch.randperm(rows + 1, generator=gen)[:rows]
+    logits, min_p, slots = (t.to(kernel_device) for t in (logits, min_p, slots))
     got = logits.clone()
     triton_ops.apply_min_p(got, slots, min_p)
     want = _reference(logits, slots, min_p)
@@ -38,26 +40,27 @@ def test_matches_torch_backend(rows: int, vocab: int) -> None:
     assert torch.equal(got[same], want[same])
 
 
-def test_edge_rows() -> None:
+def test_edge_rows(kernel_device: torch.device) -> None:
     logits = torch.randn(4, 300)
     logits[0] = float("-inf")
     logits[0, 17] = 2.0  # all -inf but one
     logits[1, :5] = 1e9  # huge logits
     logits[2] = -1e9
-    slots = torch.arange(4)
-    min_p = torch.tensor([0.5, 0.5, 1.0, 0.0, 0.0])
+    logits = logits.to(kernel_device)
+    slots = torch.arange(4, device=kernel_device)
+    min_p = torch.tensor([0.5, 0.5, 1.0, 0.0, 0.0], device=kernel_device)
     got = logits.clone()
     triton_ops.apply_min_p(got, slots, min_p)
     assert torch.equal(got, _reference(logits, slots, min_p))
     assert torch.isfinite(got[0]).sum() == 1 and torch.isfinite(got[1]).sum() == 5
 
 
-def test_non_contiguous_row_stride() -> None:
-    base = torch.randn(6, 257)
+def test_non_contiguous_row_stride(kernel_device: torch.device) -> None:
+    base = torch.randn(6, 257).to(kernel_device)
     before = base.clone()
     logits = base[::2, :200]  # row stride 514, not the vocabulary size
-    slots = torch.tensor([0, 1, 2])
-    min_p = torch.tensor([0.2, 0.05, 0.5, 0.0])
+    slots = torch.tensor([0, 1, 2], device=kernel_device)
+    min_p = torch.tensor([0.2, 0.05, 0.5, 0.0], device=kernel_device)
     want = _reference(logits, slots, min_p)
     triton_ops.apply_min_p(logits, slots, min_p)
     assert torch.equal(logits, want)
@@ -66,10 +69,10 @@ def test_non_contiguous_row_stride() -> None:
     assert torch.equal(base[::2, 200:], before[::2, 200:])
 
 
-def test_opcheck_and_compile() -> None:
-    logits = torch.randn(3, 129)
-    slots = torch.tensor([2, 0, 1])
-    min_p = torch.tensor([0.1, 0.0, 0.4, 0.0])
+def test_opcheck_and_compile(kernel_device: torch.device) -> None:
+    logits = torch.randn(3, 129).to(kernel_device)
+    slots = torch.tensor([2, 0, 1], device=kernel_device)
+    min_p = torch.tensor([0.1, 0.0, 0.4, 0.0], device=kernel_device)
     torch.library.opcheck(triton_ops.apply_min_p, (logits.clone(), slots, min_p))
 
     def step(x: torch.Tensor) -> torch.Tensor:
@@ -81,15 +84,21 @@ def test_opcheck_and_compile() -> None:
     assert torch.equal(compiled(logits), _reference(logits, slots, min_p))
 
 
-def test_rejects_wrong_dtype() -> None:
+def test_rejects_wrong_dtype(kernel_device: torch.device) -> None:
     with pytest.raises(TypeError, match=r"logits must be float32, got torch\.float16"):
-        triton_ops.apply_min_p(torch.randn(2, 8).half(), torch.tensor([0, 1]), torch.zeros(3))
+        triton_ops.apply_min_p(
+            torch.randn(2, 8).half().to(kernel_device),
+            torch.tensor([0, 1], device=kernel_device),
+            torch.zeros(3, device=kernel_device),
+        )
 
 
-def test_nan_rows_match_torch() -> None:
+def test_nan_rows_match_torch(kernel_device: torch.device) -> None:
     logits = torch.randn(2, 70)
     logits[0, 33] = float("nan")
-    slots, min_p = torch.tensor([0, 1]), torch.tensor([0.3, 0.3, 0.0])
+    logits = logits.to(kernel_device)
+    slots = torch.tensor([0, 1], device=kernel_device)
+    min_p = torch.tensor([0.3, 0.3, 0.0], device=kernel_device)
     got = logits.clone()
     triton_ops.apply_min_p(got, slots, min_p)
     torch.testing.assert_close(got, _reference(logits, slots, min_p), equal_nan=True)

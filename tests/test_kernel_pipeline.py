@@ -1,5 +1,6 @@
 """The kernels chained as the Triton backend will chain them, eager and under
-`torch.compile(fullgraph=True)` (one compile for all ops), against the PyTorch backend."""
+`torch.compile(fullgraph=True)` (one compile for all ops), against the PyTorch backend, on
+`kernel_device` (interpreted on CPU, compiled on CUDA)."""
 
 from __future__ import annotations
 
@@ -13,26 +14,26 @@ from graphsafe_sampler.ops.top_k_top_p import apply_top_k_top_p
 from graphsafe_sampler.params import GREEDY_TEMPERATURE
 
 
-def test_chained_kernels_compile_and_match_torch_backend() -> None:
+def test_chained_kernels_compile_and_match_torch_backend(kernel_device: torch.device) -> None:
     gen = torch.Generator().manual_seed(1234)
     rows, vocab, num_reqs = 5, 1023, 6
     num_slots = num_reqs + 1
     # a real PenaltyState with saturated tokens; slot 6 is the padding slot
-    state = _random_state(num_reqs, vocab, gen)
-    slots = torch.tensor([0, 4, 6, 5, 1])
-    top_k = torch.tensor([0, 40, 0, 3, 0, 100, 0], dtype=torch.int32)
-    top_p = torch.tensor([1.0, 0.9, 1.0, 1.0, 0.5, 0.95, 0.8])
-    seeds = torch.randint(-(2**63), 2**63 - 1, (num_slots,), generator=gen)
-    positions = torch.randint(0, 2**40, (rows,), generator=gen)
-    logits = torch.randn(rows, vocab, generator=gen) * 3
+    state = _random_state(num_reqs, vocab, gen, device=kernel_device)
+    slots = torch.tensor([0, 4, 6, 5, 1], device=kernel_device)
+    top_k = torch.tensor([0, 40, 0, 3, 0, 100, 0], dtype=torch.int32, device=kernel_device)
+    top_p = torch.tensor([1.0, 0.9, 1.0, 1.0, 0.5, 0.95, 0.8], device=kernel_device)
+    seeds = torch.randint(-(2**63), 2**63 - 1, (num_slots,), generator=gen).to(kernel_device)
+    positions = torch.randint(0, 2**40, (rows,), generator=gen).to(kernel_device)
+    logits = (torch.randn(rows, vocab, generator=gen) * 3).to(kernel_device)
 
     def step(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # one write of the logits (process_logits); top-k/top-p and sampling only read
         x = logits.clone()
         triton_ops.process_logits(x, slots, *state.kernel_args(), None, *state.penalty_args())
-        threshold = torch.empty(rows)
+        threshold = torch.empty(rows, device=logits.device)
         triton_ops.top_k_top_p_threshold(x, slots, top_k, top_p, threshold)
-        tokens = torch.empty(rows, dtype=torch.int64)
+        tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)
         triton_ops.sample_tokens(x, slots, state.temperature, seeds, positions, threshold, tokens)
         return x, tokens
 

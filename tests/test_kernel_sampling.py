@@ -1,4 +1,5 @@
-"""The sampling Triton kernel (interpreted on CPU) against ops/rng.py and the PyTorch backend."""
+"""The sampling Triton kernel (on `kernel_device`: interpreted on CPU, compiled on CUDA)
+against ops/rng.py and the PyTorch backend."""
 
 from __future__ import annotations
 
@@ -34,31 +35,36 @@ def _gen() -> torch.Generator:
 def _noise(
     seeds: torch.Tensor, positions: torch.Tensor, vocab: int, salt: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    rows = seeds.shape[0]
+    rows, device = seeds.shape[0], seeds.device
     # poisoned outputs: an element the kernel never writes shows up
-    hashes = torch.full((rows, vocab), -1, dtype=torch.int64)
-    uniforms = torch.full((rows, vocab), float("nan"))
-    gumbels = torch.full((rows, vocab), float("nan"))
+    hashes = torch.full((rows, vocab), -1, dtype=torch.int64, device=device)
+    uniforms = torch.full((rows, vocab), float("nan"), device=device)
+    gumbels = torch.full((rows, vocab), float("nan"), device=device)
     triton_ops.rng_noise(seeds, positions, hashes, uniforms, gumbels, salt)
     return hashes, uniforms, gumbels
 
 
 @pytest.mark.parametrize("case", KNOWN_HASHES, ids=[f"kat{i}" for i in range(len(KNOWN_HASHES))])
-def test_known_answers(case: tuple[tuple[int, int, int, int], int]) -> None:
+def test_known_answers(
+    case: tuple[tuple[int, int, int, int], int], kernel_device: torch.device
+) -> None:
     (seed, position, token, salt), expected = case
-    hashes, uniforms, _ = _noise(torch.tensor([seed]), torch.tensor([position]), token + 2, salt)
+    seeds = torch.tensor([seed], device=kernel_device)
+    positions = torch.tensor([position], device=kernel_device)
+    hashes, uniforms, _ = _noise(seeds, positions, token + 2, salt)
     assert hashes[0, token].item() == expected
     assert uniforms[0, token].item() == ((expected >> 9) * 2 + 1) / 2**24
 
 
 @pytest.mark.parametrize("salt", [rng.SALT_SAMPLE, rng.SALT_ACCEPT, rng.SALT_RECOVER, 2**32 - 1])
-def test_noise_matches_rng(salt: int) -> None:
+def test_noise_matches_rng(salt: int, kernel_device: torch.device) -> None:
     gen = _gen()
     rows, vocab = 67, 1023
     seeds = torch.randint(-(2**63), 2**63 - 1, (rows,), generator=gen)
     positions = torch.randint(0, 2**62, (rows,), generator=gen)
     seeds[:4] = torch.tensor([0, -1, 2**63 - 1, -(2**63)])
     positions[:4] = torch.tensor([0, 2**32 - 1, 2**32, 2**63 - 1])
+    seeds, positions = seeds.to(kernel_device), positions.to(kernel_device)
     hashes, uniforms, gumbels = _noise(seeds, positions, vocab, salt)
     want_hashes = rng.token_hashes(seeds, positions, vocab, salt)
     assert torch.equal(hashes, want_hashes)
@@ -93,7 +99,7 @@ def _assert_same_tokens(got: torch.Tensor, want: torch.Tensor, perturbed: torch.
     """Tokens equal, except where the two winners' perturbed logits are within the noise's
     last-bit rounding (the Gumbel values are a few ulp from torch's). Returns that count."""
     differ = got != want
-    rows = torch.arange(got.shape[0])
+    rows = torch.arange(got.shape[0], device=got.device)
     gap = (perturbed[rows, want] - perturbed[rows, got]).abs()
     scale = perturbed[rows, want].abs().clamp(min=1.0)
     assert bool((~differ | (gap <= 1e-5 * scale)).all()), (got[differ], want[differ])
@@ -106,7 +112,9 @@ def _assert_same_tokens(got: torch.Tensor, want: torch.Tensor, perturbed: torch.
      pytest.param(17, 4099, id="R17-V4099")],
 )  # fmt: skip
 @pytest.mark.parametrize("fused_threshold", [False, True], ids=["masked", "threshold"])
-def test_tokens_match_torch_backend(rows: int, vocab: int, fused_threshold: bool) -> None:
+def test_tokens_match_torch_backend(
+    rows: int, vocab: int, fused_threshold: bool, kernel_device: torch.device
+) -> None:
     gen = _gen()
     num_slots = rows + 2
     logits = torch.randn(rows, vocab, generator=gen) * 3
@@ -118,10 +126,13 @@ def test_tokens_match_torch_backend(rows: int, vocab: int, fused_threshold: bool
     top_p = torch.where(torch.rand(num_slots, generator=gen) < 0.5, 1.0, 0.9)
     seeds = torch.randint(-(2**63), 2**63 - 1, (num_slots,), generator=gen)
     positions = torch.randint(0, 2**40, (rows,), generator=gen)
+    logits, slots, temperature, top_k, top_p, seeds, positions = (
+        t.to(kernel_device) for t in (logits, slots, temperature, top_k, top_p, seeds, positions)
+    )
     filtered, want, perturbed = _torch_tokens(
         logits, slots, temperature, top_k, top_p, seeds, positions
     )
-    tokens = torch.full((rows,), -1, dtype=torch.int64)
+    tokens = torch.full((rows,), -1, dtype=torch.int64, device=kernel_device)
     if fused_threshold:
         # the unfiltered logits (after temperature) and the per-row cut instead of the mask
         t = temperature[slots]
@@ -134,25 +145,26 @@ def test_tokens_match_torch_backend(rows: int, vocab: int, fused_threshold: bool
     print(f"{near_ties} of {rows} rows differ within rounding")
 
 
-def test_greedy_and_random_rows_merge() -> None:
+def test_greedy_and_random_rows_merge(kernel_device: torch.device) -> None:
     gen = _gen()
     rows, vocab = 8, 300
     # below the tied maximum: an unclamped draw tops 5.0 in a greedy row ~1 run in 2,500
     logits = torch.randn(rows, vocab, generator=gen).clamp(max=4.0)
     logits[:, 7] = 5.0  # ties at the maximum: greedy takes the lowest index
     logits[:, 250] = 5.0
-    slots = torch.arange(rows)
-    temperature = torch.tensor([0.0, 1.0] * 4 + [0.0])
-    seeds = torch.arange(rows + 1) * 1000003
-    positions = torch.arange(rows) + 5
-    tokens = torch.full((rows,), -1, dtype=torch.int64)
+    logits = logits.to(kernel_device)
+    slots = torch.arange(rows, device=kernel_device)
+    temperature = torch.tensor([0.0, 1.0] * 4 + [0.0], device=kernel_device)
+    seeds = torch.arange(rows + 1, device=kernel_device) * 1000003
+    positions = torch.arange(rows, device=kernel_device) + 5
+    tokens = torch.full((rows,), -1, dtype=torch.int64, device=kernel_device)
     triton_ops.sample_tokens(logits, slots, temperature, seeds, positions, None, tokens)
     assert tokens[0::2].tolist() == [7] * 4
     noise = rng.gumbel_noise(seeds[slots], positions, vocab, rng.SALT_SAMPLE)
     _assert_same_tokens(tokens[1::2], (logits + noise).argmax(-1)[1::2], (logits + noise)[1::2])
 
 
-def test_masked_and_nan_rows_match_torch_backend() -> None:
+def test_masked_and_nan_rows_match_torch_backend(kernel_device: torch.device) -> None:
     rows, vocab = 6, 200
     logits = torch.randn(rows, vocab)
     logits[0:2] = float("-inf")  # every token masked: token 0 (greedy, random)
@@ -160,31 +172,34 @@ def test_masked_and_nan_rows_match_torch_backend() -> None:
     logits[2:4, 123] = -50.0  # all masked but one
     logits[4:6, 40] = float("nan")  # NaN rows: the first NaN
     logits[4:6, 33] = float("nan")
-    slots = torch.arange(rows)
-    temperature = torch.tensor([0.0, 0.8, 0.0, 0.8, 0.0, 0.8, 0.0])
-    seeds, positions = torch.arange(rows + 1) + 11, torch.arange(rows)
-    tokens = torch.full((rows,), -1, dtype=torch.int64)
+    logits = logits.to(kernel_device)
+    slots = torch.arange(rows, device=kernel_device)
+    temperature = torch.tensor([0.0, 0.8, 0.0, 0.8, 0.0, 0.8, 0.0], device=kernel_device)
+    seeds = torch.arange(rows + 1, device=kernel_device) + 11
+    positions = torch.arange(rows, device=kernel_device)
+    tokens = torch.full((rows,), -1, dtype=torch.int64, device=kernel_device)
     triton_ops.sample_tokens(logits, slots, temperature, seeds, positions, None, tokens)
     _, want, _ = _torch_tokens(
         logits,
         slots,
         temperature,
-        torch.zeros(rows + 1, dtype=torch.int32),
-        torch.ones(rows + 1),
+        torch.zeros(rows + 1, dtype=torch.int32, device=kernel_device),
+        torch.ones(rows + 1, device=kernel_device),
         seeds,
         positions,
     )
     assert tokens.tolist() == want.tolist() == [0, 0, 123, 123, 33, 33]
 
 
-def test_non_contiguous_row_stride() -> None:
+def test_non_contiguous_row_stride(kernel_device: torch.device) -> None:
     gen = _gen()
-    base = torch.randn(10, 517, generator=gen)
+    base = torch.randn(10, 517, generator=gen).to(kernel_device)
     logits = base[::2, :400]  # row stride 1034, not the vocabulary size
-    slots = torch.tensor([4, 3, 2, 1, 0])
-    temperature = torch.tensor([0.0, 1.0, 0.7, 0.0, 1.3, 0.0])
-    seeds, positions = torch.arange(6) * 7 - 3, torch.arange(5) * 2**33
-    tokens = torch.full((5,), -1, dtype=torch.int64)
+    slots = torch.tensor([4, 3, 2, 1, 0], device=kernel_device)
+    temperature = torch.tensor([0.0, 1.0, 0.7, 0.0, 1.3, 0.0], device=kernel_device)
+    seeds = torch.arange(6, device=kernel_device) * 7 - 3
+    positions = torch.arange(5, device=kernel_device) * 2**33
+    tokens = torch.full((5,), -1, dtype=torch.int64, device=kernel_device)
     # The kernel samples from logits already divided by the temperature (sampler.py's step 6):
     # divide in place through the strided view, keeping its row stride.
     pre_temperature = logits.clone()
@@ -196,62 +211,71 @@ def test_non_contiguous_row_stride() -> None:
         pre_temperature,
         slots,
         temperature,
-        torch.zeros(6, dtype=torch.int32),
-        torch.ones(6),
+        torch.zeros(6, dtype=torch.int32, device=kernel_device),
+        torch.ones(6, device=kernel_device),
         seeds,
         positions,
     )
     _assert_same_tokens(tokens, want, perturbed)
 
 
-def test_samples_follow_softmax() -> None:
+def test_samples_follow_softmax(kernel_device: torch.device) -> None:
     """Chi-square of 512 draws (one per position) against softmax(logits) at p < 1e-3: the
     interpreter runs one program per draw, so the sample is small and the test catches gross
     errors (noise ignored, wrong sign, wrong scale); tests/test_rng.py holds the fine ones."""
     vocab, draws = 5, 512
     logits = torch.tensor([-1.5, 0.0, 0.7, -0.3, 1.0])
-    probs = torch.softmax(logits.double(), -1)
-    tokens = torch.full((draws,), -1, dtype=torch.int64)
+    probs = torch.softmax(logits.double(), -1)  # on the host, for scipy
+    logits = logits.to(kernel_device)
+    tokens = torch.full((draws,), -1, dtype=torch.int64, device=kernel_device)
     triton_ops.sample_tokens(
         logits.expand(draws, vocab),  # row stride 0: one row read by every program
-        torch.zeros(draws, dtype=torch.int64),
-        torch.ones(1),
-        torch.tensor([20240601]),
-        torch.arange(draws),
+        torch.zeros(draws, dtype=torch.int64, device=kernel_device),
+        torch.ones(1, device=kernel_device),
+        torch.tensor([20240601], device=kernel_device),
+        torch.arange(draws, device=kernel_device),
         None,
         tokens,
     )
-    counts = torch.bincount(tokens, minlength=vocab).double()
+    counts = torch.bincount(tokens.cpu(), minlength=vocab).double()
     assert scipy.stats.chisquare(counts.numpy(), (probs * draws).numpy()).pvalue > 1e-3
 
 
-def test_rejects_bad_input() -> None:
-    tokens = torch.zeros(2, dtype=torch.int64)
-    args = (torch.tensor([0, 1]), torch.ones(2), torch.zeros(2, dtype=torch.int64))
+def test_rejects_bad_input(kernel_device: torch.device) -> None:
+    device = kernel_device
+    tokens = torch.zeros(2, dtype=torch.int64, device=device)
+    args = (
+        torch.tensor([0, 1], device=device), torch.ones(2, device=device),
+        torch.zeros(2, dtype=torch.int64, device=device),
+    )  # fmt: skip
+    positions = torch.arange(2, device=device)
     with pytest.raises(TypeError, match=r"logits must be float32, got torch\.float16"):
-        triton_ops.sample_tokens(torch.randn(2, 8).half(), *args, torch.arange(2), None, tokens)
+        half = torch.randn(2, 8).half().to(device)
+        triton_ops.sample_tokens(half, *args, positions, None, tokens)
     with pytest.raises(TypeError, match=r"positions must be torch\.int64, got torch\.int32"):
-        triton_ops.sample_tokens(
-            torch.randn(2, 8), *args, torch.arange(2, dtype=torch.int32), None, tokens
-        )
+        logits = torch.randn(2, 8).to(device)
+        triton_ops.sample_tokens(logits, *args, positions.int(), None, tokens)
 
 
-def test_opcheck() -> None:
-    logits = torch.randn(3, 129)
-    slots = torch.tensor([2, 0, 1])
-    temperature = torch.tensor([0.0, 0.9, 1.2])
-    seeds, positions = torch.tensor([5, 6, 7]), torch.tensor([100, 200, 300])
-    tokens = torch.zeros(3, dtype=torch.int64)
-    cut = torch.full((3,), -1.0)
+def test_opcheck(kernel_device: torch.device) -> None:
+    device = kernel_device
+    logits = torch.randn(3, 129).to(device)
+    slots = torch.tensor([2, 0, 1], device=device)
+    temperature = torch.tensor([0.0, 0.9, 1.2], device=device)
+    seeds = torch.tensor([5, 6, 7], device=device)
+    positions = torch.tensor([100, 200, 300], device=device)
+    tokens = torch.zeros(3, dtype=torch.int64, device=device)
+    cut = torch.full((3,), -1.0, device=device)
     torch.library.opcheck(
         triton_ops.sample_tokens, (logits, slots, temperature, seeds, positions, cut, tokens)
     )
     torch.library.opcheck(
         triton_ops.sample_tokens, (logits, slots, temperature, seeds, positions, None, tokens)
     )
-    hashes = torch.zeros(3, 129, dtype=torch.int64)
+    hashes = torch.zeros(3, 129, dtype=torch.int64, device=device)
+    uniforms, gumbels = torch.zeros(3, 129, device=device), torch.zeros(3, 129, device=device)
     torch.library.opcheck(
         triton_ops.rng_noise,
-        (seeds, positions, hashes, torch.zeros(3, 129), torch.zeros(3, 129)),
+        (seeds, positions, hashes, uniforms, gumbels),
         {"salt": rng.SALT_BONUS},
     )

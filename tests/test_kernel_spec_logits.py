@@ -1,7 +1,8 @@
-"""The logits-processing kernel on a speculative step's positions (interpreted on CPU): the
-drafts before a position count as output tokens for the penalties and min_tokens, bit for
-bit as the PyTorch backend's `PenaltyState.apply(extra_tokens=...)` and
-`MinTokensLogitsProcessor.apply(num_preceding)` count them."""
+"""The logits-processing kernel on a speculative step's positions (on `kernel_device`:
+interpreted on CPU, compiled on CUDA): the drafts before a position count as output tokens
+for the penalties and min_tokens, bit for bit as the PyTorch backend's
+`PenaltyState.apply(extra_tokens=...)` and `MinTokensLogitsProcessor.apply(num_preceding)`
+count them."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def _torch_backend(
     x.scatter_reduce_(1, ids, ban.expand_as(ids), reduce="amin")
     x.masked_fill_(~unpack(state.allowed[slots]), float("-inf"))
     x.masked_fill_(~unpack(grammar), float("-inf"))
-    columns = torch.arange(drafts.shape[1])
+    columns = torch.arange(drafts.shape[1], device=drafts.device)
     x = state.penalties.apply(
         x, slots, extra_tokens=drafts, extra_mask=columns[None, :] < preceding[:, None]
     )
@@ -51,13 +52,15 @@ def _spec_rows(
     state: State, num_reqs: int, spec: int, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows r * (spec + 1) + j = request r after its first j drafts: (slots, drafts
-    [rows, spec] int64, preceding [rows] int64). Each request drafts one of its saturated
-    tokens (penalised by the excess too; request 0 drafts it first), a token of its prompt
-    or output history and random ids, one of them twice."""
+    [rows, spec] int64, preceding [rows] int64), on the state's device. Each request drafts
+    one of its saturated tokens (penalised by the excess too; request 0 drafts it first), a
+    token of its prompt or output history and random ids, one of them twice. Drawn on the
+    host, beside the exact counts."""
     vocab = state.full_counts.shape[1]
+    overflow_token = state.penalties.overflow_token.device.cpu()
     slots, drafts = [], []
     for r in range(num_reqs):
-        saturated = int(state.penalties.overflow_token.device[r, 0])
+        saturated = int(overflow_token[r, 0])
         seen = state.full_counts[r].nonzero().flatten()
         row = torch.randint(0, vocab, (spec,), generator=gen)
         row[0] = saturated
@@ -69,21 +72,29 @@ def _spec_rows(
             slots.append(r)
             drafts.append(row)
     preceding = torch.arange(spec + 1).repeat(num_reqs)
-    return torch.tensor(slots), torch.stack(drafts).contiguous(), preceding
+    device = state.batch.device
+    return (
+        torch.tensor(slots, device=device),
+        torch.stack(drafts).contiguous().to(device),
+        preceding.to(device),
+    )
 
 
 @pytest.mark.parametrize(("num_reqs", "vocab", "spec"), [(2, 111, 3), (3, 1023, 4)])
-def test_drafts_match_torch_backend(num_reqs: int, vocab: int, spec: int) -> None:
+def test_drafts_match_torch_backend(
+    num_reqs: int, vocab: int, spec: int, kernel_device: torch.device
+) -> None:
     gen = _gen()
-    state = _random_state(num_reqs, vocab, gen)
+    state = _random_state(num_reqs, vocab, gen, device=kernel_device)
     _expose_first_saturated(state)
     # min_tokens in force for the first positions of each request, lifted by its drafts
     generated = state.batch.num_generated.device[:num_reqs]
-    state.min_tokens[:num_reqs] = generated + torch.randint(1, spec + 1, (num_reqs,))
+    lead = torch.randint(1, spec + 1, (num_reqs,)).to(kernel_device)
+    state.min_tokens[:num_reqs] = generated + lead
     slots, drafts, preceding = _spec_rows(state, num_reqs, spec, gen)
     rows = slots.shape[0]
-    logits = torch.randn(rows, vocab, generator=gen) * 4
-    grammar = _random_grammar(rows, vocab, gen)
+    logits = (torch.randn(rows, vocab, generator=gen) * 4).to(kernel_device)
+    grammar = _random_grammar(rows, vocab, gen, kernel_device)
     token = int(drafts[0, 0])  # request 0's saturated draft: allowed at all its positions
     grammar[: spec + 1, token // 32] |= torch.tensor(1 << token % 32).to(torch.int32)
     got = logits.clone()
@@ -100,11 +111,11 @@ def test_drafts_match_torch_backend(num_reqs: int, vocab: int, spec: int) -> Non
     assert bool(changed[0, 1:].all())  # slot 0: penalties on, the saturated draft unmasked
 
 
-def test_bad_draft_arguments() -> None:
+def test_bad_draft_arguments(kernel_device: torch.device) -> None:
     gen = _gen()
-    state = _random_state(2, 111, gen)
+    state = _random_state(2, 111, gen, device=kernel_device)
     slots, drafts, preceding = _spec_rows(state, 2, 3, gen)
-    logits = torch.randn(slots.shape[0], 111, generator=gen)
+    logits = torch.randn(slots.shape[0], 111, generator=gen).to(kernel_device)
     args = (logits, slots, *state.kernel_args(), None, *state.penalty_args())
     with pytest.raises(ValueError, match="drafts and num_preceding come together"):
         triton_ops.process_logits(*args, drafts, None)
@@ -116,11 +127,11 @@ def test_bad_draft_arguments() -> None:
         triton_ops.process_logits(*args, drafts, preceding.int())
 
 
-def test_opcheck_with_drafts() -> None:
+def test_opcheck_with_drafts(kernel_device: torch.device) -> None:
     gen = _gen()
-    state = _random_state(2, 129, gen)
+    state = _random_state(2, 129, gen, device=kernel_device)
     slots, drafts, preceding = _spec_rows(state, 2, 2, gen)
-    logits = torch.randn(slots.shape[0], 129, generator=gen)
+    logits = torch.randn(slots.shape[0], 129, generator=gen).to(kernel_device)
     torch.library.opcheck(
         triton_ops.process_logits,
         (logits, slots, *state.kernel_args(), None, *state.penalty_args(), drafts, preceding),

@@ -1,5 +1,5 @@
-"""The top-k/top-p Triton kernel (interpreted on CPU) against ops/top_k_top_p.py and a float64
-sort-based reference."""
+"""The top-k/top-p Triton kernel (on `kernel_device`: interpreted on CPU, compiled on CUDA)
+against ops/top_k_top_p.py and a float64 sort-based reference (on the host)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def _kernel(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (masked copy of logits, thresholds), the threshold-only op checked against both."""
     got = logits.clone()
-    threshold = torch.full((logits.shape[0],), float("nan"))  # poisoned: every row writes
+    # poisoned: every row writes
+    threshold = torch.full((logits.shape[0],), float("nan"), device=logits.device)
     triton_ops.apply_top_k_top_p(got, slots, top_k, top_p, threshold)
     cut = torch.full_like(threshold, float("nan"))
     untouched = logits.clone()
@@ -33,8 +34,8 @@ def _kernel(
 
 
 def _sorted_reference(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """float64, sort-based: [V] bool kept mask of one row (DESIGN §4 step 8)."""
-    x = logits.double()
+    """float64, sort-based: [V] bool kept mask of one row (DESIGN §4 step 8), on the host."""
+    x = logits.double().cpu()
     values = x.sort(descending=True).values
     vocab = x.shape[0]
     keep = torch.ones(vocab, dtype=torch.bool)
@@ -58,7 +59,9 @@ def _check_top_p_differences(
     logits: torch.Tensor, got: torch.Tensor, want: torch.Tensor, top_k: int, top_p: float
 ) -> bool:
     """Masks may differ only where the smaller kept set's mass is within float32 rounding of
-    top_p times the total (both answers are right up to rounding). True if they differ."""
+    top_p times the total (both answers are right up to rounding). True if they differ.
+    Compared on the host, where the float64 reference lives."""
+    logits, got, want = logits.cpu(), got.cpu(), want.cpu()
     if torch.equal(got, want):
         return False
     x = logits.double()
@@ -77,7 +80,9 @@ def _check_top_p_differences(
     [pytest.param(1, 111, id="R1-V111"), pytest.param(17, 1023, id="R17-V1023"),
      pytest.param(5, 4099, id="R5-V4099")],
 )  # fmt: skip
-def test_matches_torch_backend_and_sorted_reference(rows: int, vocab: int) -> None:
+def test_matches_torch_backend_and_sorted_reference(
+    rows: int, vocab: int, kernel_device: torch.device
+) -> None:
     gen = _gen()
     num_slots = rows + 3
     # LLM-like rows: a few large logits over a long tail, with some exact ties
@@ -89,6 +94,7 @@ def test_matches_torch_backend_and_sorted_reference(rows: int, vocab: int) -> No
     top_k[torch.rand(num_slots, generator=gen) < 0.5] = torch.randint(1, 40, (1,), generator=gen)
     top_p = torch.rand(num_slots, generator=gen).clamp(min=0.05)
     top_p[torch.rand(num_slots, generator=gen) < 0.3] = 1.0
+    logits, slots, top_k, top_p = (t.to(kernel_device) for t in (logits, slots, top_k, top_p))
     got, _ = _kernel(logits, slots, top_k, top_p)
     want = apply_top_k_top_p(logits.clone(), top_k[slots], top_p[slots])
     got_kept, want_kept = torch.isfinite(got), torch.isfinite(want)
@@ -104,47 +110,48 @@ def test_matches_torch_backend_and_sorted_reference(rows: int, vocab: int) -> No
 
 
 def _one_row(row: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    got, _ = _kernel(
-        row[None], torch.zeros(1, dtype=torch.int64), torch.tensor([top_k], dtype=torch.int32),
-        torch.tensor([top_p]),
-    )  # fmt: skip
-    want = apply_top_k_top_p(row[None].clone(), torch.tensor([top_k]), torch.tensor([top_p]))
+    """The kernel on one row (on its device), checked against torch and the reference."""
+    device = row.device
+    k, p = torch.tensor([top_k], device=device), torch.tensor([top_p], device=device)
+    got, _ = _kernel(row[None], torch.zeros(1, dtype=torch.int64, device=device), k.int(), p)
+    want = apply_top_k_top_p(row[None].clone(), k, p)
     assert torch.equal(got, want)
-    # a kept -inf logit is still -inf: compare the finite survivors
-    kept = _sorted_reference(row, top_k, top_p) & torch.isfinite(row)
-    assert torch.equal(torch.isfinite(got[0]), kept)
+    # a kept -inf logit is still -inf: compare the finite survivors (on the host)
+    kept = _sorted_reference(row, top_k, top_p) & torch.isfinite(row.cpu())
+    assert torch.equal(torch.isfinite(got[0]).cpu(), kept)
     return got[0]
 
 
-def test_all_masked_but_one() -> None:
-    row = torch.full((300,), float("-inf"))
+def test_all_masked_but_one(kernel_device: torch.device) -> None:
+    row = torch.full((300,), float("-inf"), device=kernel_device)
     row[77] = -3.0
     for top_k, top_p in [(5, 1.0), (0, 0.5), (5, 0.5), (1, 0.0)]:
         assert torch.isfinite(_one_row(row, top_k, top_p)).nonzero().flatten().tolist() == [77]
 
 
-def test_fewer_finite_logits_than_top_k() -> None:
-    row = torch.full((257,), float("-inf"))
-    row[[3, 100, 200]] = torch.tensor([1.0, 2.0, -1.0])
+def test_fewer_finite_logits_than_top_k(kernel_device: torch.device) -> None:
+    row = torch.full((257,), float("-inf"), device=kernel_device)
+    row[[3, 100, 200]] = torch.tensor([1.0, 2.0, -1.0], device=kernel_device)
     got = _one_row(row, 10, 1.0)
     assert torch.equal(got, row)  # k-th largest is -inf: nothing is removed
     got = _one_row(row, 2, 1.0)
     assert torch.isfinite(got).nonzero().flatten().tolist() == [3, 100]
 
 
-def test_one_thousand_ties_with_top_p_half() -> None:
-    row = torch.full((1023,), -20.0)
+def test_one_thousand_ties_with_top_p_half(kernel_device: torch.device) -> None:
+    row = torch.full((1023,), -20.0, device=kernel_device)
     row[:1000] = 1.5  # 1,000 tied logits: half the mass is reached inside the tie
     got = _one_row(row, 0, 0.5)
     assert int(torch.isfinite(got).sum()) == 1000
 
 
-def test_huge_logits() -> None:
+def test_huge_logits(kernel_device: torch.device) -> None:
     gen = _gen()
     row = torch.randn(1023, generator=gen)
     row[:10] = 1e9
     row[10:20] = -1e9
     row[5] = 1e9 - 64.0  # the neighbouring float32 below 1e9
+    row = row.to(kernel_device)
     assert int(torch.isfinite(_one_row(row, 3, 1.0)).sum()) == 9
     assert int(torch.isfinite(_one_row(row, 0, 0.3)).sum()) == 9
     # -row: 9 logits at -1e9 and one just above; the 1015th largest is -1e9, a 9-way tie
@@ -152,52 +159,62 @@ def test_huge_logits() -> None:
     assert int(torch.isfinite(_one_row(-row, 1015, 1.0)).sum()) == 1023
 
 
-def test_top_p_zero_keeps_the_max_and_its_ties() -> None:
+def test_top_p_zero_keeps_the_max_and_its_ties(kernel_device: torch.device) -> None:
     gen = _gen()
     row = torch.randn(555, generator=gen)
     row[[9, 400]] = 7.0
+    row = row.to(kernel_device)
     assert torch.isfinite(_one_row(row, 0, 0.0)).nonzero().flatten().tolist() == [9, 400]
 
 
-def test_non_contiguous_row_stride() -> None:
+def test_non_contiguous_row_stride(kernel_device: torch.device) -> None:
     gen = _gen()
-    base = torch.randn(6, 600, generator=gen)
+    base = torch.randn(6, 600, generator=gen).to(kernel_device)
     before = base.clone()
     logits = base[::2, :500]  # row stride 1200
-    slots = torch.tensor([2, 0, 1])
-    top_k = torch.tensor([7, 0, 100], dtype=torch.int32)
-    top_p = torch.tensor([1.0, 0.6, 0.8])
+    slots = torch.tensor([2, 0, 1], device=kernel_device)
+    top_k = torch.tensor([7, 0, 100], dtype=torch.int32, device=kernel_device)
+    top_p = torch.tensor([1.0, 0.6, 0.8], device=kernel_device)
     want = apply_top_k_top_p(logits.clone(), top_k[slots], top_p[slots])
-    threshold = torch.empty(3)
+    threshold = torch.empty(3, device=kernel_device)
     triton_ops.apply_top_k_top_p(logits, slots, top_k, top_p, threshold)
     assert torch.equal(torch.isfinite(logits), torch.isfinite(want))
     assert torch.equal(base[1::2], before[1::2])
     assert torch.equal(base[::2, 500:], before[::2, 500:])
 
 
-def test_rows_with_filters_off_are_untouched() -> None:
+def test_rows_with_filters_off_are_untouched(kernel_device: torch.device) -> None:
     gen = _gen()
-    logits = torch.randn(3, 222, generator=gen)
-    top_k = torch.tensor([0, -1, 222], dtype=torch.int32)  # 222 = V is off too
-    got, threshold = _kernel(logits, torch.arange(3), top_k, torch.ones(3))
+    logits = torch.randn(3, 222, generator=gen).to(kernel_device)
+    # 222 = V is off too
+    top_k = torch.tensor([0, -1, 222], dtype=torch.int32, device=kernel_device)
+    slots, top_p = torch.arange(3, device=kernel_device), torch.ones(3, device=kernel_device)
+    got, threshold = _kernel(logits, slots, top_k, top_p)
     assert torch.equal(got, logits)
     assert threshold.tolist() == [float("-inf")] * 3
 
 
-def test_rejects_bad_input() -> None:
-    args = (torch.zeros(2, dtype=torch.int64), torch.zeros(1, dtype=torch.int32), torch.ones(1))
+def test_rejects_bad_input(kernel_device: torch.device) -> None:
+    device = kernel_device
+    args = (
+        torch.zeros(2, dtype=torch.int64, device=device),
+        torch.zeros(1, dtype=torch.int32, device=device), torch.ones(1, device=device),
+    )  # fmt: skip
+    logits = torch.randn(2, 8).to(device)
     with pytest.raises(TypeError, match=r"top_k must be torch\.int32, got torch\.int64"):
         triton_ops.top_k_top_p_threshold(
-            torch.randn(2, 8), args[0], args[1].long(), args[2], torch.empty(2)
+            logits, args[0], args[1].long(), args[2], torch.empty(2, device=device)
         )
     with pytest.raises(ValueError, match=r"threshold must have shape \(2,\), got \(3,\)"):
-        triton_ops.apply_top_k_top_p(torch.randn(2, 8), *args, torch.empty(3))
+        triton_ops.apply_top_k_top_p(logits, *args, torch.empty(3, device=device))
 
 
-def test_opcheck() -> None:
-    logits = torch.randn(3, 129)
-    slots = torch.tensor([2, 0, 1])
-    top_k = torch.tensor([5, 0, 60], dtype=torch.int32)
-    top_p = torch.tensor([0.7, 0.9, 1.0])
+def test_opcheck(kernel_device: torch.device) -> None:
+    device = kernel_device
+    logits = torch.randn(3, 129).to(device)
+    slots = torch.tensor([2, 0, 1], device=device)
+    top_k = torch.tensor([5, 0, 60], dtype=torch.int32, device=device)
+    top_p = torch.tensor([0.7, 0.9, 1.0], device=device)
     for op in (triton_ops.top_k_top_p_threshold, triton_ops.apply_top_k_top_p):
-        torch.library.opcheck(op, (logits.clone(), slots, top_k, top_p, torch.empty(3)))
+        threshold = torch.empty(3, device=device)
+        torch.library.opcheck(op, (logits.clone(), slots, top_k, top_p, threshold))

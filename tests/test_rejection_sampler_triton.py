@@ -1,6 +1,7 @@
-"""RejectionSampler on the Triton backend (through the interpreter) against the PyTorch
-backend: the processed logits of every speculative position, and the tokens emitted under
-churn with every feature in some rows, for the same seeds."""
+"""RejectionSampler on the Triton backend against the PyTorch backend, both on
+`kernel_device` (the CPU through the Triton interpreter, or CUDA with the kernels compiled):
+the processed logits of every speculative position, and the tokens emitted under churn with
+every feature in some rows, for the same seeds."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ CONFIG = gs.SamplerConfig(
 )  # fmt: skip
 
 
-def _pair(backend: str) -> tuple[Sampler, RejectionSampler]:
-    sampler = Sampler(gs.SamplerConfig(**{**CONFIG.__dict__, "backend": backend}), "cpu")
+def _pair(backend: str, device: torch.device | str = "cpu") -> tuple[Sampler, RejectionSampler]:
+    sampler = Sampler(gs.SamplerConfig(**{**CONFIG.__dict__, "backend": backend}), device)
     return sampler, RejectionSampler(sampler, S)
 
 
@@ -39,11 +40,13 @@ def _stage_grammar(
         rejection.stage_grammar_bitmask(masks.reshape(len(rows), S + 1, num_words(V)), rows)
 
 
-def test_process_logits_of_speculative_positions_match_torch_stages() -> None:
+def test_process_logits_of_speculative_positions_match_torch_stages(
+    kernel_device: torch.device,
+) -> None:
     """`Sampler.process_logits` on the Triton backend (the kernels) against the PyTorch
     stages of the same sampler, on the flattened positions a speculative step passes:
     penalties, min_tokens and bad words see the drafts before each position."""
-    sampler, rejection = _pair("triton")
+    sampler, rejection = _pair("triton", kernel_device)
     rows = [
         SP(temperature=0.8, min_tokens=2, stop_token_ids=[7], repetition_penalty=1.3,
            frequency_penalty=0.4, presence_penalty=0.6, top_k=30, top_p=0.9, seed=1),
@@ -58,10 +61,11 @@ def test_process_logits_of_speculative_positions_match_torch_stages() -> None:
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(3 * (S + 1), V, generator=gen) * 3
     logits[: S + 1, [5, 40]] += 6.0  # request 0's penalised drafts survive its top-k/top-p
-    drafts = torch.tensor([[5, 40, 7], [5, 8, 5], [8, 6, 8]])
+    logits = logits.to(kernel_device)
+    drafts = torch.tensor([[5, 40, 7], [5, 8, 5], [8, 6, 8]], device=kernel_device)
     slots = sampler.batch_state.slots(3).repeat_interleave(S + 1)
     flat_drafts = drafts.repeat_interleave(S + 1, dim=0)
-    preceding = torch.arange(S + 1).repeat(3)
+    preceding = torch.arange(S + 1, device=kernel_device).repeat(3)
     got, greedy, is_greedy = sampler.process_logits(
         logits.clone(), slots, rejection.grammar, flat_drafts, preceding
     )
@@ -78,11 +82,11 @@ def test_process_logits_of_speculative_positions_match_torch_stages() -> None:
     assert not bool(moved[:, 0].any()) and bool(moved[:, 1:].any(-1).all())
 
 
-def test_backends_emit_the_same_tokens_under_churn() -> None:
+def test_backends_emit_the_same_tokens_under_churn(kernel_device: torch.device) -> None:
     """Both backends, fed the same updates and inputs, emit the same tokens and accept the
     same drafts: processed logits equal and uniforms bit-identical, so they can differ only
     where two candidates' perturbed scores tie to the last bit (never in these steps)."""
-    pairs = {backend: _pair(backend) for backend in ("torch", "triton")}
+    pairs = {backend: _pair(backend, kernel_device) for backend in ("torch", "triton")}
     drivers = {backend: BatchDriver(CONFIG, seed=21, churn=0.15) for backend in pairs}
     np_rng = np.random.default_rng(21)
     gen = torch.Generator().manual_seed(21)
@@ -103,6 +107,9 @@ def test_backends_emit_the_same_tokens_under_churn() -> None:
         probs = None
         if step % 2:
             probs = torch.softmax(torch.randn(rows, S, V, generator=gen), dim=-1)
+            probs = probs.to(kernel_device)
+        # drawn on the host (the generator's device), then moved to the samplers'
+        logits, drafts, num = (t.to(kernel_device) for t in (logits, drafts, num))
         out = {
             backend: rejection(logits, drafts, num, probs)
             for backend, (_, rejection) in pairs.items()
@@ -127,17 +134,19 @@ def test_backends_emit_the_same_tokens_under_churn() -> None:
         assert torch.equal(tensor, states[1][name]), name
 
 
-def test_one_row_batch() -> None:
+def test_one_row_batch(kernel_device: torch.device) -> None:
     """A batch of one request (its slot repeated over S + 1 positions must reach the
     kernels as a contiguous tensor) emits what the PyTorch backend emits."""
     gen = torch.Generator().manual_seed(5)
     logits = torch.randn(1, S + 1, V, generator=gen) * 2
     drafts = torch.randint(0, V, (1, S), generator=gen)
     probs = torch.softmax(torch.randn(1, S, V, generator=gen), dim=-1)
+    logits, drafts, probs = (t.to(kernel_device) for t in (logits, drafts, probs))
+    num = torch.full((1,), S, device=kernel_device)
     outputs = []
     for backend in ("torch", "triton"):
-        sampler, rejection = _pair(backend)
+        sampler, rejection = _pair(backend, kernel_device)
         params = SP(temperature=0.8, top_k=20, presence_penalty=0.5, seed=9)
         sampler.update_state(BatchUpdate(1, added=[(0, params, [1, 2], [])]))
-        outputs.append(rejection(logits, drafts, torch.full((1,), S), probs).output_token_ids)
+        outputs.append(rejection(logits, drafts, num, probs).output_token_ids)
     assert torch.equal(outputs[0], outputs[1])

@@ -1,6 +1,8 @@
 """Sampler(backend="triton") against the PyTorch backend, step by step on the same inputs:
-tokens, logprobs and the whole device-side state after every commit. Runs the kernels
-through the Triton interpreter (tests/conftest.py sets TRITON_INTERPRET=1): small odd sizes."""
+tokens, logprobs and the whole device-side state after every commit. Both samplers live on
+`kernel_device`: the CPU, the kernels through the Triton interpreter (tests/conftest.py sets
+TRITON_INTERPRET=1), or CUDA, the kernels compiled, with TRITON_INTERPRET=0. Small odd
+sizes."""
 
 from __future__ import annotations
 
@@ -39,9 +41,12 @@ def _near_tie_mismatches(a: gs.SamplerOutput, b: gs.SamplerOutput) -> int:
         pytest.param(5, 4099, "processed_logprobs", id="R5-V4099-processed_logprobs"),
     ],
 )
-def test_backends_agree_step_by_step(rows: int, vocab: int, mode: str) -> None:
+def test_backends_agree_step_by_step(
+    rows: int, vocab: int, mode: str, kernel_device: torch.device
+) -> None:
     samplers = {
-        b: Sampler(_config(rows, vocab, b, logprobs_mode=mode), "cpu") for b in ("torch", "triton")
+        b: Sampler(_config(rows, vocab, b, logprobs_mode=mode), kernel_device)
+        for b in ("torch", "triton")
     }
     assert samplers["triton"].backend == "triton"
     driver = BatchDriver(samplers["torch"].config, seed=int(np.random.default_rng().integers(1e6)))
@@ -52,7 +57,7 @@ def test_backends_agree_step_by_step(rows: int, vocab: int, mode: str) -> None:
         update = driver.next_update()
         grammar_rows = sorted(set(torch.randint(0, rows, (2,), generator=gen).tolist()))
         grammar = torch.randint(-(2**31), 2**31 - 1, (len(grammar_rows), words), generator=gen)
-        logits = torch.randn(rows, vocab, generator=gen) * 3
+        logits = (torch.randn(rows, vocab, generator=gen) * 3).to(kernel_device)
         outs = {}
         for backend, sampler in samplers.items():
             sampler.update_state(update)
@@ -81,7 +86,9 @@ def test_backends_agree_step_by_step(rows: int, vocab: int, mode: str) -> None:
     assert mismatches <= 1
 
 
-def test_custom_processor_before_penalties_takes_the_unfused_path() -> None:
+def test_custom_processor_before_penalties_takes_the_unfused_path(
+    kernel_device: torch.device,
+) -> None:
     """A custom non-argmax-invariant processor runs between logit bias and penalties, inside
     the fused kernel's span: the Triton backend then processes with the PyTorch stages and
     samples, takes logprobs and commits with kernels. Tokens still agree."""
@@ -89,7 +96,7 @@ def test_custom_processor_before_penalties_takes_the_unfused_path() -> None:
     out = {}
     for backend in ("torch", "triton"):
         config = _config(rows, vocab, backend, logits_processors=[TargetTokenLogitsProcessor])
-        sampler = Sampler(config, "cpu")
+        sampler = Sampler(config, kernel_device)
         assert sampler._triton is None or not sampler._triton.fused
         params = [
             SP(seed=1, extra_args={"target_token": 17}),
@@ -101,7 +108,10 @@ def test_custom_processor_before_penalties_takes_the_unfused_path() -> None:
             BatchUpdate(rows, added=[(r, p, [1, 2], []) for r, p in enumerate(params)])
         )
         gen = torch.Generator().manual_seed(9)
-        steps = [sampler(torch.randn(rows, vocab, generator=gen) * 2) for _ in range(4)]
+        steps = [
+            sampler((torch.randn(rows, vocab, generator=gen) * 2).to(kernel_device))
+            for _ in range(4)
+        ]
         out[backend] = torch.cat([s.sampled_token_ids for s in steps], dim=1)
     assert torch.equal(out["torch"], out["triton"])
     assert (out["triton"][0] == 17).all() and (out["triton"][3] == 40).all()
@@ -109,9 +119,9 @@ def test_custom_processor_before_penalties_takes_the_unfused_path() -> None:
 
 # The interpreter's numpy log of an all-masked row's zero mass (the lse becomes -inf, then 0).
 @pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")
-def test_nan_masked_and_padded_rows_give_valid_ids() -> None:
+def test_nan_masked_and_padded_rows_give_valid_ids(kernel_device: torch.device) -> None:
     vocab = 111
-    sampler = Sampler(_config(5, vocab, "triton"), "cpu")
+    sampler = Sampler(_config(5, vocab, "triton"), kernel_device)
     sampler.update_state(
         BatchUpdate(3, added=[(r, SP(seed=r, top_p=0.5), None, []) for r in range(3)])
     )
@@ -119,6 +129,7 @@ def test_nan_masked_and_padded_rows_give_valid_ids() -> None:
     logits[0, 7] = float("nan")
     logits[1] = float("-inf")
     logits[2, 40:] = float("nan")
+    logits = logits.to(kernel_device)
     before = sampler.batch_state.num_generated.device.clone()
     toks = sampler(logits).sampled_token_ids[:, 0]
     assert ((toks >= 0) & (toks < vocab)).all()
@@ -128,9 +139,10 @@ def test_nan_masked_and_padded_rows_give_valid_ids() -> None:
     assert grew.sum() == 3
 
 
-def test_graph_safety_of_the_triton_sampler() -> None:
+def test_graph_safety_of_the_triton_sampler(kernel_device: torch.device) -> None:
+    """On CUDA, check_graph_safety also captures and replays a real CUDA graph."""
     config = _config(4, 111, "triton", max_num_logprobs=3)
-    sampler = Sampler(config, "cpu")
+    sampler = Sampler(config, kernel_device)
     report = check_graph_safety(sampler, num_steps=20, seed=3, fn=lambda x: sampler(x))
     assert report.compile_frames == 1
 
