@@ -6,7 +6,9 @@ Per step, on a fresh float32 copy `x` of the logits ([num_rows, V]):
 1. bad words: the PyTorch scatter of `bad_words.py` (sparse: a few tokens a row);
 2. `process_logits`: logit bias, min_tokens, allowed ids, the grammar bitmask, penalties and
    temperature in one pass, in place (1 read + 1 write of `x`);
-3. `apply_min_p` in place; custom argmax-invariant processors (PyTorch);
+3. min_p: folded into step 4's cut (its statistics pass has the row max), so never written;
+   with custom argmax-invariant processors, which must see min_p's mask, `apply_min_p` in
+   place (2 reads + 1 write), then those processors (PyTorch);
 4. top-k/top-p: `top_k_top_p_threshold` writes each row's cut ([num_rows] float32) without
    touching `x`; only the `processed_*` logprobs modes, which return the filtered logits,
    write the mask (`apply_top_k_top_p`);
@@ -58,6 +60,9 @@ class TritonPipeline:
     def __init__(self, sampler: Sampler) -> None:
         self.sampler = sampler
         self.fused = not any(not p.is_argmax_invariant() for p in sampler.custom)
+        # min_p's cut is folded into the top-k/top-p kernel (never written) unless custom
+        # argmax-invariant processors, which run between the two, must see it applied
+        self.fold_min_p = not sampler.custom
         # commit_history covers BatchState's own counter and these two states; any other
         # slot state with a commit hook (a custom processor's history) needs the PyTorch commit.
         hooks = [
@@ -68,6 +73,10 @@ class TritonPipeline:
             and s is not sampler.bad_words
         ]
         self.commit_kernel = not hooks
+
+    def _folded_min_p(self) -> torch.Tensor | None:
+        """The per-slot min_p table for the top-k/top-p kernel when it folds min_p's cut."""
+        return self.sampler.min_p.min_p.device if self.fold_min_p else None
 
     def _process(
         self,
@@ -103,7 +112,8 @@ class TritonPipeline:
             drafts,
             num_preceding,
         )
-        triton_ops.apply_min_p(x, slots, s.min_p.min_p.device)
+        if not self.fold_min_p:
+            triton_ops.apply_min_p(x, slots, s.min_p.min_p.device)
         return x
 
     def process_logits(
@@ -138,7 +148,7 @@ class TritonPipeline:
             s.batch_state.bind_slots(None)
         cut = torch.empty(num_rows, dtype=torch.float32, device=x.device)
         top_k, top_p = s.sampling.top_k.device, s.sampling.top_p.device
-        triton_ops.apply_top_k_top_p(x, slots, top_k, top_p, cut)
+        triton_ops.apply_top_k_top_p(x, slots, top_k, top_p, cut, self._folded_min_p())
         is_greedy = s.sampling.temperature.device[slots] < GREEDY_TEMPERATURE
         return x, x.argmax(dim=-1), is_greedy
 
@@ -159,11 +169,12 @@ class TritonPipeline:
                 x = proc.apply(x)
             cut = torch.empty(num_rows, dtype=torch.float32, device=x.device)
             top_k, top_p = s.sampling.top_k.device, s.sampling.top_p.device
+            min_p = self._folded_min_p()
             if return_processed:
-                triton_ops.apply_top_k_top_p(x, slots, top_k, top_p, cut)
+                triton_ops.apply_top_k_top_p(x, slots, top_k, top_p, cut, min_p)
                 cut = None  # the mask is in x
             else:
-                triton_ops.top_k_top_p_threshold(x, slots, top_k, top_p, cut)
+                triton_ops.top_k_top_p_threshold(x, slots, top_k, top_p, cut, min_p)
         else:
             x, _, _ = s.torch_process_logits(x, slots, s.grammar)
             x = x.contiguous()

@@ -147,6 +147,7 @@ def _check_top_k_top_p(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     threshold: torch.Tensor,
+    min_p: torch.Tensor | None,
 ) -> None:
     _check_logits(logits)
     num_rows = logits.shape[0]
@@ -156,6 +157,11 @@ def _check_top_k_top_p(
         raise TypeError(f"top_k must be torch.int32, got {top_k.dtype}")
     if top_p.dtype != torch.float32:
         raise TypeError(f"top_p must be torch.float32, got {top_p.dtype}")
+    if min_p is not None and (min_p.dtype != torch.float32 or min_p.shape != top_p.shape):
+        raise TypeError(
+            f"min_p must be torch.float32 shaped like top_p {tuple(top_p.shape)}, got "
+            f"{min_p.dtype} {tuple(min_p.shape)}"
+        )
 
 
 @torch.library.custom_op("graphsafe_sampler::top_k_top_p_threshold", mutates_args=("threshold",))
@@ -165,15 +171,17 @@ def top_k_top_p_threshold(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     threshold: torch.Tensor,
+    min_p: torch.Tensor | None = None,
 ) -> None:
     """Each row's top-k-then-top-p cut into `threshold` (keep logits >= it; -inf when off),
     without writing the logits. logits [num_rows, V] float32; slots [num_rows] int64; top_k
     [num_slots] int32 (<= 0 or >= V off); top_p [num_slots] float32 (>= 1 off); threshold
-    [num_rows] float32."""
+    [num_rows] float32. min_p [num_slots] float32 (0 off), when given: min_p's cut first,
+    folded into the threshold (kernels/top_k_top_p.py)."""
     from graphsafe_sampler.kernels.top_k_top_p import top_k_top_p_threshold as launch
 
-    _check_top_k_top_p(logits, slots, top_k, top_p, threshold)
-    launch(logits, slots, top_k, top_p, threshold, apply=False)
+    _check_top_k_top_p(logits, slots, top_k, top_p, threshold, min_p)
+    launch(logits, slots, top_k, top_p, threshold, apply=False, min_p=min_p)
 
 
 @top_k_top_p_threshold.register_fake
@@ -183,6 +191,7 @@ def _(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     threshold: torch.Tensor,
+    min_p: torch.Tensor | None = None,
 ) -> None:
     return None
 
@@ -196,13 +205,14 @@ def apply_top_k_top_p(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     threshold: torch.Tensor,
+    min_p: torch.Tensor | None = None,
 ) -> None:
     """`top_k_top_p_threshold`, then the logits below each row's cut become -inf in place
-    (ops/top_k_top_p.py's apply_top_k_top_p)."""
+    (ops/top_k_top_p.py's apply_top_k_top_p, after min_p's mask when `min_p` is given)."""
     from graphsafe_sampler.kernels.top_k_top_p import top_k_top_p_threshold as launch
 
-    _check_top_k_top_p(logits, slots, top_k, top_p, threshold)
-    launch(logits, slots, top_k, top_p, threshold, apply=True)
+    _check_top_k_top_p(logits, slots, top_k, top_p, threshold, min_p)
+    launch(logits, slots, top_k, top_p, threshold, apply=True, min_p=min_p)
 
 
 @apply_top_k_top_p.register_fake
@@ -212,6 +222,7 @@ def _(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     threshold: torch.Tensor,
+    min_p: torch.Tensor | None = None,
 ) -> None:
     return None
 

@@ -9,6 +9,15 @@ writes each row's cut to `threshold[row]` (keep `logits >= threshold`, -inf when
 off) and, with APPLY, sets the logits below it to -inf in place. Without APPLY the sampling
 kernel takes the threshold and no mask is ever written.
 
+With `min_p` ([num_slots] float32, 0 = off), min_p's cut comes first, folded in rather than
+written: `l >= l_max + ln(min_p)` (kernels/min_p.py's formula, from the statistics pass's max;
+a row holding NaN gets no min_p cut, as there). top-k then runs on the whole row and the cut
+is the larger of the two: when at least k logits pass min_p, the k-th largest of the row is
+that of the survivors; when fewer do, it lies below the min_p cut, which then keeps every
+survivor, as the -inf k-th value of the masked row does. top-p weighs only the logits at or
+above both cuts. The kept set equals min_p's mask followed by top-k/top-p, and the min_p
+kernel's read, read and write of the row are saved.
+
 Algorithm: a radix search for the largest threshold whose weight W(t) (count, or mass, of the
 logits >= t) reaches the target, on the order-preserving integer image of float32,
     key(x) = (bits ^ 0x7FFFFFFF if bits < 0 else bits) + 2**31   in [0, 2**32), int64,
@@ -26,7 +35,7 @@ written may be that low end rather than a logit.
 
 Passes over each [V] row (reads of the [rows, V] float32 logits; the row is reused, so on a
 GPU passes after the first mostly hit L2):
-- 1 statistics pass (min and max), when either filter is on;
+- 1 statistics pass (min and max), when any of min_p, top-k, top-p is on;
 - top-k: at most 8 search passes (4 bits each of the 32-bit key), fewer when the candidate
   keys share leading digits or the early stop hits;
 - top-p: at most 8 search passes, the first also summing the total mass;
@@ -134,9 +143,11 @@ def _top_k_top_p_kernel(
     slots_ptr,  # [num_rows] int64 row -> slot
     top_k_ptr,  # [num_slots] int32; <= 0 or >= V is off
     top_p_ptr,  # [num_slots] float32; >= 1 is off
+    min_p_ptr,  # [num_slots] float32; 0 is off (HAS_MIN_P)
     threshold_ptr,  # [num_rows] float32, written: keep logits >= threshold
     vocab_size,
     APPLY: tl.constexpr,
+    HAS_MIN_P: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -145,24 +156,36 @@ def _top_k_top_p_kernel(
     top_p = tl.load(top_p_ptr + slot).to(tl.float32)
     k_on = (k > 0) & (k < vocab_size)
     p_on = top_p < 1.0
+    min_p = tl.zeros((), tl.float32)
+    if HAS_MIN_P:
+        min_p = tl.load(min_p_ptr + slot).to(tl.float32)
     threshold = tl.full((), float("-inf"), tl.float32)
-    if k_on | p_on:
+    if k_on | p_on | (min_p != 0.0):
         row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
         row_max = tl.full((), float("-inf"), tl.float32)
         row_min = tl.full((), float("inf"), tl.float32)
+        nan_count = tl.zeros((), tl.int32)
         for start in range(0, vocab_size, BLOCK_SIZE):
             cols = start + tl.arange(0, BLOCK_SIZE)
             x = tl.load(row_ptr + cols, mask=cols < vocab_size, other=float("nan"))
             valid = x == x
             row_max = tl.maximum(row_max, tl.max(tl.where(valid, x, float("-inf")), axis=0))
             row_min = tl.minimum(row_min, tl.min(tl.where(valid, x, float("inf")), axis=0))
+            nan_count += tl.sum((~valid & (cols < vocab_size)).to(tl.int32), axis=0)
         max_key = _float_to_key(row_max)
+        if HAS_MIN_P:  # noqa: SIM102 (a constexpr guard: Triton cannot `and` it with a tensor)
+            # min_p's cut, never written: l >= l_max + ln(min_p) (kernels/min_p.py's formula).
+            # A row holding NaN has a NaN min_p threshold there, which masks nothing: -inf.
+            if (min_p != 0.0) & (nan_count == 0):
+                threshold = row_max + tl.log(min_p)
+        # top-k on the min_p survivors: the k-th largest of the whole row when at least k
+        # logits pass the min_p cut, else below it (the cut then keeps every survivor)
         if k_on:
             key = _largest_key_reaching(
                 row_ptr, vocab_size, _float_to_key(row_min), max_key, k, 1.0, 0.0, 0.0,
                 MASS=False, BLOCK_SIZE=BLOCK_SIZE,
             )  # fmt: skip
-            threshold = _key_to_float(key)
+            threshold = tl.maximum(_key_to_float(key), threshold)
         if p_on:
             # an all -inf row would give exp(-inf - -inf) = nan: its masses are 0 instead
             shift = tl.where(row_max > float("-inf"), row_max, 0.0)
@@ -188,6 +211,7 @@ def top_k_top_p_threshold(
     top_p: torch.Tensor,  # [num_slots] float32
     threshold: torch.Tensor,  # [num_rows] float32, written
     apply: bool,
+    min_p: torch.Tensor | None = None,  # [num_slots] float32: min_p's cut folded in first
     block_size: int = 1024,
 ) -> None:
     """Launch `_top_k_top_p_kernel` over the rows; allocates nothing, returns None."""
@@ -198,8 +222,10 @@ def top_k_top_p_threshold(
         slots,
         top_k,
         top_p,
+        min_p if min_p is not None else top_p,  # unread without HAS_MIN_P
         threshold,
         vocab_size,
         APPLY=apply,
+        HAS_MIN_P=min_p is not None,
         BLOCK_SIZE=block_size,
     )

@@ -218,3 +218,70 @@ def test_opcheck(kernel_device: torch.device) -> None:
     for op in (triton_ops.top_k_top_p_threshold, triton_ops.apply_top_k_top_p):
         threshold = torch.empty(3, device=device)
         torch.library.opcheck(op, (logits.clone(), slots, top_k, top_p, threshold))
+    min_p = torch.tensor([0.1, 0.0, 0.5], device=device)
+    for op in (triton_ops.top_k_top_p_threshold, triton_ops.apply_top_k_top_p):
+        threshold = torch.empty(3, device=device)
+        torch.library.opcheck(op, (logits.clone(), slots, top_k, top_p, threshold, min_p))
+
+
+@pytest.mark.parametrize(
+    ("rows", "vocab"), [pytest.param(7, 111, id="R7-V111"), pytest.param(9, 1023, id="R9-V1023")]
+)
+def test_folded_min_p_equals_min_p_then_top_k_top_p(
+    rows: int, vocab: int, kernel_device: torch.device
+) -> None:
+    """min_p folded into the cut keeps exactly what min_p's mask followed by top-k/top-p
+    keeps: the min_p kernel then this one, and the PyTorch stages (min_p_threshold, then
+    ops/top_k_top_p.py; top-p within rounding). Rows cover min_p alone, min_p with fewer
+    survivors than k, min_p with top-p, every filter off, a NaN row and an all -inf row."""
+    from graphsafe_sampler.processors.min_p import min_p_threshold
+
+    gen = _gen()
+    num_slots = rows + 2
+    logits = torch.randn(rows, vocab, generator=gen) * 3
+    logits = torch.round(logits * 32) / 32  # ties at the cuts
+    logits[rows - 2, 5] = float("nan")
+    logits[rows - 1] = float("-inf")
+    slots = torch.randperm(num_slots, generator=gen)[:rows]
+    top_k = torch.randint(1, 60, (num_slots,), generator=gen, dtype=torch.int32)
+    top_k[torch.rand(num_slots, generator=gen) < 0.3] = 0
+    top_p = torch.rand(num_slots, generator=gen).clamp(min=0.05)
+    top_p[torch.rand(num_slots, generator=gen) < 0.4] = 1.0
+    min_p = torch.rand(num_slots, generator=gen) * 0.3
+    min_p[torch.rand(num_slots, generator=gen) < 0.2] = 0.0
+    # slot of row 0: min_p alone; row 1: min_p leaves fewer than k; row 2: every filter off
+    for r, (k, p, m) in enumerate([(0, 1.0, 0.2), (vocab - 1, 1.0, 0.9), (0, 1.0, 0.0)]):
+        s = int(slots[r])
+        top_k[s], top_p[s], min_p[s] = k, p, m
+    logits, slots, top_k, top_p, min_p = (
+        t.to(kernel_device) for t in (logits, slots, top_k, top_p, min_p)
+    )
+    folded = logits.clone()
+    cut = torch.empty(rows, device=kernel_device)
+    triton_ops.apply_top_k_top_p(folded, slots, top_k, top_p, cut, min_p)
+    cut_only = torch.empty(rows, device=kernel_device)
+    untouched = logits.clone()
+    triton_ops.top_k_top_p_threshold(untouched, slots, top_k, top_p, cut_only, min_p)
+    torch.testing.assert_close(untouched, logits, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(cut_only, cut, rtol=0, atol=0, equal_nan=True)
+
+    two_kernels = logits.clone()
+    triton_ops.apply_min_p(two_kernels, slots, min_p)
+    triton_ops.apply_top_k_top_p(two_kernels, slots, top_k, top_p, torch.empty_like(cut))
+    finite = torch.isfinite
+    real = ~torch.isnan(logits).any(-1)  # top-k/top-p leave NaN rows outside their semantics
+    assert torch.equal(finite(folded)[real], finite(two_kernels)[real])
+    assert torch.equal(finite(folded[0]), logits[0] >= logits[0].max() + torch.log(min_p[slots[0]]))
+    assert int(finite(folded[1]).sum()) < int(top_k[slots[1]])  # min_p's survivors, all kept
+    assert torch.equal(folded[2], logits[2]) and not bool(finite(folded[rows - 1]).any())
+
+    staged = logits.clone()
+    staged.masked_fill_(staged < min_p_threshold(staged, min_p[slots]), float("-inf"))
+    want = apply_top_k_top_p(staged, top_k[slots], top_p[slots])
+    for r in range(rows - 2):  # rows with real logits
+        k, p = int(top_k[slots[r]]), float(top_p[slots[r]])
+        got_kept, want_kept = finite(folded[r]), finite(want[r])
+        if p >= 1.0:
+            assert torch.equal(got_kept, want_kept), r
+        else:
+            _check_top_p_differences(staged[r], got_kept, want_kept, k, p)
