@@ -34,8 +34,10 @@ Backends: on the Triton backend the S + 1 positions go through the kernels
 then min_p and the top-k/top-p mask), and the emitted token's race is `sample_tokens`, once
 per stream; the acceptance test ([num_rows, S] values) and the residual are PyTorch ops on
 both backends. The kernels' uniforms are bit-identical to the PyTorch backend's and the
-processed logits equal, so both backends emit the same tokens, except where two candidates'
-perturbed scores tie within the Gumbel transform's last-bit rounding (kernels/sampling.py).
+processed logits equal up to top-p's float32 rounding (a mask may differ where some kept
+mass is within rounding of top_p times the total), so both backends emit the same tokens
+except there and where two candidates' perturbed scores tie within the Gumbel transform's
+last-bit rounding (kernels/sampling.py).
 
 By default `forward` commits each row's accepted drafts and its emitted token to the request's
 device-side history (`Sampler.commit_tokens` with num_accepted + 1 tokens), inside the graph.
@@ -363,7 +365,6 @@ class RejectionSampler(nn.Module):
         # fall back to the target itself rather than emit token 0.
         has_mass = (residual > 0.0).any(dim=-1, keepdim=True)
         recovered_scores = torch.where(has_mass, residual.log(), emitted_logits)
-        scores = torch.where(is_bonus[:, None], emitted_logits, recovered_scores)
         # One noise row per request, from the stream of what it emits.
         emit_position = start + num_accepted
         if sampler.backend == "triton":
@@ -376,6 +377,7 @@ class RejectionSampler(nn.Module):
                 row_keys(seeds, emit_position, SALT_BONUS),
                 row_keys(seeds, emit_position, SALT_RECOVER),
             )
+            scores = torch.where(is_bonus[:, None], emitted_logits, recovered_scores)
             token_ids = torch.arange(vocab, device=device)
             gumbel = exponentials_from_hashes(hash_tokens(keys, token_ids)).log_().neg_()
             random_emitted = (scores + gumbel).argmax(dim=-1)  # [num_rows]

@@ -25,7 +25,7 @@ transform's last-bit rounding (the kernel's log1p is a few ulp from libm's).
 
 Custom processors that are not argmax-invariant run between logit bias and the penalties, in
 the middle of the fused pass: with any of them configured, steps 1-4 run the PyTorch stages
-(`Sampler.process_logits`) and only sampling, logprobs and the commit use kernels.
+(`Sampler.torch_process_logits`) and only sampling, logprobs and the commit use kernels.
 """
 
 from __future__ import annotations
@@ -87,8 +87,8 @@ class TritonPipeline:
         num_preceding: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Steps 1-3 of the module docstring on x [num_rows, V] float32 (the fused path):
-        bad words, `process_logits`, `apply_min_p`, in place; returns x. grammar:
-        [num_rows, ceil(V/32)] int32, row-indexed."""
+        bad words, `process_logits`, and `apply_min_p` when min_p is not folded into the
+        cut, in place; returns x. grammar: [num_rows, ceil(V/32)] int32, row-indexed."""
         s = self.sampler
         x = s.bad_words.apply(x, slots, drafts, num_preceding)
         triton_ops.process_logits(

@@ -157,11 +157,16 @@ def _check_top_k_top_p(
         raise TypeError(f"top_k must be torch.int32, got {top_k.dtype}")
     if top_p.dtype != torch.float32:
         raise TypeError(f"top_p must be torch.float32, got {top_p.dtype}")
-    if min_p is not None and (min_p.dtype != torch.float32 or min_p.shape != top_p.shape):
-        raise TypeError(
-            f"min_p must be torch.float32 shaped like top_p {tuple(top_p.shape)}, got "
-            f"{min_p.dtype} {tuple(min_p.shape)}"
-        )
+    for name, table in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p)):
+        if table is not None and not table.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if min_p is not None:
+        if min_p.dtype != torch.float32:
+            raise TypeError(f"min_p must be torch.float32, got {min_p.dtype}")
+        if min_p.shape != top_p.shape:
+            raise ValueError(
+                f"min_p must have the shape of top_p {tuple(top_p.shape)}, got {tuple(min_p.shape)}"
+            )
 
 
 @torch.library.custom_op("graphsafe_sampler::top_k_top_p_threshold", mutates_args=("threshold",))
@@ -317,6 +322,8 @@ def process_logits(
                 f"{tuple(drafts.shape)}"
             )
         _check_rows("num_preceding", num_preceding, torch.int64, num_rows)
+        if drafts.shape[1] == 0:
+            raise ValueError("drafts must have at least one column (D >= 1)")
     launch(
         logits, slots, bias_ids, bias_values, min_tokens, num_generated, stop_ids, allowed,
         grammar, counts, overflow_token, overflow_excess, prompt_mask, repetition, frequency,

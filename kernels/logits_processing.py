@@ -158,7 +158,9 @@ def _process_logits_kernel(
             byte = tl.load(counts_row + cols, mask=in_row, other=0).to(tl.int32)
             count = byte
             if HAS_DRAFTS:
-                for j in range(0, preceding):
+                # clamped to the row's D drafts, as the PyTorch mask `column < preceding` is:
+                # a device value past D must not read the next row's drafts
+                for j in range(0, tl.minimum(preceding, num_drafts)):
                     drafted = tl.load(drafts_ptr + row.to(tl.int64) * num_drafts + j)
                     count += (cols == drafted).to(tl.int32)
             in_output = count > 0

@@ -5,8 +5,8 @@ top-k (`top_k` <= 0 or >= V is off) keeps every logit >= the k-th largest, ties 
 row with fewer than k candidates loses nothing; top-p (`top_p` >= 1 is off) works on the
 top-k survivors' masses exp(l - l_max) (float32 sums) and keeps every logit >= the largest t
 whose kept mass reaches top_p times their total; the row max always survives. The kernel
-writes each row's cut to `threshold[row]` (keep `logits >= threshold`, -inf when both are
-off) and, with APPLY, sets the logits below it to -inf in place. Without APPLY the sampling
+writes each row's cut to `threshold[row]` (keep `logits >= threshold`, -inf when every filter
+is off) and, with APPLY, sets the logits below it to -inf in place. Without APPLY the sampling
 kernel takes the threshold and no mask is ever written.
 
 With `min_p` ([num_slots] float32, 0 = off), min_p's cut comes first, folded in rather than
@@ -40,10 +40,10 @@ GPU passes after the first mostly hit L2):
   keys share leading digits or the early stop hits;
 - top-p: at most 8 search passes, the first also summing the total mass;
 - APPLY: one more read and one write.
-Rows whose filters are both off read two parameters and exit. Compared with 2 bits per pass
-(16 passes, 3 sums each: the PyTorch backend's choice, where every sum is a separate fused
-loop), 4 bits per pass halves the reads and costs 16 compares and sums per element, which
-stays under the memory time on an H100-class GPU.
+Rows whose filters (min_p, top-k, top-p) are all off read their parameters and exit.
+Compared with 2 bits per pass (16 passes, 3 sums each: the PyTorch backend's choice, where
+every sum is a separate fused loop), 4 bits per pass halves the reads and costs 16 compares
+and sums per element, which stays under the memory time on an H100-class GPU.
 
 Exactness: top-k compares integer counts, so its mask is exact. top-p sums float32 masses
 (tl.exp may differ from torch's exp in the last bit, and the summation order differs from the

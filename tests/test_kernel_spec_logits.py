@@ -89,7 +89,7 @@ def test_drafts_match_torch_backend(
     _expose_first_saturated(state)
     # min_tokens in force for the first positions of each request, lifted by its drafts
     generated = state.batch.num_generated.device[:num_reqs]
-    lead = torch.randint(1, spec + 1, (num_reqs,)).to(kernel_device)
+    lead = torch.randint(1, spec + 1, (num_reqs,), generator=gen).to(kernel_device)
     state.min_tokens[:num_reqs] = generated + lead
     slots, drafts, preceding = _spec_rows(state, num_reqs, spec, gen)
     rows = slots.shape[0]
@@ -125,6 +125,30 @@ def test_bad_draft_arguments(kernel_device: torch.device) -> None:
         triton_ops.process_logits(*args, drafts[:4], preceding)
     with pytest.raises(TypeError, match=r"num_preceding must be torch\.int64"):
         triton_ops.process_logits(*args, drafts, preceding.int())
+    with pytest.raises(ValueError, match=r"drafts must have at least one column"):
+        triton_ops.process_logits(*args, drafts[:, :0].contiguous(), preceding)
+
+
+def test_preceding_past_the_drafts_counts_each_draft_once(kernel_device: torch.device) -> None:
+    """num_preceding is a device value the op cannot check: past D it counts the row's D
+    drafts (the PyTorch mask `column < num_preceding` does the same), never the next
+    row's, and min_tokens counts it whole, as the PyTorch processor does."""
+    gen = _gen()
+    num_reqs, vocab, spec = 2, 111, 3
+    state = _random_state(num_reqs, vocab, gen, device=kernel_device)
+    _expose_first_saturated(state)
+    slots, drafts, _ = _spec_rows(state, num_reqs, spec, gen)
+    rows = slots.shape[0]
+    preceding = torch.full((rows,), spec + 2, dtype=torch.int64, device=kernel_device)
+    generated = state.batch.num_generated.device[:num_reqs]
+    state.min_tokens[:num_reqs] = generated + spec + 1  # lifted only by the whole count
+    logits = (torch.randn(rows, vocab, generator=gen) * 4).to(kernel_device)
+    grammar = _random_grammar(rows, vocab, gen, kernel_device)
+    got = logits.clone()
+    triton_ops.process_logits(
+        got, slots, *state.kernel_args(), grammar, *state.penalty_args(), drafts, preceding
+    )
+    assert torch.equal(got, _torch_backend(logits, slots, state, grammar, drafts, preceding))
 
 
 def test_opcheck_with_drafts(kernel_device: torch.device) -> None:

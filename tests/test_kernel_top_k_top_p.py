@@ -233,7 +233,8 @@ def test_folded_min_p_equals_min_p_then_top_k_top_p(
     """min_p folded into the cut keeps exactly what min_p's mask followed by top-k/top-p
     keeps: the min_p kernel then this one, and the PyTorch stages (min_p_threshold, then
     ops/top_k_top_p.py; top-p within rounding). Rows cover min_p alone, min_p with fewer
-    survivors than k, min_p with top-p, every filter off, a NaN row and an all -inf row."""
+    survivors than k, every filter off, logits tied exactly at the min_p cut, min_p = 1
+    with a tie at the max, random mixes with top-p, a NaN row and an all -inf row."""
     from graphsafe_sampler.processors.min_p import min_p_threshold
 
     gen = _gen()
@@ -249,13 +250,22 @@ def test_folded_min_p_equals_min_p_then_top_k_top_p(
     top_p[torch.rand(num_slots, generator=gen) < 0.4] = 1.0
     min_p = torch.rand(num_slots, generator=gen) * 0.3
     min_p[torch.rand(num_slots, generator=gen) < 0.2] = 0.0
-    # slot of row 0: min_p alone; row 1: min_p leaves fewer than k; row 2: every filter off
-    for r, (k, p, m) in enumerate([(0, 1.0, 0.2), (vocab - 1, 1.0, 0.9), (0, 1.0, 0.0)]):
+    # slot of row 0: min_p alone; row 1: min_p leaves fewer than k; row 2: every filter
+    # off; row 3: logits tied at its min_p cut (top-k on, below it); row 4: min_p = 1
+    recipes = [
+        (0, 1.0, 0.2), (vocab - 1, 1.0, 0.9), (0, 1.0, 0.0), (vocab - 1, 1.0, 0.05), (0, 1.0, 1.0)
+    ]  # fmt: skip
+    for r, (k, p, m) in enumerate(recipes):
         s = int(slots[r])
         top_k[s], top_p[s], min_p[s] = k, p, m
+    top = int(logits[4].argmax())
+    tie = 9 if top != 9 else 10
+    logits[4, tie] = logits[4, top]  # min_p = 1 keeps the max and its tie
     logits, slots, top_k, top_p, min_p = (
         t.to(kernel_device) for t in (logits, slots, top_k, top_p, min_p)
     )
+    # the min_p kernel's own cut (its log), planted on row 3: ties sit exactly on it
+    logits[3, :9:2] = logits[3].max() + torch.log(min_p[slots[3]])
     folded = logits.clone()
     cut = torch.empty(rows, device=kernel_device)
     triton_ops.apply_top_k_top_p(folded, slots, top_k, top_p, cut, min_p)
@@ -269,16 +279,22 @@ def test_folded_min_p_equals_min_p_then_top_k_top_p(
     triton_ops.apply_min_p(two_kernels, slots, min_p)
     triton_ops.apply_top_k_top_p(two_kernels, slots, top_k, top_p, torch.empty_like(cut))
     finite = torch.isfinite
-    real = ~torch.isnan(logits).any(-1)  # top-k/top-p leave NaN rows outside their semantics
-    assert torch.equal(finite(folded)[real], finite(two_kernels)[real])
+    assert torch.equal(finite(folded), finite(two_kernels))  # the NaN row too
     assert torch.equal(finite(folded[0]), logits[0] >= logits[0].max() + torch.log(min_p[slots[0]]))
     assert int(finite(folded[1]).sum()) < int(top_k[slots[1]])  # min_p's survivors, all kept
-    assert torch.equal(folded[2], logits[2]) and not bool(finite(folded[rows - 1]).any())
+    assert torch.equal(folded[2], logits[2])
+    assert bool(finite(folded[3, :9:2]).all())  # tied at the cut: kept
+    # min_p = 1 keeps exactly the maximum and its ties (the planted one at least)
+    assert torch.equal(finite(folded[4]), logits[4] == logits[4, top])
+    assert bool(finite(folded[4, [top, tie]]).all())
+    assert float(cut[rows - 1]) == float("-inf")  # an all -inf row keeps (all of) itself
 
     staged = logits.clone()
     staged.masked_fill_(staged < min_p_threshold(staged, min_p[slots]), float("-inf"))
     want = apply_top_k_top_p(staged, top_k[slots], top_p[slots])
     for r in range(rows - 2):  # rows with real logits
+        if r == 3:
+            continue  # ties planted on the kernel's log: torch.log may differ in the last bit
         k, p = int(top_k[slots[r]]), float(top_p[slots[r]])
         got_kept, want_kept = finite(folded[r]), finite(want[r])
         if p >= 1.0:

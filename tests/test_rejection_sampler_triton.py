@@ -73,8 +73,15 @@ def test_process_logits_of_speculative_positions_match_torch_stages(
         logits.clone(), slots, rejection.grammar, flat_drafts, preceding
     )
     assert torch.equal(is_greedy, want_is_greedy)
-    assert torch.equal(got.isneginf(), want.isneginf())
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    both = got.isfinite() & want.isfinite()
+    assert torch.equal(got[both], want[both])
+    # Only request 0 (top_p 0.9) may keep a different set, and only at its top-p boundary
+    # (float32 sums in another order: kernels/top_k_top_p.py); the sets are then nested.
+    differ = got.isfinite() != want.isfinite()
+    assert not bool(differ[S + 1 :].any())
+    for row in range(S + 1):
+        kept, want_kept = got[row].isfinite(), want[row].isfinite()
+        assert bool((kept <= want_kept).all() or (want_kept <= kept).all())
     assert torch.equal(greedy[is_greedy], want_greedy[is_greedy])
     # The drafts changed what later positions see (not only position 0's view).
     without, _, _ = sampler.process_logits(logits.clone(), slots, rejection.grammar)

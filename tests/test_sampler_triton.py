@@ -14,6 +14,7 @@ import graphsafe_sampler as gs
 from graphsafe_sampler import BatchUpdate, Sampler, SamplerConfig
 from graphsafe_sampler import SamplingParams as SP
 from graphsafe_sampler.examples.target_token import TargetTokenLogitsProcessor
+from graphsafe_sampler.processors.base import SlotLogitsProcessor
 from graphsafe_sampler.testing import BatchDriver, check_graph_safety
 
 
@@ -153,3 +154,58 @@ def test_backend_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ValueError, match="backend='triton' needs a CUDA device"):
         Sampler(SamplerConfig(2, 50, backend="triton"), "cpu")
+
+
+class ShiftByLogsumexp(SlotLogitsProcessor):
+    """Argmax-invariant but value-changing: subtracts each row's logsumexp over the tokens
+    still finite, so what it returns depends on min_p's mask being applied before it."""
+
+    def is_argmax_invariant(self) -> bool:
+        return True
+
+    def add_request(self, slot: int, params: SP, prompt: object, output: object) -> None:
+        return None
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        lse = logits.logsumexp(dim=-1, keepdim=True)
+        return logits - torch.where(lse.isfinite(), lse, 0.0)
+
+
+def test_argmax_invariant_custom_processor_sees_min_p_applied(
+    kernel_device: torch.device,
+) -> None:
+    """With a custom argmax-invariant processor the Triton backend keeps the fused kernels
+    but writes min_p's mask before the processor (it cannot fold min_p into the cut): the
+    processed logits, which the processor shifted by a logsumexp over min_p's survivors,
+    equal the PyTorch backend's."""
+    vocab, rows = 111, 3
+    params = [
+        SP(seed=1, min_p=0.1),
+        SP(seed=2, min_p=0.3, top_k=20),
+        SP(temperature=0.0, min_p=0.5),
+    ]
+    out = {}
+    for backend in ("torch", "triton"):
+        config = _config(
+            rows, vocab, backend, logits_processors=[ShiftByLogsumexp],
+            max_num_logprobs=vocab, logprobs_mode="processed_logits",
+        )  # fmt: skip
+        sampler = Sampler(config, kernel_device)
+        if backend == "triton":
+            assert sampler._triton is not None
+            assert sampler._triton.fused and not sampler._triton.fold_min_p
+        sampler.update_state(
+            BatchUpdate(rows, added=[(r, p, [1, 2], []) for r, p in enumerate(params)])
+        )
+        gen = torch.Generator().manual_seed(4)
+        out[backend] = sampler((torch.randn(rows, vocab, generator=gen) * 3).to(kernel_device))
+    lp = {b: o.logprobs_tensors for b, o in out.items()}
+    assert lp["torch"] is not None and lp["triton"] is not None
+    torch.testing.assert_close(lp["triton"].logprobs, lp["torch"].logprobs, rtol=1e-6, atol=1e-6)
+    finite = lp["torch"].logprobs.isfinite()  # ties at -inf come in any order
+    assert torch.equal(
+        lp["triton"].logprob_token_ids[finite], lp["torch"].logprob_token_ids[finite]
+    )
+    assert torch.equal(out["triton"].sampled_token_ids, out["torch"].sampled_token_ids)
+    # min_p masked some tokens in every row, so the shift really saw its mask
+    assert bool(lp["torch"].logprobs[:, 1:].isneginf().any(-1).all())
