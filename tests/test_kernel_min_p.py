@@ -21,7 +21,9 @@ def _reference(logits: torch.Tensor, slots: torch.Tensor, min_p: torch.Tensor) -
      pytest.param(17, 4099, id="R17-V4099")],
 )  # fmt: skip
 def test_matches_torch_backend(rows: int, vocab: int, kernel_device: torch.device) -> None:
-    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    seed = torch.seed() % 2**31
+    print(f"generator seed {seed}")  # shown on failure: rerun with it
+    gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(rows, vocab, generator=gen) * 4
     min_p = torch.rand(rows + 1, generator=gen) * 0.3
     min_p[0] = 0.0  # off
