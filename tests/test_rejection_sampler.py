@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
 import pytest
 import torch
+from backends import BACKENDS
 from scipy import stats
 
 import graphsafe_sampler as gs
@@ -28,18 +28,6 @@ from graphsafe_sampler.testing import BatchDriver, DriverRequest, check_graph_sa
 
 V = 111
 S = 3
-# Triton through the interpreter on CPU tensors; with TRITON_INTERPRET=0 (a GPU run) these
-# CPU-built tests skip it, and the kernel tests (`kernel_device`) cover the kernels on CUDA.
-BACKENDS = [
-    "torch",
-    pytest.param(
-        "triton",
-        marks=pytest.mark.skipif(
-            os.environ.get("TRITON_INTERPRET") != "1",
-            reason="CPU tensors reach the Triton backend only through the interpreter",
-        ),
-    ),
-]
 
 
 def _pair(

@@ -4,12 +4,12 @@ determinism across layouts, sampling statistics, graph safety, bad input."""
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from backends import BACKENDS
 from scipy import stats
 
 import graphsafe_sampler as gs
@@ -19,19 +19,6 @@ from graphsafe_sampler import SamplingParams as SP
 from graphsafe_sampler.testing import BatchDriver, check_graph_safety
 
 V = 111
-# Tests that hold for both backends run on both: "triton" through the Triton interpreter.
-# Triton through the interpreter on CPU tensors; with TRITON_INTERPRET=0 (a GPU run) these
-# CPU-built tests skip it, and the kernel tests (`kernel_device`) cover the kernels on CUDA.
-BACKENDS = [
-    "torch",
-    pytest.param(
-        "triton",
-        marks=pytest.mark.skipif(
-            os.environ.get("TRITON_INTERPRET") != "1",
-            reason="CPU tensors reach the Triton backend only through the interpreter",
-        ),
-    ),
-]
 
 
 def _config(backend: str, *args: Any, **kwargs: Any) -> SamplerConfig:
