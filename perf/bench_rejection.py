@@ -42,11 +42,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
 import pytest
 import torch
 from pytest_benchmark.fixture import BenchmarkFixture
-from summary import ProviderSummary, registered_plugin
+from summary import ProviderSummary, registered_plugin, timing_info
 
 from graphsafe_sampler import (
     BatchUpdate,
@@ -463,20 +462,13 @@ def test_rejection_step(
     benchmark.pedantic(step, setup=fresh_inputs, rounds=rounds, warmup_rounds=warmup, iterations=1)
     if benchmark.stats is None:  # --benchmark-disable: one untimed call, a smoke test
         return
-    ms = np.asarray(benchmark.stats.stats.data, dtype=np.float64) * 1e3
     benchmark.extra_info.update(
         provider=provider,
         num_rows=NUM_ROWS,
         max_spec_len=MAX_SPEC_LEN,
         vocab_size=VOCAB_SIZE,
         logits=f"llm_like_logits(peakedness={PEAKEDNESS}), draft noise {DRAFT_NOISE}",
-        torch_version=torch.__version__,
-        torch_threads=torch.get_num_threads(),
-        load_avg_1min=[round(load_before, 2), round(os.getloadavg()[0], 2)],
-        rounds=rounds,
-        ms_p20=round(float(np.percentile(ms, 20)), 3),
-        ms_median=round(float(np.median(ms)), 3),
-        ms_p80=round(float(np.percentile(ms, 80)), 3),
+        **timing_info(benchmark, load_before, rounds),
         row_mix=case.mix,
         **case.check,
         **info,

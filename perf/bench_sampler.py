@@ -42,11 +42,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
 import pytest
 import torch
 from pytest_benchmark.fixture import BenchmarkFixture
-from summary import ProviderSummary, registered_plugin
+from summary import ProviderSummary, registered_plugin, timing_info
 
 from graphsafe_sampler import BatchUpdate, Sampler, SamplerConfig, SamplerOutput, SamplingParams
 from graphsafe_sampler.bench.logits import llm_like_logits
@@ -349,7 +348,6 @@ def test_sampling_step(
     benchmark.pedantic(step, setup=fresh_logits, rounds=rounds, warmup_rounds=warmup, iterations=1)
     if benchmark.stats is None:  # --benchmark-disable: one untimed call, a smoke test
         return
-    ms = np.asarray(benchmark.stats.stats.data, dtype=np.float64) * 1e3
     benchmark.extra_info.update(
         provider=provider,
         num_rows=NUM_ROWS,
@@ -357,14 +355,7 @@ def test_sampling_step(
         logits=f"llm_like_logits(peakedness={PEAKEDNESS})",
         max_num_logprobs=MAX_NUM_LOGPROBS,
         logprobs_mode="raw_logprobs",
-        torch_version=torch.__version__,
-        torch_threads=torch.get_num_threads(),
-        # Other processes on the host inflate times; the 1-minute load says how busy it was.
-        load_avg_1min=[round(load_before, 2), round(os.getloadavg()[0], 2)],
-        rounds=rounds,
-        ms_p20=round(float(np.percentile(ms, 20)), 3),
-        ms_median=round(float(np.median(ms)), 3),
-        ms_p80=round(float(np.percentile(ms, 80)), 3),
+        **timing_info(benchmark, load_before, rounds),
         row_mix=case.mix,
         **case.check,
         **info,

@@ -5,11 +5,13 @@ each provider's median, fills the ratios into every benchmark's extra_info as re
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import numpy as np
 import pytest
+import torch
 from pytest_benchmark.fixture import BenchmarkFixture
 
 Plugin = TypeVar("Plugin")
@@ -25,6 +27,23 @@ def registered_plugin(
         plugin = make()
         manager.register(plugin, name)
     return plugin
+
+
+def timing_info(benchmark: BenchmarkFixture, load_before: float, rounds: int) -> dict[str, object]:
+    """The context and spread every single-case benchmark puts in its extra_info: torch's
+    version and threads, the 1-minute load before and after (other processes on the host
+    inflate times), the rounds and the p20/median/p80 in ms."""
+    assert benchmark.stats is not None
+    ms = np.asarray(benchmark.stats.stats.data, dtype=np.float64) * 1e3
+    return {
+        "torch_version": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "load_avg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "rounds": rounds,
+        "ms_p20": round(float(np.percentile(ms, 20)), 3),
+        "ms_median": round(float(np.median(ms)), 3),
+        "ms_p80": round(float(np.percentile(ms, 80)), 3),
+    }
 
 
 class ProviderSummary:
