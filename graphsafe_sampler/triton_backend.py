@@ -74,21 +74,21 @@ class TritonPipeline:
         ]
         self.commit_kernel = not hooks
 
-    def _folded_min_p(self) -> torch.Tensor | None:
-        """The per-slot min_p table for the top-k/top-p kernel when it folds min_p's cut."""
-        return self.sampler.min_p.min_p.device if self.fold_min_p else None
-
-    def _process(
+    def _filter(
         self,
         x: torch.Tensor,
         slots: torch.Tensor,
         grammar: torch.Tensor,
         drafts: torch.Tensor | None = None,
         num_preceding: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Steps 1-3 of the module docstring on x [num_rows, V] float32 (the fused path):
-        bad words, `process_logits`, and `apply_min_p` when min_p is not folded into the
-        cut, in place; returns x. grammar: [num_rows, ceil(V/32)] int32, row-indexed."""
+        *,
+        write_mask: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Steps 1-4 of the module docstring on x [num_rows, V] float32, in place (the fused
+        path): bad words, `process_logits`, `apply_min_p` when min_p is not folded into the
+        cut, the argmax-invariant custom processors, then the top-k/top-p cut. grammar:
+        [num_rows, ceil(V/32)] int32, row-indexed. Returns (x, cut [num_rows] float32); with
+        `write_mask` the tokens below the cut are also -inf in x."""
         s = self.sampler
         x = s.bad_words.apply(x, slots, drafts, num_preceding)
         triton_ops.process_logits(
@@ -114,7 +114,18 @@ class TritonPipeline:
         )
         if not self.fold_min_p:
             triton_ops.apply_min_p(x, slots, s.min_p.min_p.device)
-        return x
+        s.batch_state.bind_slots(slots)  # custom processors find their rows through it
+        try:
+            for proc in s.custom:  # all argmax-invariant on the fused path
+                x = proc.apply(x)
+        finally:
+            s.batch_state.bind_slots(None)
+        cut = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+        top_k, top_p = s.sampling.top_k.device, s.sampling.top_p.device
+        min_p = s.min_p.min_p.device if self.fold_min_p else None
+        op = triton_ops.apply_top_k_top_p if write_mask else triton_ops.top_k_top_p_threshold
+        op(x, slots, top_k, top_p, cut, min_p)
+        return x, cut
 
     def process_logits(
         self,
@@ -139,16 +150,8 @@ class TritonPipeline:
         s = self.sampler
         num_rows = x.shape[0]
         table = grammar.bitmask.device[: num_rows // grammar.num_positions]
-        x = self._process(x, slots, table.reshape(num_rows, -1), drafts, num_preceding)
-        s.batch_state.bind_slots(slots)  # argmax-invariant custom processors read it
-        try:
-            for proc in s.custom:
-                x = proc.apply(x)
-        finally:
-            s.batch_state.bind_slots(None)
-        cut = torch.empty(num_rows, dtype=torch.float32, device=x.device)
-        top_k, top_p = s.sampling.top_k.device, s.sampling.top_p.device
-        triton_ops.apply_top_k_top_p(x, slots, top_k, top_p, cut, self._folded_min_p())
+        table = table.reshape(num_rows, -1)
+        x, _ = self._filter(x, slots, table, drafts, num_preceding, write_mask=True)
         is_greedy = s.sampling.temperature.device[slots] < GREEDY_TEMPERATURE
         return x, x.argmax(dim=-1), is_greedy
 
@@ -164,17 +167,10 @@ class TritonPipeline:
         num_rows = x.shape[0]
         cut: torch.Tensor | None = None
         if self.fused:
-            x = self._process(x, slots, s.grammar.bitmask.device[:num_rows])
-            for proc in s.custom:  # all argmax-invariant here
-                x = proc.apply(x)
-            cut = torch.empty(num_rows, dtype=torch.float32, device=x.device)
-            top_k, top_p = s.sampling.top_k.device, s.sampling.top_p.device
-            min_p = self._folded_min_p()
+            grammar = s.grammar.bitmask.device[:num_rows]
+            x, cut = self._filter(x, slots, grammar, write_mask=return_processed)
             if return_processed:
-                triton_ops.apply_top_k_top_p(x, slots, top_k, top_p, cut, min_p)
                 cut = None  # the mask is in x
-            else:
-                triton_ops.top_k_top_p_threshold(x, slots, top_k, top_p, cut, min_p)
         else:
             x, _, _ = s.torch_process_logits(x, slots, s.grammar)
             x = x.contiguous()
