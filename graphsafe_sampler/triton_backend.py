@@ -10,8 +10,9 @@ Per step, on a fresh float32 copy `x` of the logits ([num_rows, V]):
    with custom argmax-invariant processors, which must see min_p's mask, `apply_min_p` in
    place (2 reads + 1 write), then those processors (PyTorch);
 4. top-k/top-p: `top_k_top_p_threshold` writes each row's cut ([num_rows] float32) without
-   touching `x`; only the `processed_*` logprobs modes, which return the filtered logits,
-   write the mask (`apply_top_k_top_p`);
+   touching `x` (1 read when its 128-logit candidate buffer settles the row, else the
+   search's passes too); only the `processed_*` logprobs modes, which return the filtered
+   logits, write the mask (`apply_top_k_top_p`);
 5. `sample_tokens`: greedy argmax or the Gumbel-max race on `ops/rng.py`'s uniforms, the cut
    applied on the fly (1 read);
 6. logprobs: `compute_logprobs` (1 read of the source, no [num_rows, V] log-softmax);

@@ -1,4 +1,4 @@
-"""top-k then top-p thresholds in Triton, one program per row, no sort.
+"""top-k then top-p thresholds in Triton, one program per row, no sort of the row.
 
 Semantics are exactly those of `graphsafe_sampler/ops/top_k_top_p.py` (read its docstring):
 top-k (`top_k` <= 0 or >= V is off) keeps every logit >= the k-th largest, ties kept, and a
@@ -18,42 +18,71 @@ survivor, as the -inf k-th value of the masked row does. top-p weighs only the l
 above both cuts. The kept set equals min_p's mask followed by top-k/top-p, and the min_p
 kernel's read, read and write of the row are saved.
 
-Algorithm: a radix search for the largest threshold whose weight W(t) (count, or mass, of the
-logits >= t) reaches the target, on the order-preserving integer image of float32,
-    key(x) = (bits ^ 0x7FFFFFFF if bits < 0 else bits) + 2**31   in [0, 2**32), int64,
-with -0.0 mapped to +0.0 first so that keys compare exactly as the floats do. A pass reads the
-row once and measures W at the 16 thresholds `prefix + c * 2**shift`, c = 0..15, as a
-[BLOCK, 16] compare-and-sum (4 bits of the answer per pass); the digit is how many of
-c = 1..15 still reach the target. The search starts at the first digit where the smallest
-and largest candidate keys differ, and stops early once the answer's mask is decided:
-- top-k: when exactly k logits lie at or above the chosen bin's low end, that low end keeps
-  exactly the top k (no logit lies between it and the k-th largest);
-- top-p: when the chosen bin holds a single logit, that logit is the threshold (W only steps
-  at logit values), and the bin's low end keeps the same set.
-The mask `logits >= t` is then identical to the one at the exact k-th value; the threshold
-written may be that low end rather than a logit.
+Algorithm, in two stages.
 
-Passes over each [V] row (reads of the [rows, V] float32 logits; the row is reused, so on a
-GPU passes after the first mostly hit L2):
-- 1 statistics pass (min and max), when any of min_p, top-k, top-p is on;
-- top-k: at most 8 search passes (4 bits each of the 32-bit key), fewer when the candidate
-  keys share leading digits or the early stop hits;
-- top-p: at most 8 search passes, the first also summing the total mass;
+1. The candidate buffer (one read of the row; compiled only, see `CANDIDATES`). One streaming
+   pass takes the row's min, max and NaN count, its total mass exp(l - l_max) (accumulated
+   against the running max and rescaled as it grows, as online softmax does) and its
+   CANDIDATES (128) largest logits, as distinct int64 keys `key(x) << 31 | (2**31 - 1 - col)`
+   (by logit, then lowest index; NaN never enters): each tile's top CANDIDATES (`tl.topk`, a
+   bitonic network) merged with the buffer's by a second `tl.topk` on the two joined, and
+   a tile holding nothing above the buffer's last key skips both. From the sorted buffer:
+   - top-k with k <= CANDIDATES: the k-th largest logit is the buffer's k-th, exactly (-inf
+     when the row holds fewer than k logits, which keeps the whole row);
+   - top-p: when every survivor of the cut so far (min_p, top-k) is in the buffer (the row
+     has at most CANDIDATES logits, or the buffer's last lies below the cut), the mass at or
+     above each buffered logit ([CANDIDATES, CANDIDATES] compare-and-sum, ties included)
+     against top_p times the survivors' total gives the cut: the largest buffered logit
+     whose mass reaches the target. With no cut before top-p the total is the streamed one,
+     and any buffered logit strictly above the last has its exact mass: if one reaches the
+     target, the largest such is the cut.
+   A row the buffer settles (the usual case: k up to 128, a nucleus of up to about 127
+   tokens) is read once in all.
+2. The search, for what the buffer cannot settle (k > CANDIDATES, top-p over a wider
+   nucleus or after a cut that ties past the buffer's end): a radix search for the largest
+   threshold whose weight W(t) (count, or mass, of the logits >= t) reaches the target, on
+   the order-preserving integer image of float32,
+       key(x) = (bits ^ 0x7FFFFFFF if bits < 0 else bits) + 2**31   in [0, 2**32), int64,
+   with -0.0 mapped to +0.0 first so that keys compare exactly as the floats do. A pass
+   reads the row once and measures W at the 16 thresholds `prefix + c * 2**shift`,
+   c = 0..15, as a [BLOCK, 16] compare-and-sum (4 bits of the answer per pass); the digit is
+   how many of c = 1..15 still reach the target. The search starts at the first digit where
+   the smallest and largest candidate keys differ, and stops early once the answer's mask
+   is decided:
+   - top-k: when exactly k logits lie at or above the chosen bin's low end, that low end
+     keeps exactly the top k (no logit lies between it and the k-th largest);
+   - top-p: when the chosen bin holds a single logit, that logit is the threshold (W only
+     steps at logit values), and the bin's low end keeps the same set.
+   The mask `logits >= t` is then identical to the one at the exact k-th value; the
+   threshold written may be that low end rather than a logit.
+
+Passes over each [V] row (reads of the [rows, V] float32 logits; `reads=` counts them per
+row, for tests):
+- 1 streaming pass (the statistics, and the buffer for top-k/top-p), when any of min_p,
+  top-k, top-p is on;
+- only when the buffer does not settle the row: top-k at most 8 search passes (4 bits each
+  of the 32-bit key), top-p at most 8, the first also summing the total mass; fewer when
+  the candidate keys share leading digits or the early stop hits;
 - APPLY: one more read and one write.
 Rows whose filters (min_p, top-k, top-p) are all off read their parameters and exit.
-Compared with 2 bits per pass (16 passes, 3 sums each: the PyTorch backend's choice, where
-every sum is a separate fused loop), 4 bits per pass halves the reads and costs 16 compares
-and sums per element, which stays under the memory time on an H100-class GPU.
+The search's cost: 4 bits per pass costs 16 compares and sums per element, which stays
+under the memory time on an H100-class GPU, and halves the reads of 2 bits per pass (the
+PyTorch backend's choice, where every sum is a separate fused loop). The buffer's: about
+two bitonic top-k networks per 1,024-element tile; whether that beats the search's reads
+(from L2 for small batches) is measured by `perf/gpu_check.py` (candidates 128 against 0).
 
-Exactness: top-k compares integer counts, so its mask is exact. top-p sums float32 masses
-(tl.exp may differ from torch's exp in the last bit, and the summation order differs from the
-PyTorch backend's), so the two masks can differ only where the mass of some candidate set is
-within float32 rounding of top_p * total. The sums are monotone in the threshold (float
+Exactness: top-k compares integer counts, or reads the k-th key, so its mask is exact. top-p
+sums float32 masses (tl.exp may differ from torch's exp in the last bit, and the summation
+order differs from the PyTorch backend's, and between the buffer and the search), so the
+masks can differ only where the mass of some candidate set is within float32 rounding of
+top_p * total. The sums are monotone in the threshold (float
 addition is monotone), so the digit choice is consistent. NaN logits are neither counted nor
 masked (rows holding them are outside these semantics, as in the PyTorch backend).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -90,8 +119,9 @@ def _largest_key_reaching(
     MASS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    """The largest key t with W(t) >= target, W(t) = count (or mass) of logits with key >= t;
-    searched from the digits where lo_key and hi_key first differ. See the module docstring."""
+    """(the largest key t with W(t) >= target, the passes over the row it took), W(t) = count
+    (or mass) of logits with key >= t; searched from the digits where lo_key and hi_key first
+    differ. See the module docstring."""
     digits = tl.arange(0, 16)
     diff = lo_key ^ hi_key
     # tensors, not Python ints: they are carried through data-dependent while loops
@@ -133,7 +163,16 @@ def _largest_key_reaching(
         decided = (at_low_end - past_bin <= 1) if MASS else (at_low_end == k)
         s = tl.where(decided, -4, s - 4)
         passes += 1
-    return prefix
+    return prefix, passes
+
+
+@triton.jit
+def _pack(x, cols, in_row):
+    """[BLOCK] float32 logits -> int64 candidate keys `key(x) << 31 | (2**31 - 1 - col)`:
+    ordered by logit, then lowest index first, all distinct; -1 (below every key) for NaN and
+    out-of-row lanes. key(x) < 2**32 and col < 2**31, so the key stays below 2**63."""
+    packed = (_float_to_key(x) << 31) | (2147483647 - cols.to(tl.int64))
+    return tl.where(in_row & (x == x), packed, -1)
 
 
 @triton.jit
@@ -145,9 +184,13 @@ def _top_k_top_p_kernel(
     top_p_ptr,  # [num_slots] float32; >= 1 is off
     min_p_ptr,  # [num_slots] float32; 0 is off (HAS_MIN_P)
     threshold_ptr,  # [num_rows] float32, written: keep logits >= threshold
+    reads_ptr,  # [num_rows] int32, written with COUNT_READS: reads of the row made
     vocab_size,
+    buffer_size,  # CANDIDATES, or 0: no buffer (search only)
     APPLY: tl.constexpr,
     HAS_MIN_P: tl.constexpr,
+    COUNT_READS: tl.constexpr,
+    CANDIDATES: tl.constexpr,  # the buffer's shape: a power of two <= BLOCK_SIZE
     BLOCK_SIZE: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -160,48 +203,121 @@ def _top_k_top_p_kernel(
     if HAS_MIN_P:
         min_p = tl.load(min_p_ptr + slot).to(tl.float32)
     threshold = tl.full((), float("-inf"), tl.float32)
+    reads = tl.zeros((), tl.int32)
     if k_on | p_on | (min_p != 0.0):
         row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
+        # The one pass every filtered row makes: min, max, NaN count and, for top-k/top-p,
+        # the CANDIDATES largest logits (packed keys, `best`, sorted descending) and the
+        # row's total mass exp(l - l_max), accumulated online against the running max.
+        use_buffer = (buffer_size > 0) & (k_on | p_on)
         row_max = tl.full((), float("-inf"), tl.float32)
         row_min = tl.full((), float("inf"), tl.float32)
         nan_count = tl.zeros((), tl.int32)
+        total = tl.zeros((), tl.float32)
+        best = tl.full((CANDIDATES,), -1, tl.int64)
         for start in range(0, vocab_size, BLOCK_SIZE):
             cols = start + tl.arange(0, BLOCK_SIZE)
-            x = tl.load(row_ptr + cols, mask=cols < vocab_size, other=float("nan"))
+            in_row = cols < vocab_size
+            x = tl.load(row_ptr + cols, mask=in_row, other=float("nan"))
             valid = x == x
-            row_max = tl.maximum(row_max, tl.max(tl.where(valid, x, float("-inf")), axis=0))
+            tile_max = tl.max(tl.where(valid, x, float("-inf")), axis=0)
             row_min = tl.minimum(row_min, tl.min(tl.where(valid, x, float("inf")), axis=0))
-            nan_count += tl.sum((~valid & (cols < vocab_size)).to(tl.int32), axis=0)
+            nan_count += tl.sum((~valid & in_row).to(tl.int32), axis=0)
+            if use_buffer:
+                # masses against the new running max; an all -inf prefix has none (its
+                # exp(-inf - -inf) would be nan), so the base is then 0
+                new_max = tl.maximum(row_max, tile_max)
+                base = tl.where(new_max > float("-inf"), new_max, 0.0)
+                total = total * tl.exp(row_max - base)
+                total += tl.sum(tl.where(valid, tl.exp(x - base), 0.0), axis=0)
+                packed = _pack(x, cols, in_row)
+                # a tile holding nothing above the running CANDIDATES-th key skips the merge
+                if tl.max(packed, axis=0) > tl.min(best, axis=0):
+                    tile_top = tl.topk(packed, CANDIDATES)
+                    both = tl.reshape(tl.join(best, tile_top), (2 * CANDIDATES,))
+                    best = tl.topk(both, CANDIDATES)
+            row_max = tl.maximum(row_max, tile_max)
+        reads += 1
         max_key = _float_to_key(row_max)
+        num_valid = vocab_size - nan_count
         if HAS_MIN_P:  # noqa: SIM102 (a constexpr guard: Triton cannot `and` it with a tensor)
             # min_p's cut, never written: l >= l_max + ln(min_p) (kernels/min_p.py's formula).
             # A row holding NaN has a NaN min_p threshold there, which masks nothing: -inf.
             if (min_p != 0.0) & (nan_count == 0):
                 threshold = row_max + tl.log(min_p)
+        # The buffer's values, largest first; -inf past the row's valid logits.
+        ranks = tl.arange(0, CANDIDATES)
+        in_buffer = best >= 0
+        values = tl.where(in_buffer, _key_to_float(best >> 31), float("-inf"))
+        last = tl.min(values, axis=0)  # the CANDIDATES-th largest, when num_valid >= CANDIDATES
         # top-k on the min_p survivors: the k-th largest of the whole row when at least k
         # logits pass the min_p cut, else below it (the cut then keeps every survivor)
         if k_on:
-            key = _largest_key_reaching(
-                row_ptr, vocab_size, _float_to_key(row_min), max_key, k, 1.0, 0.0, 0.0,
-                MASS=False, BLOCK_SIZE=BLOCK_SIZE,
-            )  # fmt: skip
-            threshold = tl.maximum(_key_to_float(key), threshold)
+            if use_buffer & (k <= buffer_size):
+                # exact: the k-th largest of the row is the buffer's k-th (-inf when the row
+                # holds fewer than k logits: then top-k keeps everything)
+                kth = tl.max(tl.where(ranks == k - 1, values, float("-inf")), axis=0)
+                threshold = tl.maximum(kth, threshold)
+            else:
+                key, passes = _largest_key_reaching(
+                    row_ptr, vocab_size, _float_to_key(row_min), max_key, k, 1.0, 0.0, 0.0,
+                    MASS=False, BLOCK_SIZE=BLOCK_SIZE,
+                )  # fmt: skip
+                threshold = tl.maximum(_key_to_float(key), threshold)
+                reads += passes
         if p_on:
             # an all -inf row would give exp(-inf - -inf) = nan: its masses are 0 instead
             shift = tl.where(row_max > float("-inf"), row_max, 0.0)
-            key = _largest_key_reaching(
-                row_ptr, vocab_size, _float_to_key(tl.maximum(row_min, threshold)), max_key,
-                0, top_p, threshold, shift, MASS=True, BLOCK_SIZE=BLOCK_SIZE,
-            )  # fmt: skip
-            # never above the row max (top_p = 0), never below the top-k cut
-            threshold = tl.maximum(_key_to_float(tl.minimum(key, max_key)), threshold)
+            # The survivors so far (logits >= threshold) are all in the buffer when the row
+            # has at most CANDIDATES logits or the buffer's last lies below the cut; with no
+            # cut at all (threshold -inf) the total is the streamed one, and the mass above
+            # any buffered logit strictly above the last is exact. Either way, the largest
+            # buffered logit whose mass at or above it reaches top_p of the total is the cut.
+            all_in = (num_valid <= buffer_size) | (last < threshold)
+            found = tl.zeros((), tl.int32)
+            if use_buffer & (all_in | (threshold == float("-inf"))):
+                survivor = in_buffer & (values >= threshold)
+                mass = tl.where(survivor, tl.exp(values - shift), 0.0)
+                # [CANDIDATES, CANDIDATES]: mass at or above each buffered logit, ties included
+                at_or_above = tl.sum(
+                    tl.where(values[None, :] >= values[:, None], mass[None, :], 0.0), axis=1
+                )
+                row_total = tl.where(all_in, tl.sum(mass, axis=0), total)
+                exact = survivor & (all_in | (values > last))
+                reach = exact & (at_or_above >= top_p * row_total)
+                found = tl.sum(reach.to(tl.int32), axis=0)
+                cut = tl.max(tl.where(reach, values, float("-inf")), axis=0)
+                cut = tl.maximum(tl.minimum(cut, row_max), threshold)
+                threshold = tl.where(found > 0, cut, threshold)
+            if found == 0:
+                key, passes = _largest_key_reaching(
+                    row_ptr, vocab_size, _float_to_key(tl.maximum(row_min, threshold)), max_key,
+                    0, top_p, threshold, shift, MASS=True, BLOCK_SIZE=BLOCK_SIZE,
+                )  # fmt: skip
+                # never above the row max (top_p = 0), never below the top-k cut
+                threshold = tl.maximum(_key_to_float(tl.minimum(key, max_key)), threshold)
+                reads += passes
         if APPLY:
             for start in range(0, vocab_size, BLOCK_SIZE):
                 cols = start + tl.arange(0, BLOCK_SIZE)
                 in_row = cols < vocab_size
                 x = tl.load(row_ptr + cols, mask=in_row, other=0.0)
                 tl.store(row_ptr + cols, tl.where(x < threshold, float("-inf"), x), mask=in_row)
+            reads += 1
     tl.store(threshold_ptr + row, threshold)
+    if COUNT_READS:
+        tl.store(reads_ptr + row, reads)
+
+
+CANDIDATES = 128
+"""The candidate buffer's size when compiled (a power of two, 0 = off). Under the Triton
+interpreter the default is 0: numpy runs the bitonic network op by op, about a second a row,
+so the Sampler suites run the search alone there and the buffer has its own kernel tests."""
+
+
+def default_candidates() -> int:
+    """`CANDIDATES`, or 0 under the Triton interpreter (see `CANDIDATES`)."""
+    return 0 if os.environ.get("TRITON_INTERPRET") == "1" else CANDIDATES
 
 
 def top_k_top_p_threshold(
@@ -212,9 +328,17 @@ def top_k_top_p_threshold(
     threshold: torch.Tensor,  # [num_rows] float32, written
     apply: bool,
     min_p: torch.Tensor | None = None,  # [num_slots] float32: min_p's cut folded in first
+    reads: torch.Tensor | None = None,  # [num_rows] int32, written: reads of each row made
+    candidates: int | None = None,  # the buffer's size; None: default_candidates()
     block_size: int = 1024,
 ) -> None:
     """Launch `_top_k_top_p_kernel` over the rows; allocates nothing, returns None."""
+    if candidates is None:
+        candidates = default_candidates()
+    if candidates and (candidates & (candidates - 1) or candidates > block_size):
+        raise ValueError(
+            f"candidates must be 0 or a power of two <= block_size {block_size}, got {candidates}"
+        )
     num_rows, vocab_size = logits.shape
     _top_k_top_p_kernel[(num_rows,)](
         logits,
@@ -224,8 +348,12 @@ def top_k_top_p_threshold(
         top_p,
         min_p if min_p is not None else top_p,  # unread without HAS_MIN_P
         threshold,
+        reads if reads is not None else threshold,  # unwritten without COUNT_READS
         vocab_size,
+        candidates,
         APPLY=apply,
         HAS_MIN_P=min_p is not None,
+        COUNT_READS=reads is not None,
+        CANDIDATES=max(candidates, 2),  # a shape even when off (k = 1 is tl.topk's special case)
         BLOCK_SIZE=block_size,
     )

@@ -1607,6 +1607,16 @@ def format_markdown(results: Results) -> str:
             _ratio(ratio) + dagger if ratio is not None else "–",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    kernel_cases = [c for c in cases if c.provider.startswith(CANDIDATES_PROVIDER)]
+    if kernel_cases:
+        lines += ["", "## top-k/top-p kernel: candidate buffer vs search alone", "",
+                  "| case | rows | vocab | candidates | µs (x floor) | mean reads of a row |",
+                  "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for c in sorted(kernel_cases, key=lambda c: (c.rows * c.vocab, c.stage, c.provider)):
+            lines.append(
+                f"| {c.stage} | {c.rows} | {c.vocab} | {c.extra.get('candidates')} | "
+                f"{_us(c.median_us)} ({_ratio(c.ratio_to_floor)}) | {c.extra.get('mean_reads')} |"
+            )
     for title, key in (("Notes", "notes"), ("Errors", "errors")):
         if ctx.get(key):
             lines += ["", f"## {title}", ""] + [f"- {n}" for n in ctx[key]]
@@ -1658,7 +1668,8 @@ def run_bench_part(opts: Options, deadline: float) -> dict[str, Any]:
     grid = case_grid(opts.rows, opts.vocabs, opts.cases)
     logits = LogitsCache(device, max(opts.rows), opts.seed)
     pool = SamplerPool(device, max(opts.rows), opts.seed)
-    compiling = device.type == "cuda" or opts.smoke_compile
+    cuda = device.type == "cuda"
+    compiling = cuda or opts.smoke_compile
     # The eager pass may take EAGER_PASS_SHARE of the part when a compiled pass follows.
     eager_until = started + (deadline - started) * (EAGER_PASS_SHARE if compiling else 1.0)
     incomplete = False
@@ -1714,12 +1725,53 @@ def run_bench_part(opts: Options, deadline: float) -> dict[str, Any]:
 
             name = provider_name(kind, device)
             measure(f"{case} {name} R{rows}-V{vocab}", run, name)
+        # on the interpreter (--cpu-smoke) the buffer costs seconds a row: one shape only
+        smoke_shape = rows == min(opts.rows) and case == CANDIDATE_CASES[-1]
+        if case in CANDIDATE_CASES and "triton" in opts.backends and (cuda or smoke_shape):
+            ab = functools.partial(_time_candidates, book, timer, x, case)
+            measure(f"{case} {CANDIDATES_PROVIDER} R{rows}-V{vocab}", ab, CANDIDATES_PROVIDER)
 
     if compiling and not broken and "torch" in opts.backends:
         incomplete |= _compiled_pass(opts, deadline, grid, book, timer, logits, pool, measure)
     errors = book.results.context.get("errors")
     status = "error" if broken else "failed" if errors else "incomplete" if incomplete else "passed"
     return {"status": status, "cases": len(book.results.cases), "errors": len(errors or [])}
+
+
+CANDIDATE_CASES = ("top_k_top_p", "all")
+CANDIDATES_PROVIDER = "kernel-top-k-top-p"
+"""The top-k/top-p kernel alone, with its candidate buffer and without (provider
+`kernel-top-k-top-p-c<candidates>`): which default is faster on this GPU."""
+
+
+def _time_candidates(book: BenchBook, timer: Timer, x: torch.Tensor, case: str) -> None:
+    """Time `top_k_top_p_threshold` on x at the stage's top_k and top_p (with min_p for
+    "all") with the candidate buffer (one read a settled row) and with the search alone
+    (candidates 0), recording each one's mean reads of a row. On CUDA the buffer is the
+    kernel's default size over 1,024-element tiles; on the interpreter (--cpu-smoke) 64 over
+    128 (still enough for top_k 50; the full size takes seconds a row there)."""
+    from graphsafe_sampler.kernels.top_k_top_p import CANDIDATES
+    from graphsafe_sampler.kernels.top_k_top_p import top_k_top_p_threshold as launch
+
+    device = x.device
+    rows, vocab = x.shape
+    candidates, block = (CANDIDATES, 1024) if device.type == "cuda" else (64, 128)
+    slots = torch.arange(rows, device=device)
+    top_k = torch.full((rows,), stages.TOP_K, dtype=torch.int32, device=device)
+    top_p = torch.full((rows,), stages.TOP_P, dtype=torch.float32, device=device)
+    min_p = torch.full((rows,), stages.MIN_P, device=device) if case == "all" else None
+    threshold = torch.empty(rows, device=device)
+    reads = torch.empty(rows, dtype=torch.int32, device=device)
+    for c in (candidates, 0):
+        launch(x, slots, top_k, top_p, threshold, False, min_p, reads, c, block)
+        mean_reads = float(reads.float().mean())  # untimed, outside any capture
+
+        def call(c: int = c) -> None:
+            launch(x, slots, top_k, top_p, threshold, False, min_p, None, c, block)
+
+        timed = timer(call)
+        extra = {"candidates": c, "block_size": block, "mean_reads": round(mean_reads, 2)}
+        book.add(_case_result(case, f"{CANDIDATES_PROVIDER}-c{c}", rows, vocab, timed, extra))
 
 
 def _compiled_pass(

@@ -110,7 +110,16 @@ def test_cpu_smoke_run_writes_every_result(tmp_path: Path) -> None:
             assert case.extra["max_num_logprobs"] == gpu_check.case_logprobs(case.stage)
     md = (out / "bench.md").read_text(encoding="utf-8")
     assert "| case | rows | vocab | floor µs | sampler-eager µs (x floor) |" in md
-    assert md.count("\n| all | ") == 2
+    # the top-k/top-p kernel with and without its candidate buffer, once on the interpreter
+    kernel = [c for c in results.cases if c.provider.startswith(gpu_check.CANDIDATES_PROVIDER)]
+    assert {(c.stage, c.rows, c.extra["candidates"]) for c in kernel} == {
+        ("all", 1, 64),
+        ("all", 1, 0),
+    }
+    reads = {c.extra["candidates"]: c.extra["mean_reads"] for c in kernel}
+    assert reads[64] == 1.0 and reads[0] > 1.0  # top_k 50 settled by the buffer: one read
+    assert "## top-k/top-p kernel: candidate buffer vs search alone" in md
+    assert md.count("\n| all | ") == 2 + 2  # the sampler's lines, then the kernel's
     assert md.count("\n| rejection | ") == 2 and "`rejection`: speculative decoding" in md
 
 

@@ -301,3 +301,153 @@ def test_folded_min_p_equals_min_p_then_top_k_top_p(
             assert torch.equal(got_kept, want_kept), r
         else:
             _check_top_p_differences(staged[r], got_kept, want_kept, k, p)
+
+
+# The candidate buffer (kernels/top_k_top_p.py): the one-pass path, checked against the
+# search alone (candidates=0) and the float64 reference, with small tiles and buffers so
+# that the interpreter's op-by-op bitonic network stays fast and rows fall on both sides of
+# the buffer's reach.
+
+
+def _launch(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
+    candidates: int,
+    block_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (kept mask [rows, V], threshold [rows], reads [rows]) of the launcher with
+    `candidates`, checking that apply=True writes exactly that mask and the same cut."""
+    from graphsafe_sampler.kernels.top_k_top_p import top_k_top_p_threshold as launch
+
+    rows = logits.shape[0]
+    threshold = torch.full((rows,), float("nan"), device=logits.device)
+    reads = torch.full((rows,), -1, dtype=torch.int32, device=logits.device)
+    untouched = logits.clone()
+    launch(untouched, slots, top_k, top_p, threshold, False, min_p, reads, candidates, block_size)
+    torch.testing.assert_close(untouched, logits, rtol=0, atol=0, equal_nan=True)
+    masked = logits.clone()
+    applied = torch.empty_like(threshold)
+    launch(masked, slots, top_k, top_p, applied, True, min_p, None, candidates, block_size)
+    torch.testing.assert_close(applied, threshold, rtol=0, atol=0, equal_nan=True)
+    kept = logits >= threshold[:, None]
+    want = torch.where(kept | torch.isnan(logits), logits, float("-inf"))
+    torch.testing.assert_close(masked, want, rtol=0, atol=0, equal_nan=True)
+    return kept, threshold, reads
+
+
+@pytest.mark.parametrize(
+    ("rows", "vocab", "block_size", "candidates"),
+    [pytest.param(6, 29, 32, 32, id="R6-V29-whole-row"),
+     pytest.param(9, 1023, 128, 16, id="R9-V1023-C16")],
+)  # fmt: skip
+def test_candidate_buffer_matches_search_and_reference(
+    rows: int, vocab: int, block_size: int, candidates: int, kernel_device: torch.device
+) -> None:
+    """LLM-like rows (peaked and flat, ties planted by rounding) under random top-k (within
+    and beyond the buffer), top-p and min_p: the buffered kernel keeps what the search keeps
+    (top-k exactly, top-p within float32 rounding of the target) and what the float64
+    reference keeps, and rows whose kept set the buffer holds are read once."""
+    from graphsafe_sampler.bench.logits import llm_like_logits
+    from graphsafe_sampler.processors.min_p import min_p_threshold
+
+    gen = _gen()
+    seed = int(torch.randint(0, 2**31, (1,), generator=gen))
+    peaked = llm_like_logits(rows - rows // 3, vocab, peakedness=1.4, seed=seed)
+    flat = llm_like_logits(rows // 3, vocab, peakedness=0.7, seed=seed + 1)
+    logits = torch.round(torch.cat([peaked, flat]) * 16) / 16  # ties at the cuts
+    num_slots = rows + 2
+    slots = torch.randperm(num_slots, generator=gen)[:rows]
+    top_k = torch.randint(1, candidates + 1, (num_slots,), generator=gen, dtype=torch.int32)
+    fits = vocab <= candidates  # the whole row: no k lies beyond the buffer
+    if not fits:
+        beyond = torch.rand(num_slots, generator=gen) < 0.25
+        size = (int(beyond.sum()),)
+        top_k[beyond] = torch.randint(candidates + 1, vocab + 2, size, generator=gen).int()
+    top_k[torch.rand(num_slots, generator=gen) < 0.25] = 0
+    top_p = torch.rand(num_slots, generator=gen).clamp(min=0.05)
+    top_p[torch.rand(num_slots, generator=gen) < 0.3] = 1.0
+    min_p = torch.rand(num_slots, generator=gen) * 0.2
+    min_p[torch.rand(num_slots, generator=gen) < 0.6] = 0.0
+    # slot of row 0: top-k alone within the buffer; row 1: top-p alone; row 2: top-k beyond
+    recipes = [(min(candidates, vocab) // 2, 1.0, 0.0), (0, 0.5, 0.0), (candidates + 1, 1.0, 0.0)]
+    for r, (k, p, m) in enumerate(recipes):
+        s = int(slots[r])
+        top_k[s], top_p[s], min_p[s] = k, p, m
+    logits, slots, top_k, top_p, min_p = (
+        t.to(kernel_device) for t in (logits, slots, top_k, top_p, min_p)
+    )
+    got, _, reads = _launch(logits, slots, top_k, top_p, min_p, candidates, block_size)
+    want, _, search_reads = _launch(logits, slots, top_k, top_p, min_p, 0, block_size)
+    staged = logits.masked_fill(logits < min_p_threshold(logits, min_p[slots]), float("-inf"))
+    near = 0
+    for r in range(rows):
+        s = int(slots[r])
+        k, p = int(top_k[s]), float(top_p[s])
+        if p >= 1.0:  # top-k (and min_p) alone: exact
+            assert torch.equal(got[r], want[r]), r
+        else:
+            near += _check_top_p_differences(staged[r], got[r], want[r], k, p)
+        reference = _sorted_reference(staged[r], k, p) & torch.isfinite(staged[r].cpu())
+        _check_top_p_differences(
+            staged[r], got[r].cpu() & torch.isfinite(staged[r].cpu()), reference, k, p
+        )
+    reads, search_reads = reads.cpu(), search_reads.cpu()
+    assert int(reads[0]) == 1  # the k-th largest read off the buffer
+    assert int(search_reads[0]) > 1  # no buffer: the search
+    if fits:  # every filtered row is read once, the others not at all (row 2's k >= V is off)
+        assert bool((reads <= 1).all())
+    else:
+        assert int(reads[2]) > 1  # k beyond the buffer: the search
+    assert bool((reads <= search_reads).all())
+    print(f"reads {reads.tolist()} (search alone {search_reads.tolist()}); {near} near rows")
+
+
+def test_candidate_buffer_edges(kernel_device: torch.device) -> None:
+    """Rows at the buffer's edges, each against the search alone (exact masks here):
+    ties at the k-th running past the buffer's end, an all -inf row, a NaN, a row with
+    fewer logits than k, top_p = 0 with a tied max, logits of +-1e9, and -0.0 tied with
+    +0.0 at the k-th."""
+    gen = _gen()
+    vocab, candidates = 200, 16
+    rows = torch.randn(7, vocab, generator=gen)
+    rows[0, 10:50] = 9.0  # 40 tied maxima: k = 5 is exact, top-p 0.5 keeps all 40
+    rows[1] = float("-inf")
+    rows[2, 3] = float("nan")
+    rows[3] = float("-inf")
+    rows[3, [4, 90, 150]] = torch.tensor([1.0, 3.0, 2.0])  # 3 finite logits, k = 10
+    rows[4, [7, 120]] = 6.0  # top_p = 0: both maxima
+    rows[5, :12] = 1e9
+    rows[5, 12:30] = -1e9
+    rows[6, :8] = 5.0
+    rows[6, 8:12] = -0.0
+    rows[6, 12:15] = 0.0  # the 8th-15th largest are zeros of both signs
+    rows[6, 15:] = -torch.rand(vocab - 15, generator=gen) - 1.0
+    cases = [(5, 0.5), (4, 0.9), (6, 0.7), (10, 0.95), (0, 0.0), (3, 0.4), (10, 1.0)]
+    num = len(cases)
+    top_k = torch.tensor([k for k, _ in cases], dtype=torch.int32)
+    top_p = torch.tensor([p for _, p in cases])
+    slots = torch.arange(num)
+    logits, slots, top_k, top_p = (t.to(kernel_device) for t in (rows, slots, top_k, top_p))
+    got, threshold, reads = _launch(logits, slots, top_k, top_p, None, candidates, 64)
+    want, _, _ = _launch(logits, slots, top_k, top_p, None, 0, 64)
+    assert torch.equal(got, want)
+    got, reads = got.cpu(), reads.cpu()
+    assert int(got[0].sum()) == 40 and int(reads[0]) > 1  # top-p needed the search
+    assert int((got[3] & torch.isfinite(rows[3])).sum()) == 3
+    assert got[4].nonzero().flatten().tolist() == [7, 120] and int(reads[4]) == 1
+    assert int(got[5].sum()) == 12
+    assert int(got[6].sum()) == 15 and int(reads[6]) == 1
+    print(f"reads {reads.tolist()}, thresholds {threshold.tolist()}")
+
+
+def test_candidates_must_be_a_power_of_two_within_a_tile() -> None:
+    from graphsafe_sampler.kernels.top_k_top_p import top_k_top_p_threshold as launch
+
+    logits, slots = torch.zeros(1, 8), torch.zeros(1, dtype=torch.int64)
+    k, p, t = torch.ones(1, dtype=torch.int32), torch.ones(1), torch.empty(1)
+    for candidates, block_size in [(24, 64), (128, 64)]:
+        with pytest.raises(ValueError, match="candidates must be 0 or a power of two"):
+            launch(logits, slots, k, p, t, False, candidates=candidates, block_size=block_size)
