@@ -35,16 +35,28 @@ def _near_tie_mismatches(a: gs.SamplerOutput, b: gs.SamplerOutput) -> int:
 
 
 @pytest.mark.parametrize(
-    ("rows", "vocab", "mode"),
+    ("rows", "vocab", "mode", "candidates"),
     [
-        pytest.param(3, 111, "raw_logprobs", id="R3-V111-raw_logprobs"),
-        pytest.param(17, 1023, "processed_logits", id="R17-V1023-processed_logits"),
-        pytest.param(5, 4099, "processed_logprobs", id="R5-V4099-processed_logprobs"),
+        pytest.param(3, 111, "raw_logprobs", None, id="R3-V111-raw_logprobs"),
+        pytest.param(17, 1023, "processed_logits", None, id="R17-V1023-processed_logits"),
+        pytest.param(5, 4099, "processed_logprobs", None, id="R5-V4099-processed_logprobs"),
+        # the top-k/top-p kernel's candidate buffer (off by default under the interpreter),
+        # small enough that some rows' top-k lie beyond it
+        pytest.param(3, 111, "processed_logprobs", 16, id="R3-V111-candidates16"),
     ],
 )
 def test_backends_agree_step_by_step(
-    rows: int, vocab: int, mode: str, kernel_device: torch.device
+    rows: int,
+    vocab: int,
+    mode: str,
+    candidates: int | None,
+    kernel_device: torch.device,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    if candidates is not None:
+        from graphsafe_sampler.kernels import top_k_top_p
+
+        monkeypatch.setattr(top_k_top_p, "default_candidates", lambda: candidates)
     samplers = {
         b: Sampler(_config(rows, vocab, b, logprobs_mode=mode), kernel_device)
         for b in ("torch", "triton")
