@@ -354,6 +354,8 @@ def top_k_top_p_threshold(
         APPLY=apply,
         HAS_MIN_P=min_p is not None,
         COUNT_READS=reads is not None,
-        CANDIDATES=max(candidates, 2),  # a shape even when off (k = 1 is tl.topk's special case)
+        # a shape even when off (k = 1 is tl.topk's special case; k <= the tile, which a GPU
+        # checks even in the branch that is never taken)
+        CANDIDATES=max(candidates, min(2, block_size)),
         BLOCK_SIZE=block_size,
     )
