@@ -1,0 +1,323 @@
+"""Compile every Triton kernel in kernels/ for a CUDA GPU, on a machine without one.
+
+The interpreter (TRITON_INTERPRET=1), which runs the kernel tests on CPU, executes only the
+branches a test's data takes, and it never type-checks, lowers or register-allocates
+anything: a kernel can pass every CPU test and still fail to compile on a GPU (a shape
+check in a branch no test takes, an op the GPU backend lacks). This script lowers each
+kernel through Triton's real CUDA pipeline (TTIR, TTGIR, LLVM IR, PTX, and `ptxas` to a
+cubin; all shipped in the triton wheel, no driver or GPU needed) for every constexpr variant
+its launcher produces.
+
+How the launches are found: `JITFunction.run` is replaced by a recorder, and each launcher in
+kernels/ is called with small CPU tensors once per variant (`LAUNCHES`); the recorder turns
+each call into a signature (tensor dtypes, int widths) plus its constexprs and launch
+options (num_warps, enable_fp_fusion), which `triton.compile` takes with a CUDA target.
+
+It also checks that a kernel launched with `enable_fp_fusion=False` has no fused multiply-add
+in its PTX (its bit-identity with the PyTorch stages depends on it).
+
+Run in its own process, with the interpreter off (it sets TRITON_INTERPRET=0 before Triton
+is imported, and refuses to run where Triton was already imported in interpreter mode):
+
+    python tests/cuda_compile.py [--arch 90] [--json OUT.json]
+
+Exit status 0 when every variant compiled; the report lists each one with its time.
+`tests/test_kernels_compile_for_cuda.py` runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") == "1":
+    raise RuntimeError("run tests/cuda_compile.py in a process without TRITON_INTERPRET=1")
+os.environ["TRITON_INTERPRET"] = "0"
+# Triton 3.9's default (fusion on, as the launchers without enable_fp_fusion get today),
+# set to silence its warning that 3.10 turns it off
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+_POINTER_TYPES = {
+    torch.float32: "*fp32",
+    torch.float16: "*fp16",
+    torch.bfloat16: "*bf16",
+    torch.int64: "*i64",
+    torch.int32: "*i32",
+    torch.uint8: "*u8",
+    torch.bool: "*i1",
+}
+
+
+@dataclass
+class Launch:
+    """One recorded launch: the kernel, its signature and constexprs, the launch options."""
+
+    kernel: JITFunction
+    label: str
+    signature: dict[str, str]
+    constexprs: dict[str, Any]
+    options: dict[str, Any]
+
+
+@dataclass
+class Compiled:
+    kernel: str
+    label: str
+    seconds: float
+    ok: bool
+    error: str = ""
+    constexprs: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    fma_in_ptx: bool | None = None
+
+
+def _scalar_type(value: object) -> str:
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"no Triton type for {type(value).__name__} argument {value!r}")
+
+
+class Recorder:
+    """Stands in for `JITFunction.run`: records each launch, runs nothing."""
+
+    def __init__(self) -> None:
+        self.launches: list[Launch] = []
+        self.label = ""
+
+    def run(self, kernel: JITFunction, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+        params = kernel.params
+        bound = dict(zip([p.name for p in params], args, strict=False))
+        options = {k: kwargs.pop(k) for k in ("num_warps", "enable_fp_fusion") if k in kwargs}
+        bound.update(kwargs)  # constexprs passed by name
+        signature: dict[str, str] = {}
+        constexprs: dict[str, Any] = {}
+        for p in params:
+            value = bound[p.name]
+            if p.is_constexpr:
+                signature[p.name] = "constexpr"
+                constexprs[p.name] = value
+            elif isinstance(value, torch.Tensor):
+                signature[p.name] = _POINTER_TYPES[value.dtype]
+            else:
+                signature[p.name] = _scalar_type(value)
+        self.launches.append(Launch(kernel, self.label, signature, constexprs, options))
+
+
+def _t(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.zeros(shape, dtype=dtype)
+
+
+def _i64(*shape: int) -> torch.Tensor:
+    return _t(*shape, dtype=torch.int64)
+
+
+def _i32(*shape: int) -> torch.Tensor:
+    return _t(*shape, dtype=torch.int32)
+
+
+def _launches() -> list[tuple[str, Callable[[], None]]]:
+    """(label, call) for every constexpr variant the package launches (and the tests' extras:
+    the read counter, the search-only top-k/top-p)."""
+    from graphsafe_sampler.kernels import (
+        history,
+        logits_processing,
+        logprobs,
+        min_p,
+        sampling,
+        top_k_top_p,
+    )
+
+    rows, vocab, slots_n = 3, 300, 4
+    words = (vocab + 31) // 32
+    x, slots = _t(rows, vocab), _i64(rows)
+    calls: list[tuple[str, Callable[[], None]]] = []
+
+    for grammar in (False, True):
+        for drafts in (False, True):
+
+            def process(grammar: bool = grammar, drafts: bool = drafts) -> None:
+                logits_processing.process_logits(
+                    x, slots, _i32(slots_n, 8), _t(slots_n, 8), _i32(slots_n), _i32(slots_n),
+                    _i32(slots_n, 4), _i32(slots_n, words), _i32(rows, words) if grammar else None,
+                    _t(slots_n, vocab, dtype=torch.uint8), _i32(slots_n, 3), _i32(slots_n, 3),
+                    _i32(slots_n, words), _t(slots_n), _t(slots_n), _t(slots_n), _t(slots_n),
+                    _i64(rows, 2) if drafts else None, _i64(rows) if drafts else None,
+                )  # fmt: skip
+
+            calls.append((f"process_logits grammar={grammar} drafts={drafts}", process))
+
+    for apply in (False, True):
+        for has_min_p in (False, True):
+            for candidates in (top_k_top_p.CANDIDATES, 0):
+
+                def cut(apply: bool = apply, has_min_p: bool = has_min_p, c: int = candidates):
+                    top_k_top_p.top_k_top_p_threshold(
+                        x, slots, _i32(slots_n), _t(slots_n), _t(rows), apply,
+                        _t(slots_n) if has_min_p else None, None, c,
+                    )  # fmt: skip
+
+                label = f"top_k_top_p apply={apply} min_p={has_min_p} candidates={candidates}"
+                calls.append((label, cut))
+
+    def counted() -> None:
+        top_k_top_p.top_k_top_p_threshold(
+            x, slots, _i32(slots_n), _t(slots_n), _t(rows), False, None, _i32(rows), 16, 64
+        )
+
+    calls.append(("top_k_top_p reads= candidates=16 block=64", counted))
+
+    from graphsafe_sampler.ops.rng import SALT_BONUS, SALT_RECOVER, SALT_SAMPLE
+
+    for threshold in (False, True):
+        for salt in (SALT_SAMPLE, SALT_BONUS, SALT_RECOVER):
+
+            def sample(threshold: bool = threshold, salt: int = salt) -> None:
+                sampling.sample_tokens(
+                    x, slots, _t(slots_n), _i64(slots_n), _i64(rows), _i64(rows),
+                    _t(rows) if threshold else None, salt,
+                )  # fmt: skip
+
+            calls.append((f"sample_tokens threshold={threshold} salt={salt}", sample))
+
+    def noise() -> None:
+        sampling.write_rng_noise(
+            _i64(rows), _i64(rows), _i64(rows, vocab), _t(rows, vocab), _t(rows, vocab)
+        )
+
+    calls.append(("write_rng_noise", noise))
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for subtract_lse in (False, True):
+
+            def lp(dtype: torch.dtype = dtype, subtract_lse: bool = subtract_lse) -> None:
+                logprobs.compute_logprobs(
+                    _t(rows, vocab, dtype=dtype), _i64(rows), _i32(rows, 6), _t(rows, 6),
+                    _i32(rows), _t(rows), subtract_lse,
+                )  # fmt: skip
+
+            calls.append((f"compute_logprobs {dtype} subtract_lse={subtract_lse}", lp))
+
+    calls.append(("apply_min_p", lambda: min_p.apply_min_p(x, slots, _t(slots_n))))
+
+    def commit() -> None:
+        history.commit_history(
+            slots, _i64(rows), _t(rows, dtype=torch.bool), _i32(slots_n),
+            _t(slots_n, vocab, dtype=torch.uint8), _i32(slots_n, 3), _i32(slots_n, 3),
+            _i32(slots_n, 8), slots_n - 1,
+        )  # fmt: skip
+
+    calls.append(("commit_history", commit))
+    return calls
+
+
+def record() -> list[Launch]:
+    """Every launch of `_launches`, recorded without running anything."""
+    recorder = Recorder()
+    original = JITFunction.run
+
+    def run(self: JITFunction, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+        recorder.run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    JITFunction.run = run  # type: ignore[method-assign]
+    try:
+        for label, call in _launches():
+            recorder.label = label
+            call()
+    finally:
+        JITFunction.run = original  # type: ignore[method-assign]
+    return recorder.launches
+
+
+def compile_launch(launch: Launch, arch: int) -> Compiled:
+    kernel = launch.kernel
+    names = kernel.arg_names
+    constexprs = {(names.index(k),): v for k, v in launch.constexprs.items()}
+    src = ASTSource(fn=kernel, signature=launch.signature, constexprs=constexprs)
+    options = {"num_warps": 4, **launch.options}
+    start = time.perf_counter()
+    result = Compiled(
+        kernel.__name__, launch.label, 0.0, False,
+        constexprs=dict(launch.constexprs), options=options,
+    )  # fmt: skip
+    try:
+        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+        result.ok = True
+        if options.get("enable_fp_fusion") is False:
+            result.fma_in_ptx = "fma.rn.f32" in compiled.asm["ptx"]
+    except Exception as exc:  # reported, not raised: every variant gets compiled
+        result.error = f"{type(exc).__name__}: {exc}"[-3000:]
+    result.seconds = round(time.perf_counter() - start, 2)
+    return result
+
+
+def kernels_in_package() -> set[str]:
+    """Names of every `@triton.jit` function in kernels/ whose name ends in `_kernel`."""
+    import importlib
+    import pkgutil
+
+    import graphsafe_sampler.kernels as package
+
+    names = set()
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        for name, value in vars(module).items():
+            if isinstance(value, JITFunction) and name.endswith("_kernel"):
+                names.add(name)
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", type=int, default=90, help="compute capability (90: H100/H200)")
+    parser.add_argument("--json", help="write the report here")
+    args = parser.parse_args(argv)
+    results = []
+    launches = record()
+    for i, launch in enumerate(launches, 1):
+        result = compile_launch(launch, args.arch)
+        results.append(result)
+        status = "ok" if result.ok else "FAILED"
+        print(f"[{i}/{len(launches)}] {status} {result.seconds:6.2f} s  {launch.label}", flush=True)
+        if result.error:
+            print(f"    {result.error[:1000]}", flush=True)
+    covered = {r.kernel for r in results}
+    missing = sorted(kernels_in_package() - covered)
+    fused = [r.label for r in results if r.fma_in_ptx]
+    report = {
+        "arch": args.arch,
+        "triton": triton.__version__,
+        "results": [asdict(r) for r in results],
+        "missing_kernels": missing,
+        "fma_despite_no_fusion": fused,
+    }
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
+    failed = [r.label for r in results if not r.ok]
+    for what, items in (("failed", failed), ("never launched", missing), ("fma", fused)):
+        if items:
+            print(f"{what}: {', '.join(items)}", flush=True)
+    total = sum(r.seconds for r in results)
+    print(f"{len(results) - len(failed)}/{len(results)} variants compiled for sm_{args.arch} "
+          f"in {total:.0f} s", flush=True)  # fmt: skip
+    return 1 if failed or missing or fused else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
