@@ -358,4 +358,9 @@ def top_k_top_p_threshold(
         # checks even in the branch that is never taken)
         CANDIDATES=max(candidates, min(2, block_size)),
         BLOCK_SIZE=block_size,
+        # why: with 1,024-element tiles at 4 warps ptxas (sm_90a) caps the kernel at 255
+        # registers and spills ~600 bytes a thread, with or without the buffer (the search's
+        # [BLOCK, 16] compare, the bitonic networks over int64 keys); 8 warps take 184 and
+        # spill none (tests/cuda_compile.py checks every variant)
+        num_warps=8 if block_size >= 512 else 4,
     )

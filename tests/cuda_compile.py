@@ -14,7 +14,8 @@ each call into a signature (tensor dtypes, int widths) plus its constexprs and l
 options (num_warps, enable_fp_fusion), which `triton.compile` takes with a CUDA target.
 
 It also checks that a kernel launched with `enable_fp_fusion=False` has no fused multiply-add
-in its PTX (its bit-identity with the PyTorch stages depends on it).
+in its PTX (its bit-identity with the PyTorch stages depends on it), and that no variant
+spills registers (`ptxas -v`: a spill is local-memory traffic in every loop iteration).
 
 Run in its own process, with the interpreter off (it sets TRITON_INTERPRET=0 before Triton
 is imported, and refuses to run where Triton was already imported in interpreter mode):
@@ -81,6 +82,8 @@ class Compiled:
     constexprs: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     fma_in_ptx: bool | None = None
+    registers: int | None = None
+    spill_bytes: int | None = None  # spill stores a thread, from `ptxas -v`
 
 
 def _scalar_type(value: object) -> str:
@@ -244,6 +247,35 @@ def record() -> list[Launch]:
     return recorder.launches
 
 
+def _ptxas_usage(ptx: str) -> tuple[int | None, int | None]:
+    """(registers, spill-store bytes) a thread, from `ptxas -v` on the PTX (the wheel's newest
+    ptxas for the PTX's own target, e.g. sm_90a), or (None, None) when it cannot say."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    ptxas = next((p for p in (bin_dir / "ptxas-blackwell", bin_dir / "ptxas") if p.exists()), None)
+    target = re.search(r"^\.target\s+(\w+)", ptx, re.MULTILINE)
+    if ptxas is None or target is None:
+        return None, None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.ptx"
+        path.write_text(ptx, encoding="utf-8")
+        proc = subprocess.run(
+            [str(ptxas), f"-arch={target.group(1)}", "-v", str(path), "-o", str(path) + ".o"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    registers = re.search(r"Used (\d+) registers", out)
+    spills = re.search(r"(\d+) bytes spill stores", out)
+    return (
+        int(registers.group(1)) if registers else None,
+        int(spills.group(1)) if spills else None,
+    )
+
+
 def compile_launch(launch: Launch, arch: int) -> Compiled:
     kernel = launch.kernel
     names = kernel.arg_names
@@ -258,6 +290,7 @@ def compile_launch(launch: Launch, arch: int) -> Compiled:
     try:
         compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
         result.ok = True
+        result.registers, result.spill_bytes = _ptxas_usage(compiled.asm["ptx"])
         if options.get("enable_fp_fusion") is False:
             result.fma_in_ptx = "fma.rn.f32" in compiled.asm["ptx"]
     except Exception as exc:  # reported, not raised: every variant gets compiled
@@ -293,30 +326,40 @@ def main(argv: list[str] | None = None) -> int:
         result = compile_launch(launch, args.arch)
         results.append(result)
         status = "ok" if result.ok else "FAILED"
-        print(f"[{i}/{len(launches)}] {status} {result.seconds:6.2f} s  {launch.label}", flush=True)
+        usage = f"{result.registers} regs, {result.spill_bytes} B spilled"
+        print(f"[{i}/{len(launches)}] {status} {result.seconds:6.2f} s  {usage:24}  {launch.label}",
+              flush=True)  # fmt: skip
         if result.error:
             print(f"    {result.error[:1000]}", flush=True)
     covered = {r.kernel for r in results}
     missing = sorted(kernels_in_package() - covered)
     fused = [r.label for r in results if r.fma_in_ptx]
+    spilled = [r.label for r in results if r.spill_bytes]
     report = {
         "arch": args.arch,
         "triton": triton.__version__,
         "results": [asdict(r) for r in results],
         "missing_kernels": missing,
         "fma_despite_no_fusion": fused,
+        "spilled": spilled,
     }
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=1)
     failed = [r.label for r in results if not r.ok]
-    for what, items in (("failed", failed), ("never launched", missing), ("fma", fused)):
+    problems = (
+        ("failed", failed),
+        ("never launched", missing),
+        ("fma", fused),
+        ("spilled", spilled),
+    )
+    for what, items in problems:
         if items:
             print(f"{what}: {', '.join(items)}", flush=True)
     total = sum(r.seconds for r in results)
     print(f"{len(results) - len(failed)}/{len(results)} variants compiled for sm_{args.arch} "
           f"in {total:.0f} s", flush=True)  # fmt: skip
-    return 1 if failed or missing or fused else 0
+    return 1 if failed or missing or fused or spilled else 0
 
 
 if __name__ == "__main__":

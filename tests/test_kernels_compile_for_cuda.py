@@ -2,7 +2,8 @@
 on this GPU-less machine: `tests/cuda_compile.py`, in its own process with the interpreter
 off (this suite's conftest turns it on). The interpreter runs only the branches a test's
 data takes; this catches what it cannot (a shape check in an untaken branch, an op the GPU
-backend lacks), and that the kernels promising bit-identity keep multiply-adds unfused."""
+backend lacks), that the kernels promising bit-identity keep multiply-adds unfused, and that
+no variant spills registers."""
 
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ def test_every_kernel_variant_compiles_for_sm90(tmp_path: Path) -> None:
     results = report["results"]
     assert all(r["ok"] for r in results)
     assert report["missing_kernels"] == []  # every *_kernel in kernels/ was launched
+    # ptxas -v: no variant spills registers to local memory
+    assert report["spilled"] == [] and all(r["spill_bytes"] == 0 for r in results)
     kernels = {r["kernel"] for r in results}
     assert {"_process_logits_kernel", "_top_k_top_p_kernel", "_sample_kernel"} <= kernels
     # the candidate buffer and the search alone both compile
