@@ -266,11 +266,14 @@ class Sampler(nn.Module):
         self.batch_state.bind_slots(slots)
         try:
             # Steps 2-3 are -inf masks and finite additive biases, which commute: the
-            # sparse scatters go first, in place on the fresh copy (a scatter into a later
-            # fused intermediate makes inductor copy the whole tensor), then dense masks.
+            # sparse updates go first, in place on the fresh copy, then the dense masks.
+            # Bad words' scatter_reduce_ (amin over duplicate tokens) falls back to aten in
+            # inductor, which mutates a copy of its input: first, it mutates the fresh copy
+            # itself; logit bias and min_tokens use index_put_, which inductor lowers in
+            # place anywhere. (The Triton backend applies bad words first too.)
+            x = self.bad_words.apply(x, slots, drafts, num_preceding)
             x = self.logit_bias.apply(x)
             x = self.min_tokens.apply(x, num_preceding)
-            x = self.bad_words.apply(x, slots, drafts, num_preceding)
             x = self.allowed.apply(x)
             x = grammar.apply(x)
             for proc in self.custom:

@@ -45,5 +45,7 @@ class LogitBiasLogitsProcessor(SlotLogitsProcessor):
         ids = self.bias_ids.device[slots].long()  # [num_rows, C]
         values = self.bias_values.device[slots]  # [num_rows, C]
         # Keys are unique per request and unused entries add +0.0, so the sum is exact in
-        # any order: x + b + 0.0 == x + b.
-        return logits.scatter_add_(1, ids, values)
+        # any order: x + b + 0.0 == x + b. index_put_, not scatter_add_: inductor lowers it
+        # in place, where a scatter falls back to aten on a copy of the whole tensor.
+        rows = torch.arange(logits.shape[0], device=logits.device)[:, None]
+        return logits.index_put_((rows, ids), values, accumulate=True)

@@ -64,6 +64,10 @@ class MinTokensLogitsProcessor(SlotLogitsProcessor):
             generated = generated + num_preceding
         active = generated < self.min_tokens.device[slots]  # [num_rows] bool
         ids = self.stop_ids.device[slots].long()  # [num_rows, C]
-        # amin with +inf leaves a logit as it is; duplicate ids carry the same value.
-        ban = torch.where(active, float("-inf"), float("inf")).to(logits.dtype)
-        return logits.scatter_reduce_(1, ids, ban[:, None].expand_as(ids), reduce="amin")
+        # min with +inf leaves a logit as it is (torch.minimum keeps NaN, as amin does);
+        # duplicate ids gather the same logit and write the same value. index_put_, not
+        # scatter_reduce_: inductor lowers it in place, where the scatter falls back to aten
+        # on a copy of the whole tensor.
+        ban = torch.where(active, float("-inf"), float("inf")).to(logits.dtype)  # [num_rows]
+        rows = torch.arange(logits.shape[0], device=logits.device)[:, None]
+        return logits.index_put_((rows, ids), torch.minimum(logits[rows, ids], ban[:, None]))
