@@ -209,7 +209,9 @@ def _top_k_top_p_kernel(
         # The one pass every filtered row makes: min, max, NaN count and, for top-k/top-p,
         # the CANDIDATES largest logits (packed keys, `best`, sorted descending) and the
         # row's total mass exp(l - l_max), accumulated online against the running max.
-        use_buffer = (buffer_size > 0) & (k_on | p_on)
+        # (a k beyond the buffer leaves it nothing to settle: its k-th largest is at or
+        # below the buffer's last, so top-p after it cannot be settled either)
+        use_buffer = (buffer_size > 0) & ((k_on & (k <= buffer_size)) | (~k_on & p_on))
         row_max = tl.full((), float("-inf"), tl.float32)
         row_min = tl.full((), float("inf"), tl.float32)
         nan_count = tl.zeros((), tl.int32)
@@ -253,7 +255,7 @@ def _top_k_top_p_kernel(
         # top-k on the min_p survivors: the k-th largest of the whole row when at least k
         # logits pass the min_p cut, else below it (the cut then keeps every survivor)
         if k_on:
-            if use_buffer & (k <= buffer_size):
+            if use_buffer:
                 # exact: the k-th largest of the row is the buffer's k-th (-inf when the row
                 # holds fewer than k logits: then top-k keeps everything)
                 kth = tl.max(tl.where(ranks == k - 1, values, float("-inf")), axis=0)
