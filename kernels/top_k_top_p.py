@@ -226,12 +226,13 @@ def _top_k_top_p_kernel(
             row_min = tl.minimum(row_min, tl.min(tl.where(valid, x, float("inf")), axis=0))
             nan_count += tl.sum((~valid & in_row).to(tl.int32), axis=0)
             if use_buffer:
-                # masses against the new running max; an all -inf prefix has none (its
-                # exp(-inf - -inf) would be nan), so the base is then 0
-                new_max = tl.maximum(row_max, tile_max)
-                base = tl.where(new_max > float("-inf"), new_max, 0.0)
-                total = total * tl.exp(row_max - base)
-                total += tl.sum(tl.where(valid, tl.exp(x - base), 0.0), axis=0)
+                if p_on:  # only top-p weighs masses (top-k alone skips the exp per logit)
+                    # masses against the new running max; an all -inf prefix has none (its
+                    # exp(-inf - -inf) would be nan), so the base is then 0
+                    new_max = tl.maximum(row_max, tile_max)
+                    base = tl.where(new_max > float("-inf"), new_max, 0.0)
+                    total = total * tl.exp(row_max - base)
+                    total += tl.sum(tl.where(valid, tl.exp(x - base), 0.0), axis=0)
                 packed = _pack(x, cols, in_row)
                 # a tile holding nothing above the running CANDIDATES-th key skips the merge
                 if tl.max(packed, axis=0) > tl.min(best, axis=0):
