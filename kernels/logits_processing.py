@@ -24,11 +24,14 @@ Per row r with slot s = slots[r], in the PyTorch backend's order (graphsafe_samp
    entry 0, so the first -1 ends it) applies `l -= frequency * excess` to the saturated
    tokens, then their temperature, which the dense pass left out for bytes of 255.
 
-Steps 1-2 are sparse stores into the row, done first (masks and finite biases commute); a
-barrier orders them before the dense pass (steps 3-6), which reads and writes each element
-once; a second barrier orders it before step 7. No tile compares its tokens against the E
-overflow entries (E = ceil(max_model_len / 255), 514 by default): the byte says which tokens
-are saturated, and only those few are visited again.
+Steps 1-2 are sparse stores into the row, done first (masks and finite biases commute); the
+dense pass (steps 3-6) then reads and writes each element once. A row's elements are spread
+over the program's threads, so a barrier ends each phase whose stores the next one reads or
+overwrites: step 1 (a stop id with a bias must end -inf), step 2 (the dense pass reads it),
+the dense pass (step 7 reads it) and, with a full overflow table, step 7 (the last pass
+divides what it stored). No tile compares its tokens against the E overflow entries
+(E = ceil(max_model_len / 255), 514 by default): the byte says which tokens are saturated,
+and only those few are visited again.
 
 Why step 7 may skip the dense pass's temperature exactly at bytes of 255: while a slot's
 table has a free entry, every token at 255 holds an entry (the commit that saturates a token
@@ -118,6 +121,8 @@ def _process_logits_kernel(
         token = tl.load(bias_ids_ptr + slot * num_bias + entry, mask=used, other=0)
         x = tl.load(row_ptr + token, mask=used, other=0.0)
         tl.store(row_ptr + token, x + value, mask=used)
+    # a stop id with a bias may be stored above by another thread: -inf must land last
+    tl.debug_barrier()
     # 2. min_tokens
     preceding = 0
     if HAS_DRAFTS:

@@ -16,6 +16,9 @@ options (num_warps, enable_fp_fusion), which `triton.compile` takes with a CUDA 
 It also checks that a kernel launched with `enable_fp_fusion=False` has no fused multiply-add
 in its PTX (its bit-identity with the PyTorch stages depends on it), and that no variant
 spills registers (`ptxas -v`: a spill is local-memory traffic in every loop iteration).
+Each variant's `store_phases` (the source lines of its global stores, grouped between the
+barriers of its TTGIR) let the test check that a kernel orders the stores that its threads
+would otherwise race on; the interpreter, one thread, never shows such a race.
 
 Run in its own process, with the interpreter off (it sets TRITON_INTERPRET=0 before Triton
 is imported, and refuses to run where Triton was already imported in interpreter mode):
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -84,6 +88,7 @@ class Compiled:
     fma_in_ptx: bool | None = None
     registers: int | None = None
     spill_bytes: int | None = None  # spill stores a thread, from `ptxas -v`
+    store_phases: list[list[int]] = field(default_factory=list)  # see `store_phases`
 
 
 def _scalar_type(value: object) -> str:
@@ -250,7 +255,6 @@ def record() -> list[Launch]:
 def _ptxas_usage(ptx: str) -> tuple[int | None, int | None]:
     """(registers, spill-store bytes) a thread, from `ptxas -v` on the PTX (the wheel's newest
     ptxas for the PTX's own target, e.g. sm_90a), or (None, None) when it cannot say."""
-    import re
     import subprocess
     import tempfile
     from pathlib import Path
@@ -276,6 +280,73 @@ def _ptxas_usage(ptx: str) -> tuple[int | None, int | None]:
     )
 
 
+def _split(text: str, sep: str) -> list[str]:
+    """`text` split at each `sep` outside brackets and quotes."""
+    parts, depth, quoted, start = [], 0, False, 0
+    for i, ch in enumerate(text):
+        if ch == '"':
+            quoted = not quoted
+        elif quoted:
+            continue
+        elif ch in "([<":
+            depth += 1
+        elif ch in ")]>":
+            depth -= 1
+        elif depth == 0 and text.startswith(sep, i):
+            parts.append(text[start:i])
+            start = i + len(sep)
+    parts.append(text[start:])
+    return parts
+
+
+def _source_line(loc: str, aliases: dict[str, str]) -> int | None:
+    """The kernel source line of an MLIR location, e.g. `#loc21` with `#loc21 =
+    loc("kernels/x.py":120:9)`: a name location (`"x"(#loc5)`) or a fused one gives its
+    (first) inner line, a call site its caller's, so an op inlined from a helper maps to the
+    kernel line that calls it; None for `unknown`."""
+    loc = loc.strip()
+    if loc.startswith("#loc"):
+        return _source_line(aliases[loc], aliases) if loc in aliases else None
+    if file_loc := re.match(r'"[^"]*":(\d+):\d+', loc):
+        return int(file_loc.group(1))
+    if loc.startswith("callsite("):
+        return _source_line(_split(loc[len("callsite(") : -1], " at ")[-1], aliases)
+    if loc.startswith("fused"):
+        inner = _split(loc[loc.index("[") + 1 : -1], ", ")
+        return next((n for part in inner if (n := _source_line(part, aliases)) is not None), None)
+    if name_loc := re.fullmatch(r'"[^"]*"\((.*)\)', loc):
+        return _source_line(name_loc.group(1), aliases)
+    return None
+
+
+def store_phases(ttgir: str) -> list[list[int]]:
+    """The source lines of the kernel's `tt.store`s in program order (the text order: the
+    control flow is structured), in phases split at each barrier ordering global memory
+    (`tl.debug_barrier()` is `ttg.barrier all` in Triton 3.9). Only a barrier in the
+    function's top-level block splits: one inside an scf.if or a loop body runs on some paths
+    or iterations only, so the stores it orders stay in one phase (order under-reported,
+    never invented). A store with no source line is 0."""
+    aliases = dict(re.findall(r"^(#loc\d*) = loc\((.*)\)$", ttgir, re.MULTILINE))
+    phases: list[list[int]] = [[]]
+    depth, body = 0, sys.maxsize  # region nesting; the kernel body's, once its tt.func is seen
+    for line in ttgir.splitlines():
+        op = line.strip()
+        if op.startswith("}"):  # `} loc(...)`, `} else {`, `} do {`
+            depth -= 1
+        if op.startswith("tt.func public"):
+            body = depth + 1
+        # a barrier names its address spaces: `all`, `local`, `global_read|global_write`, ...
+        elif body == depth and (barrier := re.match(r"ttg\.barrier (\S+)", op)):
+            if {"all", "global_write"} & set(barrier.group(1).split("|")):
+                phases.append([])
+        elif body <= depth and op.startswith("tt.store "):
+            at = re.search(r" loc\((.*)\)$", op)
+            phases[-1].append((_source_line(at.group(1), aliases) if at else None) or 0)
+        if op.endswith("{"):
+            depth += 1
+    return phases
+
+
 def compile_launch(launch: Launch, arch: int) -> Compiled:
     kernel = launch.kernel
     names = kernel.arg_names
@@ -291,6 +362,7 @@ def compile_launch(launch: Launch, arch: int) -> Compiled:
         compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
         result.ok = True
         result.registers, result.spill_bytes = _ptxas_usage(compiled.asm["ptx"])
+        result.store_phases = store_phases(compiled.asm["ttgir"])
         if options.get("enable_fp_fusion") is False:
             result.fma_in_ptx = "fma.rn.f32" in compiled.asm["ptx"]
     except Exception as exc:  # reported, not raised: every variant gets compiled

@@ -2,16 +2,19 @@
 on this GPU-less machine: `tests/cuda_compile.py`, in its own process with the interpreter
 off (this suite's conftest turns it on). The interpreter runs only the branches a test's
 data takes; this catches what it cannot (a shape check in an untaken branch, an op the GPU
-backend lacks), that the kernels promising bit-identity keep multiply-adds unfused, and that
-no variant spills registers."""
+backend lacks), that the kernels promising bit-identity keep multiply-adds unfused, that
+no variant spills registers, and that barriers order the stores the interpreter's single
+thread never races on."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,8 +31,16 @@ def _ptxas() -> Path | None:
     return path if path.exists() else None
 
 
-@pytest.mark.skipif(_ptxas() is None, reason="this triton wheel ships no CUDA backend (ptxas)")
-def test_every_kernel_variant_compiles_for_sm90(tmp_path: Path) -> None:
+pytestmark = pytest.mark.skipif(
+    _ptxas() is None, reason="this triton wheel ships no CUDA backend (ptxas)"
+)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The sm_90 report of every variant, compiled once for this module's tests (~1 minute),
+    with the script's exit status under "returncode"."""
+    tmp_path = tmp_path_factory.mktemp("cuda_compile")
     report_path = tmp_path / "compile.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")  # a cold compile, every run
@@ -38,8 +49,13 @@ def test_every_kernel_variant_compiles_for_sm90(tmp_path: Path) -> None:
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     print(proc.stdout[-6000:], proc.stderr[-3000:])
-    assert proc.returncode == 0
-    report = json.loads(report_path.read_text(encoding="utf-8"))
+    result: dict[str, Any] = json.loads(report_path.read_text(encoding="utf-8"))
+    result["returncode"] = proc.returncode
+    return result
+
+
+def test_every_kernel_variant_compiles_for_sm90(report: dict[str, Any]) -> None:
+    assert report["returncode"] == 0
     results = report["results"]
     assert all(r["ok"] for r in results)
     assert report["missing_kernels"] == []  # every *_kernel in kernels/ was launched
@@ -55,3 +71,36 @@ def test_every_kernel_variant_compiles_for_sm90(tmp_path: Path) -> None:
     # process_logits is bit-identical to torch's separate multiply and add: no fma in its PTX
     process = [r for r in results if r["kernel"] == "_process_logits_kernel"]
     assert len(process) == 4 and all(r["fma_in_ptx"] is False for r in process)
+
+
+def _line_of(lines: list[str], start: int, statement: str) -> int:
+    """The file line number of the one source line that is `statement`."""
+    found = [start + i for i, line in enumerate(lines) if line.strip() == statement]
+    assert len(found) == 1, f"{statement!r} is on lines {found}, not on exactly one"
+    return found[0]
+
+
+def test_process_logits_orders_bias_then_min_tokens_then_dense_pass(
+    report: dict[str, Any],
+) -> None:
+    """A stop id with a bias is stored by two threads (step 1's bias, step 2's -inf), and the
+    dense pass rewrites the row: each needs a barrier before the next, or -inf may lose."""
+    from graphsafe_sampler.kernels.logits_processing import _process_logits_kernel
+
+    lines, start = inspect.getsourcelines(_process_logits_kernel.fn)
+    bias = _line_of(lines, start, "tl.store(row_ptr + token, x + value, mask=used)")
+    min_tokens = _line_of(
+        lines,
+        start,
+        'tl.store(row_ptr + token, tl.full((SPARSE_BLOCK,), float("-inf"), tl.float32), used)',
+    )
+    dense = _line_of(lines, start, "tl.store(row_ptr + cols, x, mask=in_row)")
+    process = [r for r in report["results"] if r["kernel"] == "_process_logits_kernel"]
+    assert len(process) == 4
+    for r in process:
+        phases = r["store_phases"]
+        phase = {line: i for i, stores in enumerate(phases) for line in stores}
+        where = f"{r['label']}: store lines by phase {phases}; bias {bias}, "
+        where += f"min_tokens {min_tokens}, dense {dense}"
+        assert {bias, min_tokens, dense} <= phase.keys(), where
+        assert phase[bias] < phase[min_tokens] < phase[dense], where
