@@ -39,7 +39,7 @@ from graphsafe_sampler.bitmask import num_words, pack_token_ids
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.slot_tables import SlotTables
-from graphsafe_sampler.staging import index_to_device
+from graphsafe_sampler.staging import host_to_device, index_to_device
 
 SATURATED = 255
 _UNUSED = -1
@@ -116,8 +116,9 @@ class PenaltyState(SlotTables):
         if not self._pending:
             return
         # Reset the new requests' count rows and write their resumed outputs' counts.
-        # Stream-ordered device ops from host-built index lists: no sync, only on steps with
-        # adds. (slot, token) pairs are unique, so a plain index_put_ is deterministic.
+        # Stream-ordered device ops from host-built lists sent from pinned memory when the
+        # state pins (no sync), only on steps with adds. (slot, token) pairs are unique, so a
+        # plain index_put_ is deterministic.
         device, pin = self.counts.device, self.batch_state.pin_memory
         slots = list(self._pending)
         self.counts.index_fill_(0, index_to_device(slots, device, pin=pin), 0)
@@ -128,7 +129,8 @@ class PenaltyState(SlotTables):
                 min(n, SATURATED) for counts in self._pending.values() for n in counts.values()
             ]
             index = (index_to_device(rows, device, pin=pin), index_to_device(cols, device, pin=pin))
-            self.counts.index_put_(index, torch.tensor(values, dtype=torch.uint8).to(device))
+            new_counts = host_to_device(values, torch.uint8, device, pin=pin)  # [len(cols)]
+            self.counts.index_put_(index, new_counts)
         self._pending.clear()
 
     def commit(self, slots: torch.Tensor, token_ids: torch.Tensor, keep: torch.Tensor) -> None:

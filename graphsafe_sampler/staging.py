@@ -11,19 +11,42 @@ ring of pinned staging buffers, and the device tensor (`device`) whose address n
   it waits on that event, so a host write never touches pinned memory that an enqueued copy
   still reads. With a ring of 2, the host runs one step ahead of the device at no cost.
 
+The ring's buffers and events come from two hooks, `host_alloc` and `record_event`; their
+defaults are pinned `torch.empty` and a `torch.cuda.Event` on the device's current stream.
+Tests inject a plain allocator and a fake event (a copy that completes only when waited on)
+so that the ring's reuse logic runs, and is checked, on the CPU.
+
 Rows the device itself updates (counters, histories) are only overwritten where the host
 marked them dirty, so a flush never clobbers device progress in other rows.
 
 Without an accelerator, pinned memory cannot be allocated (torch raises): the staging ring
-degrades to plain CPU tensors and the flush to a plain copy, with the same row semantics.
+degrades to plain CPU tensors and the flush to a plain copy, with the same row semantics; no
+event is recorded unless one is injected.
+
+`host_to_device` (and `index_to_device`, its int64 case) moves a small host-built list to
+the device the same way: from pinned memory (when asked) and non-blocking on CUDA.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
+
+
+class CopyEvent(Protocol):
+    """Marks the completion of the copies a flush enqueued (`torch.cuda.Event` is one)."""
+
+    def synchronize(self) -> None:
+        """Block the host until those copies have completed."""
+
+
+# (shape, dtype) -> a host tensor of that shape and dtype, for the ring's staging buffers.
+HostAlloc = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
+# Called right after a flush enqueued its copies: a marker of their completion.
+RecordEvent = Callable[[], CopyEvent]
 
 
 def pin_memory_available() -> bool:
@@ -40,6 +63,13 @@ class StagedTensor:
     ring: pinned staging buffers, used round-robin (2 lets the host run a step ahead).
     use_staging: force the staging path (True) or the direct copy (False); default: stage
         where the device is not the CPU.
+    host_alloc: allocates the ring's buffers (rows, and the packed rows' indices); default:
+        `torch.empty`, pinned when `pin_memory`.
+    record_event: called after each staged flush enqueued its copies; the buffer it read is
+        refilled only after the returned event's `synchronize()`. Default: a
+        `torch.cuda.Event` recorded on the device's current stream when the copies are
+        asynchronous (pinned memory, CUDA device); none otherwise, the copy being over
+        when it returns.
     """
 
     def __init__(
@@ -53,6 +83,8 @@ class StagedTensor:
         pin_memory: bool | None = None,
         ring: int = 2,
         use_staging: bool | None = None,
+        host_alloc: HostAlloc | None = None,
+        record_event: RecordEvent | None = None,
     ) -> None:
         if len(shape) < 1 or any(s < 1 for s in shape):
             raise ValueError(f"{name}: shape must be non-empty with positive sizes, got {shape}")
@@ -78,13 +110,16 @@ class StagedTensor:
         # The staging ring and the device landing area for packed rows only exist where the
         # copy is asynchronous; on a CPU device the flush copies host -> device directly.
         ring = ring if self._async else 0
-        self._staging = [
-            torch.empty(self.shape, dtype=dtype, pin_memory=self.pin_memory) for _ in range(ring)
-        ]
-        self._staging_index = [
-            torch.empty(rows, dtype=torch.int64, pin_memory=self.pin_memory) for _ in range(ring)
-        ]
-        self._events: list[torch.cuda.Event | None] = [None] * ring
+        alloc = host_alloc or self._alloc_host
+        self._staging = [self._checked(alloc, self.shape, dtype) for _ in range(ring)]
+        self._staging_index = [self._checked(alloc, (rows,), torch.int64) for _ in range(ring)]
+        if record_event is None and self.pin_memory and self.device.is_cuda:
+            # Only a copy from pinned memory is asynchronous to the host: one from pageable
+            # memory has read its source by the time it returns, so it needs no event.
+            record_event = self._record_cuda_event
+        self._record_event = record_event
+        # _events[k]: the completion of the last copy that read ring buffer k (None: none).
+        self._events: list[CopyEvent | None] = [None] * ring
         self._next = 0
         if self._async:
             self._packed_rows = torch.empty(self.shape, dtype=dtype, device=device)
@@ -127,6 +162,27 @@ class StagedTensor:
         self._dirty[:] = True
         self.flush()
 
+    def _alloc_host(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, pin_memory=self.pin_memory)
+
+    def _checked(
+        self, alloc: HostAlloc, shape: tuple[int, ...], dtype: torch.dtype
+    ) -> torch.Tensor:
+        buf = alloc(shape, dtype)
+        if tuple(buf.shape) != shape or buf.dtype != dtype or buf.device.type != "cpu":
+            raise ValueError(
+                f"{self.name}: host_alloc{(shape, dtype)} returned a {buf.dtype} tensor of "
+                f"shape {tuple(buf.shape)} on {buf.device}"
+            )
+        return buf
+
+    def _record_cuda_event(self) -> torch.cuda.Event:
+        event = torch.cuda.Event()
+        # The copies ran on the target device's current stream, which need not be the
+        # current device's.
+        event.record(torch.cuda.current_stream(self.device.device))
+        return event
+
     def _take_buffer(self) -> tuple[torch.Tensor, torch.Tensor]:
         k = self._next
         self._next = (k + 1) % len(self._staging)
@@ -137,13 +193,10 @@ class StagedTensor:
         return self._staging[k], self._staging_index[k]
 
     def _record(self) -> None:
-        if self._async and self.pin_memory and self.device.is_cuda:
+        if self._record_event is not None:
+            # The buffer `_take_buffer` just handed out: the one the enqueued copies read.
             k = (self._next - 1) % len(self._staging)
-            event = torch.cuda.Event()
-            # The copies ran on the target device's current stream, which need not be the
-            # current device's.
-            event.record(torch.cuda.current_stream(self.device.device))
-            self._events[k] = event
+            self._events[k] = self._record_event()
 
     def flush(self) -> None:
         """Send the dirty rows to the device (non-blocking); no-op when none are dirty."""
@@ -178,12 +231,20 @@ class StagedTensor:
         self._record()
 
 
-def index_to_device(values: Sequence[int], device: torch.device, *, pin: bool) -> torch.Tensor:
-    """[len(values)] int64 on `device` without a host sync: a copy from pageable memory
-    waits for the stream, one from pinned memory does not."""
-    host = torch.tensor(values, dtype=torch.int64)
+def host_to_device(
+    values: Sequence[int] | Sequence[float], dtype: torch.dtype, device: torch.device, *, pin: bool
+) -> torch.Tensor:
+    """[len(values)] `dtype` on `device` without a host sync: a copy from pageable memory
+    waits for the stream, one from pinned memory does not. (The pinned temporary comes from
+    torch's caching host allocator, which keeps it until the copy that reads it is done.)"""
+    host = torch.tensor(values, dtype=dtype)
     if device.type == "cpu":
         return host
     if pin:
         host = host.pin_memory()
     return host.to(device, non_blocking=pin)
+
+
+def index_to_device(values: Sequence[int], device: torch.device, *, pin: bool) -> torch.Tensor:
+    """[len(values)] int64 on `device` without a host sync (see `host_to_device`)."""
+    return host_to_device(values, torch.int64, device, pin=pin)
