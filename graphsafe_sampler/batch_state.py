@@ -21,7 +21,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from graphsafe_sampler.batch_update import BatchUpdate, MoveDirectionality
+from graphsafe_sampler.batch_update import BatchUpdate, MoveDirectionality, refused_request
 from graphsafe_sampler.bitmask import BitmaskUnpacker
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
@@ -194,28 +194,14 @@ class BatchState:
                 raise ValueError(f"removed row {row} holds no request")
             seen_removed.add(row)
             occupied[row] = False
-        vocab = self.config.vocab_size
         for i, added in enumerate(batch_update.added):
             if not isinstance(added, tuple) or len(added) != 4:
                 raise TypeError(f"added[{i}] must be (row, params, prompt_tok_ids, output_tok_ids)")
-            row, params, prompt, output = added
-            row = _check_row(f"added[{i}] row", row, limit)
-            if not isinstance(params, SamplingParams):
-                raise TypeError(
-                    f"added[{i}] params must be SamplingParams, got {type(params).__name__}"
-                )
-            params.check_against(self.config)
-            for slot_state in self._slot_states:
-                slot_state.validate_request(params)
-            if prompt is not None:
-                _check_tok_ids(f"added[{i}] prompt_tok_ids", prompt, vocab)
-            _check_tok_ids(f"added[{i}] output_tok_ids", output, vocab)
-            length = len(output) + (0 if prompt is None else len(prompt))
-            if length > self.config.max_model_len:
-                raise ValueError(
-                    f"added[{i}] holds {length} prompt and output tokens, more than "
-                    f"max_model_len = {self.config.max_model_len}"
-                )
+            row = _check_row(f"added[{i}] row", added[0], limit)
+            try:
+                self._validate_request(*added[1:])
+            except (ValueError, TypeError) as exc:
+                raise refused_request(exc, i, row) from exc
             occupied[row] = True
         for i, moved in enumerate(batch_update.moved):
             if not isinstance(moved, tuple) or len(moved) != 3:
@@ -237,6 +223,28 @@ class BatchState:
         if beyond.size:
             raise ValueError(
                 f"row {batch_size + int(beyond[0])} holds a request but batch_size = {batch_size}"
+            )
+
+    def _validate_request(
+        self, params: SamplingParams, prompt: Sequence[int] | None, output: Sequence[int]
+    ) -> None:
+        """Raise for one added request that this state cannot take."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        # Again at add time: the params' containers may have changed since construction.
+        params.check()
+        params.check_against(self.config)
+        for slot_state in self._slot_states:
+            slot_state.validate_request(params)
+        vocab = self.config.vocab_size
+        if prompt is not None:
+            _check_tok_ids("prompt_tok_ids", prompt, vocab)
+        _check_tok_ids("output_tok_ids", output, vocab)
+        length = len(output) + (0 if prompt is None else len(prompt))
+        if length > self.config.max_model_len:
+            raise ValueError(
+                f"{length} prompt and output tokens, more than max_model_len = "
+                f"{self.config.max_model_len}"
             )
 
     def update(self, batch_update: BatchUpdate | None, *, validated: bool = False) -> None:
@@ -319,16 +327,21 @@ class BatchState:
     def commit(self, token_ids: torch.Tensor, keep: torch.Tensor | None = None) -> None:
         """Append one token per row to the device-side history (graph-safe).
 
-        token_ids: [num_rows] integer, the token each row produced.
+        token_ids: [num_rows] integer, the token each row produced; an id outside [0, V)
+            commits nothing.
         keep: [num_rows] bool or None; rows with False (e.g. a chunked-prefill step whose
             token the engine discards) commit nothing. Padded and empty rows never commit.
         """
         num_rows = token_ids.shape[0]
         slots = self.slots(num_rows)
-        commit = slots != self.padding_slot
+        tokens = token_ids.long()
+        # An id outside [0, V) (a bad value from the engine, which the host cannot see
+        # without a sync) commits nothing, and a safe id stands in for it as an index.
+        in_vocab = (tokens >= 0) & (tokens < self.config.vocab_size)
+        tokens = torch.where(in_vocab, tokens, 0)
+        commit = (slots != self.padding_slot) & in_vocab
         if keep is not None:
             commit = commit & keep
-        tokens = token_ids.long()
         # Slot states see num_generated before this token (e.g. as a ring-buffer position).
         for slot_state in self._slot_states:
             slot_state.commit(slots, tokens, commit)

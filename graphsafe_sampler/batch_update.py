@@ -17,6 +17,13 @@ AddedRequest = tuple[int, SamplingParams, "Sequence[int] | None", "Sequence[int]
 MovedRequest = tuple[int, int, "MoveDirectionality"]
 
 
+def refused_request(exc: ValueError | TypeError, index: int, row: object) -> ValueError | TypeError:
+    """`exc` (its kind and message) naming the added request it refuses, `added[index]`, so
+    that the engine knows which request of an update to drop."""
+    cls = TypeError if isinstance(exc, TypeError) else ValueError
+    return cls(f"added[{index}] (row {row}): {exc}")
+
+
 class MoveDirectionality(enum.Enum):
     # a -> b; row a is empty afterwards (vLLM's condense step).
     UNIDIRECTIONAL = enum.auto()

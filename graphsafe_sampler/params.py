@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:
     from graphsafe_sampler.config import SamplerConfig
 
@@ -53,7 +55,25 @@ def _check_token_ids(name: str, ids: object) -> list[int]:
     return out
 
 
-@dataclass
+def _check_logit_bias(logit_bias: object) -> dict[int, float]:
+    if not isinstance(logit_bias, dict):
+        raise TypeError(f"logit_bias must be a dict[int, float], got {type(logit_bias).__name__}")
+    bias: dict[int, float] = {}
+    for tok, value in logit_bias.items():
+        tok = _check_int("logit_bias key", tok)
+        if tok < 0:
+            raise ValueError(f"logit_bias key must be a token id >= 0, got {tok}")
+        value = _check_float(f"logit_bias[{tok}]", value)
+        # The bias is added in float32: 1e39 is finite as a double and +inf as a float32.
+        with np.errstate(over="ignore"):
+            finite = bool(np.isfinite(np.float32(value)))
+        if not finite:
+            raise ValueError(f"logit_bias[{tok}] must be finite in float32, got {value}")
+        bias[tok] = value
+    return bias
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """What a request asks of the sampler (DESIGN §3; vLLM's names and meanings).
 
@@ -63,6 +83,11 @@ class SamplingParams:
     `min_tokens` masks `stop_token_ids` (and the config's EOS) until that many tokens have
     been generated. `logprobs` is how many top logprobs the engine will read for this request
     (at most `SamplerConfig.max_num_logprobs`). `extra_args` carries custom processors' params.
+
+    Frozen: a field set after construction would skip the checks (use
+    `dataclasses.replace`, which checks again). The containers (`logit_bias`, the id lists,
+    `extra_args`) are the caller's own copies and stay mutable, so the sampler checks every
+    request again when it is added (`check`).
     """
 
     temperature: float = 1.0
@@ -83,60 +108,65 @@ class SamplingParams:
     extra_args: dict[str, Any] | None = field(default=None)
 
     def __post_init__(self) -> None:
-        self.temperature = _check_float("temperature", self.temperature)
-        if not self.temperature >= 0.0 or math.isinf(self.temperature):
-            raise ValueError(f"temperature must be >= 0 and finite, got {self.temperature}")
-        self.top_p = _check_float("top_p", self.top_p)
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        self.top_k = _check_int("top_k", self.top_k)
-        if self.top_k < -1:
-            raise ValueError(f"top_k must be -1, 0 (off) or >= 1, got {self.top_k}")
-        self.min_p = _check_float("min_p", self.min_p)
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        # Normalised values (ints as floats, fresh containers) go in once, at construction.
+        for name, value in self._checked().items():
+            object.__setattr__(self, name, value)
+
+    def check(self) -> None:
+        """Raise ValueError/TypeError if a field is out of range now (the sampler calls it
+        at add time: a container may have been changed since construction)."""
+        self._checked()
+
+    def _checked(self) -> dict[str, Any]:
+        """Every field checked, as its normalised value; raises naming the first bad one."""
+        out: dict[str, Any] = {}
+        temperature = _check_float("temperature", self.temperature)
+        if not temperature >= 0.0 or math.isinf(temperature):
+            raise ValueError(f"temperature must be >= 0 and finite, got {temperature}")
+        out["temperature"] = temperature
+        top_p = _check_float("top_p", self.top_p)
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        out["top_p"] = top_p
+        top_k = _check_int("top_k", self.top_k)
+        if top_k < -1:
+            raise ValueError(f"top_k must be -1, 0 (off) or >= 1, got {top_k}")
+        out["top_k"] = top_k
+        min_p = _check_float("min_p", self.min_p)
+        if not 0.0 <= min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {min_p}")
+        out["min_p"] = min_p
         for name in ("presence_penalty", "frequency_penalty"):
             value = _check_float(name, getattr(self, name))
             if not -2.0 <= value <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {value}")
-            setattr(self, name, value)
-        self.repetition_penalty = _check_float("repetition_penalty", self.repetition_penalty)
-        if not 0.0 < self.repetition_penalty <= 2.0:
-            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+            out[name] = value
+        repetition = _check_float("repetition_penalty", self.repetition_penalty)
+        if not 0.0 < repetition <= 2.0:
+            raise ValueError(f"repetition_penalty must be in (0, 2], got {repetition}")
+        out["repetition_penalty"] = repetition
         if self.seed is not None:
             seed = _check_int("seed", self.seed)
             if not _INT64_MIN <= seed < _UINT64_LIMIT:
                 raise ValueError(f"seed must be in [-2**63, 2**64), got {seed}")
-        self.min_tokens = _check_int("min_tokens", self.min_tokens)
-        if self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        min_tokens = _check_int("min_tokens", self.min_tokens)
+        if min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {min_tokens}")
         if self.logprobs is not None:
-            self.logprobs = _check_int("logprobs", self.logprobs)
-            if self.logprobs < 0:
-                raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
+            logprobs = _check_int("logprobs", self.logprobs)
+            if logprobs < 0:
+                raise ValueError(f"logprobs must be >= 0, got {logprobs}")
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
         if self.logit_bias is not None:
-            if not isinstance(self.logit_bias, dict):
-                raise TypeError(
-                    f"logit_bias must be a dict[int, float], got {type(self.logit_bias).__name__}"
-                )
-            bias: dict[int, float] = {}
-            for tok, value in self.logit_bias.items():
-                tok = _check_int("logit_bias key", tok)
-                if tok < 0:
-                    raise ValueError(f"logit_bias key must be a token id >= 0, got {tok}")
-                value = _check_float(f"logit_bias[{tok}]", value)
-                if not math.isfinite(value):
-                    raise ValueError(f"logit_bias[{tok}] must be finite, got {value}")
-                bias[tok] = value
-            self.logit_bias = bias
+            out["logit_bias"] = _check_logit_bias(self.logit_bias)
         if self.allowed_token_ids is not None:
-            self.allowed_token_ids = _check_token_ids("allowed_token_ids", self.allowed_token_ids)
-            if not self.allowed_token_ids:
+            allowed = _check_token_ids("allowed_token_ids", self.allowed_token_ids)
+            if not allowed:
                 raise ValueError("allowed_token_ids must not be empty (use None for no limit)")
+            out["allowed_token_ids"] = allowed
         if self.stop_token_ids is not None:
-            self.stop_token_ids = _check_token_ids("stop_token_ids", self.stop_token_ids)
+            out["stop_token_ids"] = _check_token_ids("stop_token_ids", self.stop_token_ids)
         if self.bad_words_token_ids is not None:
             if not isinstance(self.bad_words_token_ids, (list, tuple)):
                 raise TypeError(
@@ -149,9 +179,10 @@ class SamplingParams:
                 if not word:
                     raise ValueError(f"bad_words_token_ids[{i}] must not be empty")
                 words.append(word)
-            self.bad_words_token_ids = words
+            out["bad_words_token_ids"] = words
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
             raise TypeError(f"extra_args must be a dict, got {type(self.extra_args).__name__}")
+        return out
 
     @property
     def is_greedy(self) -> bool:

@@ -43,11 +43,12 @@ By default `forward` commits each row's accepted drafts and its emitted token to
 device-side history (`Sampler.commit_tokens` with num_accepted + 1 tokens), inside the graph.
 
 Device values that are out of range cannot be checked without a host sync, so `forward`
-makes them harmless on the device: `num_draft_tokens` is clamped to [0, S], and a draft id
+makes them harmless on the device: `num_draft_tokens` is clamped to [0, S]; a draft id
 outside [0, V) is never accepted (it is a draft the target gives probability 0; with draft
 probabilities the recovered distribution does not depend on the id, without them it is the
-whole target distribution). `validate=True` checks both on the host first (eager only) and
-raises ValueError.
+whole target distribution); a NaN or negative draft probability reads as 0, so no value in
+`draft_probs` can emit a token the target gives probability 0. `validate=True` checks all
+three on the host first (eager only) and raises ValueError.
 """
 
 from __future__ import annotations
@@ -79,6 +80,15 @@ _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 PLACEHOLDER_TOKEN_ID = -1
 """Output columns after a row's emitted token."""
+
+
+def _probabilities(p: torch.Tensor) -> torch.Tensor:
+    """Draft probabilities as float32 with NaN and negative values read as 0. Then no draft
+    value can emit a token the target gives probability 0: acceptance needs `u * p_draft <
+    p_target` (strict, so false at p_target = 0) and the residual `max(p_target - p_draft,
+    0)` stays at or below p_target. A negative p_draft would break both."""
+    p = p.float()
+    return torch.where(p >= 0.0, p, 0.0)  # NaN >= 0 is False
 
 
 class RejectionSampler(nn.Module):
@@ -207,7 +217,10 @@ class RejectionSampler(nn.Module):
         sampler._check_rows("target_logits", rows)
 
     def _validate_values(
-        self, draft_token_ids: torch.Tensor, num_draft_tokens: torch.Tensor
+        self,
+        draft_token_ids: torch.Tensor,
+        num_draft_tokens: torch.Tensor,
+        draft_probs: torch.Tensor | None,
     ) -> None:
         """Opt-in host check of the device values (reads them: a sync, eager only)."""
         if torch.compiler.is_compiling():
@@ -230,6 +243,16 @@ class RejectionSampler(nn.Module):
                 f"draft_token_ids[{row}, {col}] = {int(drafts[row, col])} is outside the "
                 f"vocabulary [0, {vocab})"
             )
+        if draft_probs is not None:
+            probs = draft_probs.float().cpu().numpy()  # [num_rows, S, V]
+            # NaN fails `>= 0` too; only the positions a row drafted are read
+            bad = np.argwhere(used[:, :, None] & ~(probs >= 0.0))
+            if bad.size:
+                row, col, token = (int(i) for i in bad[0])
+                raise ValueError(
+                    f"draft_probs[{row}, {col}, {token}] = {float(probs[row, col, token])} is "
+                    "not a probability (NaN or negative)"
+                )
 
     # ----------------------------------------------------------------- device side
 
@@ -284,15 +307,15 @@ class RejectionSampler(nn.Module):
         commit: append each row's accepted drafts and emitted token to its request's
             device-side history (default); False leaves the history alone.
         commit_mask: optional [num_rows] bool device tensor; rows with False commit nothing.
-        validate: first read num_draft_tokens and draft_token_ids on the host and raise
-            ValueError for values out of range (a sync: eager only). Without it they are
-            clamped/rejected on the device (see the module docstring).
+        validate: first read num_draft_tokens, draft_token_ids and draft_probs on the host
+            and raise ValueError for values out of range (a sync: eager only). Without it
+            they are made harmless on the device (see the module docstring).
         """
         self._check_inputs(
             target_logits, draft_token_ids, num_draft_tokens, draft_probs, commit_mask
         )
         if validate:
-            self._validate_values(draft_token_ids, num_draft_tokens)
+            self._validate_values(draft_token_ids, num_draft_tokens, draft_probs)
         sampler = self.sampler
         num_rows, num_positions, vocab = target_logits.shape
         spec = self.max_spec_len
@@ -337,7 +360,7 @@ class RejectionSampler(nn.Module):
         if draft_probs is None:
             p_draft = torch.ones_like(p_target)
         else:
-            p_draft = draft_probs.gather(2, drafts[:, :, None])[:, :, 0].float()
+            p_draft = _probabilities(draft_probs.gather(2, drafts[:, :, None])[:, :, 0])
         # u < p_target / p_draft without the division; strict, so p_target = 0 never passes.
         accept_random = uniforms * p_draft < p_target
         accept_greedy = drafts == greedy[:, :spec]
@@ -359,7 +382,7 @@ class RejectionSampler(nn.Module):
             remove = remove & in_vocab[row_ids, rejected_at][:, None]
             residual = p_emitted.masked_fill(remove, 0.0)
         else:
-            p_draft_row = draft_probs[row_ids, rejected_at].float()  # [num_rows, V]
+            p_draft_row = _probabilities(draft_probs[row_ids, rejected_at])  # [num_rows, V]
             residual = (p_emitted - p_draft_row).clamp(min=0.0)
         # A residual without mass happens only through rounding (p_target == p_draft):
         # fall back to the target itself rather than emit token 0.

@@ -45,6 +45,7 @@ from graphsafe_sampler.structured_output import GrammarBitmask
 from graphsafe_sampler.triton_backend import TritonPipeline, triton_available
 
 _LOGITS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def _resolve_backend(config: SamplerConfig, device: torch.device) -> str:
@@ -178,6 +179,78 @@ class Sampler(nn.Module):
                 f"{what} have {rows} rows but the batch holds {self.batch_state.batch_size}"
             )
 
+    def _check_commit_mask(self, commit_mask: torch.Tensor | None, num_rows: int) -> None:
+        """A mask that broadcast (length 1) or were not bool would commit the wrong rows."""
+        if commit_mask is None:
+            return
+        if not isinstance(commit_mask, torch.Tensor):
+            raise TypeError(f"commit_mask must be a torch.Tensor, got {type(commit_mask).__name__}")
+        if commit_mask.dtype != torch.bool:
+            raise TypeError(f"commit_mask must be bool, got {commit_mask.dtype}")
+        if tuple(commit_mask.shape) != (num_rows,):
+            raise ValueError(
+                f"commit_mask must have shape [{num_rows}], got {list(commit_mask.shape)}"
+            )
+        self._check_device("commit_mask", commit_mask)
+
+    def _check_commit(
+        self,
+        token_ids: torch.Tensor,
+        num_tokens: torch.Tensor | None,
+        commit_mask: torch.Tensor | None,
+    ) -> None:
+        """Host facts of a `commit_tokens` call: types, shapes, dtypes, devices."""
+        if not isinstance(token_ids, torch.Tensor):
+            raise TypeError(f"token_ids must be a torch.Tensor, got {type(token_ids).__name__}")
+        if token_ids.dtype not in _INDEX_DTYPES:
+            raise TypeError(f"token_ids must be int32 or int64, got {token_ids.dtype}")
+        if token_ids.dim() not in (1, 2):
+            raise ValueError(
+                f"token_ids must be [num_rows] or [num_rows, n], got {token_ids.dim()}-D"
+            )
+        self._check_device("token_ids", token_ids)
+        num_rows = token_ids.shape[0]
+        self._check_rows("token_ids", num_rows)
+        if num_tokens is not None:
+            if token_ids.dim() != 2:
+                raise ValueError("num_tokens needs 2-D token_ids [num_rows, n]")
+            if not isinstance(num_tokens, torch.Tensor):
+                raise TypeError(
+                    f"num_tokens must be a torch.Tensor, got {type(num_tokens).__name__}"
+                )
+            if num_tokens.dtype not in _INDEX_DTYPES:
+                raise TypeError(f"num_tokens must be int32 or int64, got {num_tokens.dtype}")
+            if tuple(num_tokens.shape) != (num_rows,):
+                raise ValueError(
+                    f"num_tokens must have shape [{num_rows}], got {list(num_tokens.shape)}"
+                )
+            self._check_device("num_tokens", num_tokens)
+        self._check_commit_mask(commit_mask, num_rows)
+
+    def _validate_commit(self, token_ids: torch.Tensor, num_tokens: torch.Tensor | None) -> None:
+        """`commit_tokens(validate=True)`: read the device values on the host (a sync)."""
+        if torch.compiler.is_compiling():
+            raise RuntimeError("validate=True reads device values on the host: not in a graph")
+        ids = token_ids.cpu().numpy().reshape(token_ids.shape[0], -1)  # [num_rows, n]
+        used = np.ones(ids.shape, dtype=bool)
+        if num_tokens is not None:
+            counts = num_tokens.cpu().numpy()
+            bad = np.flatnonzero((counts < 0) | (counts > ids.shape[1]))
+            if bad.size:
+                row = int(bad[0])
+                raise ValueError(
+                    f"num_tokens[{row}] = {int(counts[row])} is outside [0, {ids.shape[1]}]"
+                )
+            used = np.arange(ids.shape[1])[None, :] < counts[:, None]
+        vocab = self.config.vocab_size
+        bad_ids = np.argwhere(used & ((ids < 0) | (ids >= vocab)))
+        if bad_ids.size:
+            row, col = (int(i) for i in bad_ids[0])
+            where = f"[{row}, {col}]" if token_ids.dim() == 2 else f"[{row}]"
+            raise ValueError(
+                f"token_ids{where} = {int(ids[row, col])} is outside the vocabulary [0, {vocab})"
+            )
+
     # ----------------------------------------------------------------- device side
 
     def forward(
@@ -194,6 +267,7 @@ class Sampler(nn.Module):
         with `commit_tokens`)."""
         self._check_logits(logits)
         num_rows = logits.shape[0]
+        self._check_commit_mask(commit_mask, num_rows)
         config = self.config
         slots = self.batch_state.slots(num_rows)  # [num_rows] int64
         raw = logits
@@ -306,22 +380,29 @@ class Sampler(nn.Module):
         token_ids: torch.Tensor,
         num_tokens: torch.Tensor | None = None,
         commit_mask: torch.Tensor | None = None,
+        *,
+        validate: bool = False,
     ) -> None:
-        """Graph-safe: append tokens to the requests' device-side history.
+        """Graph-safe (unless `validate`): append tokens to the requests' device-side history.
 
         token_ids: [num_rows] (one token per row) or [num_rows, n] (up to n per row, e.g.
-            accepted speculative tokens, committed in column order).
+            accepted speculative tokens, committed in column order), int32/int64 on the
+            sampler's device. An id outside [0, V) commits nothing: its row's history stays
+            as it was for that token (no count, no bad-words entry, no position advance).
         num_tokens: [num_rows] int device tensor, how many of a row's n columns to commit
-            (2-D only; default all n).
+            (2-D only; default all n). Column j commits where j < num_tokens, so a negative
+            count commits nothing and one above n commits all n.
         commit_mask: [num_rows] bool device tensor; rows with False commit nothing.
+        validate: first read token_ids (and num_tokens) on the host and raise ValueError
+            for an id outside [0, V) in a committed column, or a count outside [0, n] (a
+            sync: eager only).
         """
+        self._check_commit(token_ids, num_tokens, commit_mask)
+        if validate:
+            self._validate_commit(token_ids, num_tokens)
         if token_ids.dim() == 1:
-            if num_tokens is not None:
-                raise ValueError("num_tokens needs 2-D token_ids [num_rows, n]")
             self.batch_state.commit(token_ids, commit_mask)
             return
-        if token_ids.dim() != 2:
-            raise ValueError(f"token_ids must be 1-D or 2-D, got {token_ids.dim()}-D")
         for j in range(token_ids.shape[1]):  # static n: unrolled into the graph
             keep = commit_mask
             if num_tokens is not None:

@@ -27,6 +27,20 @@ from graphsafe_sampler.config import SamplerConfig
 _ALL_ALLOWED = -1
 
 
+def _check_rows(rows: object) -> list[int]:
+    """Batch rows as ints; int(0.7) would silently be row 0."""
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, (Sequence, np.ndarray)):
+        raise TypeError(
+            f"grammar bitmask rows must be a sequence of ints, got {type(rows).__name__}"
+        )
+    out = []
+    for i, row in enumerate(rows):
+        if isinstance(row, (bool, np.bool_)) or not isinstance(row, (int, np.integer)):
+            raise TypeError(f"grammar bitmask rows[{i}] must be an int, got {row!r}")
+        out.append(int(row))
+    return out
+
+
 class GrammarBitmask:
     """bitmask: staged [max_num_reqs, ceil(V/32)] int32, row-indexed (bit set = allowed);
     [max_num_reqs, P, ceil(V/32)] with `num_positions = P > 1`.
@@ -81,7 +95,7 @@ class GrammarBitmask:
                 raise ValueError(
                     f"grammar bitmask must have shape [{shape}], got {tuple(values.shape)}"
                 )
-            new_rows = list(range(values.shape[0])) if rows is None else [int(r) for r in rows]
+            new_rows = list(range(values.shape[0])) if rows is None else _check_rows(rows)
             if len(new_rows) != values.shape[0]:
                 raise ValueError(
                     f"grammar bitmask has {values.shape[0]} rows for {len(new_rows)} batch rows"
@@ -91,6 +105,8 @@ class GrammarBitmask:
                     raise ValueError(
                         f"grammar bitmask row {r} is outside [0, {self.config.max_num_reqs})"
                     )
+            if len(set(new_rows)) != len(new_rows):
+                raise ValueError(f"grammar bitmask rows repeat a row: {new_rows}")
         stale = sorted(set(np.flatnonzero(self.active.np).tolist()) - set(new_rows))
         if stale:
             self.bitmask.fill_rows(stale, _ALL_ALLOWED)

@@ -27,6 +27,7 @@ Sampler does once per step), so bfloat16 cases include that conversion.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -115,7 +116,7 @@ class StageCase:
         for row in range(rows):
             params = stage_params(stage, row)
             if bias:
-                params.logit_bias = bias[row]
+                params = dataclasses.replace(params, logit_bias=bias[row])
             prompt = torch.randint(vocab, (PROMPT_LEN,), generator=gen).tolist()
             output = torch.randint(vocab, (OUTPUT_LEN,), generator=gen).tolist()
             output_lists.append(output)
