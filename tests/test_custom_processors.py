@@ -3,6 +3,7 @@ errors; the adapter for request-level callables."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -36,7 +37,9 @@ def _install_plugin(root: Path, name: str, value: str, monkeypatch: pytest.Monke
 def target_params(rng: random.Random, config: SamplerConfig) -> SP:
     params = random_sampling_params(rng, config)
     if rng.random() < 0.5:
-        params.extra_args = {"target_token": rng.randrange(config.vocab_size)}
+        params = dataclasses.replace(
+            params, extra_args={"target_token": rng.randrange(config.vocab_size)}
+        )
     return params
 
 

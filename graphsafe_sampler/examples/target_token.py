@@ -12,10 +12,13 @@ or through the `graphsafe_sampler.logits_processors` entry-point group.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
+from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.processors.base import SlotLogitsProcessor
 
@@ -24,6 +27,11 @@ _NO_TARGET = -1
 
 class TargetTokenLogitsProcessor(SlotLogitsProcessor):
     """Table: target [num_slots] int32, the only token a request may produce (-1 = any)."""
+
+    @classmethod
+    def example_extra_args(cls, rng: random.Random, config: SamplerConfig) -> dict[str, Any] | None:
+        # half the requests pick a target, anywhere in the vocabulary
+        return {"target_token": rng.randrange(config.vocab_size)} if rng.random() < 0.5 else None
 
     @classmethod
     def validate_params(cls, params: SamplingParams) -> None:

@@ -19,12 +19,13 @@ the logits shape) are fine: a graph is captured per shape anyway.
 from __future__ import annotations
 
 import abc
+import random
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from graphsafe_sampler.batch_update import BatchUpdate
+from graphsafe_sampler.batch_update import BatchUpdate, refused_request
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.slot_tables import SlotTables
@@ -44,6 +45,17 @@ class LogitsProcessor(abc.ABC):
     graph_safe: ClassVar[bool] = True
 
     @classmethod
+    def example_extra_args(cls, rng: random.Random, config: SamplerConfig) -> dict[str, Any] | None:
+        """Random `SamplingParams.extra_args` entries this processor reads, for one request.
+
+        `graphsafe_sampler.testing.check_graph_safety` drives the processor through them
+        (a captured graph must serve every value a request may send), and fails a processor
+        that reads an `extra_args` key this never sets. Return a fresh dict each call, or
+        None for a request that leaves the processor off; draw only from `rng`.
+        """
+        return None
+
+    @classmethod
     def validate_params(cls, params: SamplingParams) -> None:
         """Raise ValueError for a request this processor cannot serve (before any change)."""
         return None
@@ -54,8 +66,11 @@ class LogitsProcessor(abc.ABC):
         The default checks every added request with `validate_params`. Override it for
         checks that need the instance (and cache what you computed for `update_state`).
         """
-        for _row, params, _prompt, _output in batch_update.added:
-            type(self).validate_params(params)
+        for i, (row, params, _prompt, _output) in enumerate(batch_update.added):
+            try:
+                type(self).validate_params(params)
+            except (ValueError, TypeError) as exc:
+                raise refused_request(exc, i, row) from exc
 
     def __init__(self, config: SamplerConfig, device: torch.device, is_pin_memory: bool) -> None:
         self.config = config

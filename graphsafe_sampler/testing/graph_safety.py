@@ -1,6 +1,6 @@
 """`check_graph_safety`: the proof of DESIGN §5 for any processor (and, later, the Sampler).
 
-One call runs four checks over a random sequence of persistent-batch states:
+One call runs five checks over a random sequence of persistent-batch states:
 
 1. **no sync ops**: every eager step runs under `SyncOpDetector`;
 2. **fixed addresses**: every state tensor's `data_ptr` is the same after each update;
@@ -9,7 +9,15 @@ One call runs four checks over a random sequence of persistent-batch states:
    graph); after each later update the replay must equal eager bit for bit, outputs and the
    state the step leaves behind;
 4. **compiles once**: `torch.compile(fn, fullgraph=True)` gives no graph break, matches eager,
-   and is not recompiled as the batch churns.
+   and is not recompiled as the batch churns;
+5. **no state outside tensors**: `fn` on the same probe logits may give another output only
+   after some state tensor changed; otherwise its per-request state lives in Python objects
+   that a captured graph cannot see.
+
+The random requests carry `extra_args`: those each custom processor's
+`example_extra_args` draws, so that the replay sees every parameter a processor reads. A
+processor that reads an `extra_args` key its `example_extra_args` never sets fails (the
+check could not drive that parameter).
 
 On CUDA every eager step also runs under `torch.cuda.set_sync_debug_mode("error")`, and the
 same driver captures `fn` in a real `torch.cuda.CUDAGraph` and replays it after each update.
@@ -18,6 +26,8 @@ same driver captures `fn` in a real `torch.cuda.CUDAGraph` and replays it after 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -155,6 +165,83 @@ def _default_advance(target: Any) -> Advance | None:
     return advance
 
 
+class _RecordedExtraArgs(dict[str, Any]):
+    """`extra_args` that note every key a processor looks up (`get`, `[]`, `in`, `pop`,
+    `setdefault`). Truthy even when empty, so that the common `(params.extra_args or
+    {}).get(key)` reaches it."""
+
+    def __init__(self, data: dict[str, Any], reads: set[str]) -> None:
+        super().__init__(data)
+        self._reads = reads
+
+    def __bool__(self) -> bool:
+        return True
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._reads.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        self._reads.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            self._reads.add(key)
+        return super().__contains__(key)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self._reads.add(key)
+        return super().pop(key, *default)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self._reads.add(key)
+        return super().setdefault(key, default)
+
+
+def _custom_processors(target: Any) -> list[Any]:
+    """The processors whose `extra_args` the driver must draw: the target itself, or a
+    sampler's (or a rejection sampler's sampler's) custom processors."""
+    from graphsafe_sampler.processors.base import LogitsProcessor
+
+    if isinstance(target, LogitsProcessor):
+        return [target]
+    owner = getattr(target, "sampler", target)
+    return list(getattr(owner, "custom", ()))
+
+
+class _ExtraArgsDriver:
+    """Wraps `make_params`: each request's `extra_args` get what every processor's
+    `example_extra_args` draws, inside a dict that records the keys read."""
+
+    def __init__(self, make_params: MakeParams, processors: Sequence[Any]) -> None:
+        self.make_params = make_params
+        self.processors = processors
+        self.set_keys: set[str] = set()
+        self.read_keys: set[str] = set()
+
+    def __call__(self, rng: random.Random, config: SamplerConfig) -> Any:
+        params = self.make_params(rng, config)
+        extra = dict(params.extra_args or {})
+        for proc in self.processors:
+            example = type(proc).example_extra_args(rng, config)
+            if example:
+                extra.update(example)
+        self.set_keys.update(extra)
+        return dataclasses.replace(params, extra_args=_RecordedExtraArgs(extra, self.read_keys))
+
+    def check(self) -> None:
+        undriven = sorted(self.read_keys - self.set_keys)
+        if undriven:
+            names = ", ".join(type(p).__name__ for p in self.processors) or "the target"
+            keys = ", ".join(f"extra_args[{k!r}]" for k in undriven)
+            raise GraphSafetyError(
+                f"{names} read {keys}, which no request of the check set: its graph safety "
+                "under that parameter is unproven. Return example values from the processor's "
+                "`example_extra_args` classmethod (or pass make_params= that sets them)"
+            )
+
+
 def check_graph_safety(
     target: Any,
     *,
@@ -174,6 +261,8 @@ def check_graph_safety(
     target: has `config` (SamplerConfig), `device`, `update_state(BatchUpdate | None)` and
         `state_tensors() -> dict[str, Tensor]`; `graph_safe = False` fails at once.
     num_rows: logits rows per step (default `max_num_reqs`: rows past the batch are padding).
+    make_params: random SamplingParams per added request; each one's `extra_args` are
+        completed with the custom processors' `example_extra_args`.
     advance: called after each step with the driver and eager's output, e.g. to commit
         tokens; standalone slot processors get one that commits random tokens.
     cuda_graph: also capture a real CUDA graph (default: when the target is on CUDA).
@@ -190,18 +279,23 @@ def check_graph_safety(
     if advance is None:
         advance = _default_advance(target)
     gen = torch.Generator().manual_seed(seed)
-    driver = BatchDriver(config, seed=seed, make_params=make_params)
+    extra_args = _ExtraArgsDriver(make_params, _custom_processors(target))
+    driver = BatchDriver(config, seed=seed, make_params=extra_args)
 
     target.update_state(driver.next_update())
     state = _StateTensors(target)
+    # The same logits every step: rule 5 compares fn's output on them across batch states.
+    probe = make_logits(num_rows, torch.Generator().manual_seed(seed + 1))
+    last_probe: tuple[dict[str, torch.Tensor], Any] | None = None
 
     def run(f: Callable[[torch.Tensor], Any], logits: torch.Tensor) -> Any:
         return f(logits.clone())
 
     # The sync rule first: a host read also breaks tracing, with a less telling message.
     before = state.snapshot()
+    first = make_logits(num_rows, gen)
     with SyncOpDetector("first step"):
-        run(fn, make_logits(num_rows, gen))
+        run(fn, first)
     state.restore(before)
     try:
         traced = make_fx(lambda x: fn(x))(make_logits(num_rows, gen))
@@ -235,12 +329,25 @@ def check_graph_safety(
         after = state.snapshot()
 
         state.restore(before)
+        probe_out = run(fn, probe)
+        if last_probe is not None:
+            _check_state_in_tensors(step, last_probe, (before, probe_out), len(state.tensors))
+        last_probe = (before, probe_out)
+
+        state.restore(before)
         _compare(f"step {step}: make_fx replay", eager, run(traced, logits), exact=True)
         _compare_state(f"step {step}: make_fx replay", after, state.snapshot(), exact=True)
 
         if compiled is not None:
             state.restore(before)
-            _compare(f"step {step}: torch.compile", eager, run(compiled, logits), exact=False)
+            try:
+                out = run(compiled, logits)
+            except Exception as exc:  # a graph break under fullgraph=True, or a failed compile
+                raise GraphSafetyError(
+                    f"step {step}: torch.compile(fullgraph=True) failed ({type(exc).__name__}): "
+                    f"{str(exc).splitlines()[0] if str(exc) else ''}"
+                ) from exc
+            _compare(f"step {step}: torch.compile", eager, out, exact=False)
             _compare_state(f"step {step}: torch.compile", after, state.snapshot(), exact=False)
         if graph is not None:
             state.restore(before)
@@ -250,6 +357,7 @@ def check_graph_safety(
         if advance is not None:
             advance(driver, eager)
 
+    extra_args.check()
     frames = counter.frame_count if counter is not None else 0
     if counter is not None and frames != 1:
         raise GraphSafetyError(
@@ -265,6 +373,31 @@ def check_graph_safety(
     )
 
 
+def _check_state_in_tensors(
+    step: int,
+    last: tuple[dict[str, torch.Tensor], Any],
+    now: tuple[dict[str, torch.Tensor], Any],
+    num_state_tensors: int,
+) -> None:
+    """Rule 5: the same input gives another output only if some state tensor changed."""
+    (state_then, out_then), (state_now, out_now) = last, now
+    if any(not torch.equal(state_then[name], state_now[name]) for name in state_now):
+        return
+    try:
+        _compare("", out_then, out_now, exact=True)
+    except GraphSafetyError:
+        where = (
+            "keeps no state tensors"
+            if num_state_tensors == 0
+            else "changed no state tensor since the last step"
+        )
+        raise GraphSafetyError(
+            f"step {step}: fn gives another output on the same logits after update_state, "
+            f"yet it {where}: its per-request state lives in Python objects, which a "
+            "captured graph never sees (keep it in state tensors updated in place)"
+        ) from None
+
+
 @contextlib.contextmanager
 def _cuda_sync_errors(device: torch.device) -> Iterator[None]:
     """On CUDA, any op that synchronises with the host raises inside the block."""
@@ -275,6 +408,11 @@ def _cuda_sync_errors(device: torch.device) -> Iterator[None]:
     torch.cuda.set_sync_debug_mode("error")
     try:
         yield
+    except RuntimeError as exc:
+        # what the CPU-side detector cannot know: an op whose CUDA kernel syncs inside
+        if "synchroniz" not in str(exc):
+            raise
+        raise GraphSafetyError(f"a CUDA op synchronised with the host: {exc}") from exc
     finally:
         torch.cuda.set_sync_debug_mode(previous)
 

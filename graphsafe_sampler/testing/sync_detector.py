@@ -3,6 +3,15 @@ data-dependent shapes (DESIGN §5, rule 1).
 
 On a CPU-only machine no device-to-host copy is visible, so the detector flags the ops
 themselves: whatever would sync or allocate by value on a GPU is flagged on the CPU too.
+That covers explicit device moves (`.to(device)`, `.cpu()`, `.cuda()`, a `copy_` across
+devices, `torch.tensor(data, device=...)`): on a CPU every tensor is already on the CPU,
+while on a GPU the same line is a device-to-host or a pageable host-to-device copy.
+
+The limit: ops are known by name. An op whose CUDA kernel syncs inside (`torch.histc`
+reads its range on the host when min == max) is caught only if it is listed below;
+whatever is not listed passes here, and only a GPU run catches it:
+`check_graph_safety` on a CUDA target runs every eager step under
+`torch.cuda.set_sync_debug_mode("error")` and captures a real CUDA graph.
 """
 
 from __future__ import annotations
@@ -48,9 +57,18 @@ SYNC_OP_PACKETS: frozenset[Any] = frozenset(
         "_assert_async",
         "_assert_scalar",
         "allclose",
+        # CUDA kernels that read a value on the host: histc its range (min == max), histogram
+        # and its bin edges their range, the linalg error checks their info codes
+        "histc",
+        "histogram",
+        "histogramdd",
+        "_histogramdd_bin_edges",
+        "_linalg_check_errors",
+        "_coalesce",
+        "_to_sparse",
+        "to_sparse",
     )
 )
-
 # Ops that only sync when an index is a bool/byte mask (boolean-mask indexing).
 _MASK_INDEXED = frozenset(_packets("index", "index_put", "index_put_", "_index_put_impl_"))
 
@@ -66,24 +84,27 @@ def _has_mask_index(args: tuple[Any, ...]) -> bool:
     )
 
 
-def _is_device_to_host(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    if func.overloadpacket not in (aten._to_copy, aten.copy_):
-        return False
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
+
+
+def _is_cross_device_copy(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """A copy between devices: device-to-host, or host-to-device from pageable memory."""
     if func.overloadpacket is aten._to_copy:
         src, dst_device = args[0], kwargs.get("device")
         return (
             isinstance(src, torch.Tensor)
-            and src.device.type != "cpu"
             and dst_device is not None
-            and torch.device(dst_device).type == "cpu"
+            and not _same_device(src.device, torch.device(dst_device))
         )
-    dst, src = args[0], args[1]
-    return (
-        isinstance(src, torch.Tensor)
-        and src.device.type != "cpu"
-        and isinstance(dst, torch.Tensor)
-        and dst.device.type == "cpu"
-    )
+    if func.overloadpacket is aten.copy_:
+        dst, src = args[0], args[1]
+        return (
+            isinstance(src, torch.Tensor)
+            and isinstance(dst, torch.Tensor)
+            and not _same_device(src.device, dst.device)
+        )
+    return False
 
 
 # Tensor methods that read values on the host without reaching the dispatcher when the
@@ -99,6 +120,23 @@ _HOST_READS = frozenset(
 )
 
 
+# Factories that copy host data: with a device named, a host-to-device copy.
+_HOST_DATA_FACTORIES = frozenset({torch.tensor, torch.as_tensor})
+
+
+def _named_device(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The device `Tensor.to` / `.cuda` / a host-data factory is asked to move to, or None."""
+    if func is torch.Tensor.to:
+        to_kwargs = {k: v for k, v in kwargs.items() if k != "copy"}
+        device, _dtype, _non_blocking, _format = torch._C._nn._parse_to(*args[1:], **to_kwargs)
+        return device
+    if func is torch.Tensor.cuda:
+        return torch.device("cuda")
+    if func in _HOST_DATA_FACTORIES:
+        return kwargs.get("device")
+    return None
+
+
 class _HostReadDetector(TorchFunctionMode):
     def __init__(self, where: str) -> None:
         super().__init__()
@@ -111,9 +149,19 @@ class _HostReadDetector(TorchFunctionMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        kwargs = kwargs or {}
         if func in _HOST_READS:
             raise GraphSafetyError(f"{self.where}: Tensor.{func.__name__}() reads on the host")
-        return func(*args, **(kwargs or {}))
+        device = _named_device(func, args, kwargs)
+        if device is not None:
+            # Flagged even when it names the tensor's own device: on the CPU this check runs
+            # on, every device is the host, and on a GPU the same line is a copy between
+            # host and device (state belongs on the device, moved in update_state).
+            raise GraphSafetyError(
+                f"{self.where}: {getattr(func, '__name__', func)}(device={device}) moves data "
+                "between devices inside the step"
+            )
+        return func(*args, **kwargs)
 
 
 class SyncOpDetector(TorchDispatchMode):
@@ -157,8 +205,8 @@ class SyncOpDetector(TorchDispatchMode):
             reason = "reads device values on the host or has a data-dependent shape"
         elif packet in _MASK_INDEXED and _has_mask_index(args):
             reason = "indexes with a boolean mask (data-dependent shape)"
-        elif _is_device_to_host(func, args, kwargs):
-            reason = "copies device memory to the host"
+        elif _is_cross_device_copy(func, args, kwargs):
+            reason = "copies memory between devices"
         if reason is not None:
             raise GraphSafetyError(f"{self.where}: {func} {reason}")
         return func(*args, **kwargs)
