@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import importlib.metadata
 import importlib.util
@@ -123,12 +124,14 @@ from graphsafe_sampler.bench.results import (  # noqa: E402
 )
 from graphsafe_sampler.bench.timing import time_rounds  # noqa: E402
 from graphsafe_sampler.bench.workload import DECODE_RECIPES  # noqa: E402
+from graphsafe_sampler.processors.base import SlotLogitsProcessor  # noqa: E402
 from graphsafe_sampler.testing import (  # noqa: E402
     BatchDriver,
     SyncOpDetector,
     check_graph_safety,
     random_sampling_params,
 )
+from graphsafe_sampler.triton_backend import triton_available  # noqa: E402
 
 # ----------------------------------------------------------------- parts and budget
 
@@ -558,7 +561,9 @@ def all_feature_params(rng: Any, config: SamplerConfig) -> SamplingParams:
     others) plus, in some requests, the custom target-token processor's extra_args."""
     params = random_sampling_params(rng, config)
     if config.logits_processors and rng.random() < 0.1:
-        params.extra_args = {"target_token": rng.randrange(config.vocab_size)}
+        params = dataclasses.replace(
+            params, extra_args={"target_token": rng.randrange(config.vocab_size)}
+        )
     return params
 
 
@@ -1100,15 +1105,15 @@ def _record_check(opts: Options, name: str, check: dict[str, Any]) -> None:
 
 
 def _sampler_or_reason(config: SamplerConfig, device: torch.device) -> Sampler | str:
-    """The Sampler, or why this backend cannot be built here: NotImplementedError for any
-    backend, and any construction error for "triton" (it may refuse a device, e.g. the CPU
-    without the interpreter)."""
-    try:
-        return Sampler(config, device)
-    except Exception as exc:
-        if isinstance(exc, NotImplementedError) or config.backend == "triton":
-            return f"not available: {_error_text(exc)}"
-        raise
+    """The Sampler, or why its backend cannot run here: "triton" where its kernels cannot
+    run on `device` (the CPU without the interpreter). Any other error building it is a
+    failure and raises: a broken backend must never read as "skipped"."""
+    if config.backend == "triton" and not triton_available(device):
+        return (
+            f"not available: the Triton backend needs CUDA or TRITON_INTERPRET=1, and the "
+            f"device is {device}"
+        )
+    return Sampler(config, device)
 
 
 def _harness_check(opts: Options) -> dict[str, Any]:
@@ -1154,6 +1159,46 @@ def _harness_check(opts: Options) -> dict[str, Any]:
     }
 
 
+class _HistcProcessor(SlotLogitsProcessor):
+    """`torch.histc` with min == max: its CUDA kernel reads the range on the host. Graph-safe
+    in every other way (no state at all)."""
+
+    def is_argmax_invariant(self) -> bool:
+        return True
+
+    def add_request(self, slot: int, params: SamplingParams, prompt: Any, output: Any) -> None:
+        return None
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        counts = torch.histc(logits, bins=8, min=0.0, max=0.0)
+        return logits + 0.0 * counts.sum()
+
+
+def _unlisted_sync_check(opts: Options) -> dict[str, Any]:
+    """The graph-safety checker's limit, covered on a GPU: an op that syncs inside its CUDA
+    kernel but is not on the CPU detector's list (histc, taken off the list here) must
+    still fail `check_graph_safety` on CUDA, through set_sync_debug_mode("error") and the
+    real CUDA-graph capture. Passed when it fails with GraphSafetyError."""
+    from graphsafe_sampler.testing import GraphSafetyError, sync_detector
+
+    device = opts.device()
+    if device.type != "cuda":
+        return {"status": "skipped", "reason": "CUDA only: on a CPU only the listed ops fail"}
+    started = time.monotonic()
+    config = SamplerConfig(4, 1000)
+    proc = _HistcProcessor(config, device, False)
+    listed = sync_detector.SYNC_OP_PACKETS
+    sync_detector.SYNC_OP_PACKETS = frozenset(listed - {torch.ops.aten.histc})
+    try:
+        check_graph_safety(proc, num_steps=3, compile=False)
+    except GraphSafetyError as exc:
+        return {"status": "passed", "caught": _error_text(exc, 500),
+                "seconds": round(time.monotonic() - started, 2)}  # fmt: skip
+    finally:
+        sync_detector.SYNC_OP_PACKETS = listed
+    return {"status": "failed", "failures": ["histc's host read passed check_graph_safety on CUDA"]}
+
+
 def run_graph_part(opts: Options, deadline: float) -> dict[str, Any]:
     """The replay checks (per backend and logprobs mode) and the harness check."""
     device = opts.device()
@@ -1185,6 +1230,7 @@ def run_graph_part(opts: Options, deadline: float) -> dict[str, Any]:
     ]
     if opts.harness_steps > 0:
         jobs.append(("harness/torch/check_graph_safety", 0.6, lambda until: _harness_check(opts)))
+        jobs.append(("harness/unlisted-sync-op", 0.2, lambda until: _unlisted_sync_check(opts)))
     statuses = []
     for i, (name, weight, job) in enumerate(jobs):
         share = weight / sum(w for _, w, _ in jobs[i:])
@@ -1303,7 +1349,7 @@ def bench_params(case: str, row: int, vocab: int, gen: torch.Generator) -> Sampl
         )
     params = stages.stage_params(case, row)
     if case == "bias":
-        params.logit_bias = dict.fromkeys(ids(BIAS_ENTRIES), 1.5)
+        params = dataclasses.replace(params, logit_bias=dict.fromkeys(ids(BIAS_ENTRIES), 1.5))
     return params
 
 

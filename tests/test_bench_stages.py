@@ -77,12 +77,36 @@ def test_decode_driver_rejects_bad_input() -> None:
         decode_driver(5, config)
 
 
-@pytest.mark.parametrize("provider", ["clone", "sampler-eager", "vllm-style"])
-def test_step_bench_runs_decode_steps(provider: str) -> None:
+def test_step_bench_runs_decode_steps() -> None:
+    # Both providers serve the same churning workload; each step's tokens reach the
+    # requests' output lists, and greedy requests produce the same tokens on both.
     spec = CaseSpec("step", 6, VOCAB, torch.float32, torch.device("cpu"), churn=0.5)
-    bench = build_bench(spec, provider)
-    for _ in range(3):
-        bench.run(*bench.setup())
+    served = {}
+    for provider in ("sampler-eager", "vllm-style"):
+        bench = build_bench(spec, provider)
+        driver = bench.workload
+        for _ in range(4):
+            tokens = bench.run(*bench.setup())
+            assert isinstance(tokens, torch.Tensor) and tokens.shape == (6,)
+            assert bool(((tokens >= 0) & (tokens < VOCAB)).all())
+            assert [req.output_tok_ids[-1] for req in driver.rows] == tokens.tolist()
+        served[provider] = [(req.params, list(req.output_tok_ids)) for req in driver.rows]
+    greedy = 0
+    for (params, ours), (their_params, theirs) in zip(*served.values(), strict=True):
+        assert params == their_params
+        if params.is_greedy:
+            greedy += 1
+            assert ours == theirs
+    assert greedy > 0
+
+
+def test_clone_bench_copies_the_logits() -> None:
+    spec = CaseSpec("step", 3, VOCAB, torch.float32, torch.device("cpu"))
+    bench = build_bench(spec, "clone")
+    (logits,) = bench.setup()
+    out = bench.run(logits)
+    assert isinstance(out, torch.Tensor) and torch.equal(out, logits)
+    assert out.data_ptr() != logits.data_ptr()
 
 
 def test_flashinfer_is_unavailable_on_cpu() -> None:

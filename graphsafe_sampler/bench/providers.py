@@ -108,11 +108,16 @@ class CaseSpec:
 
 @dataclass
 class Bench:
-    """A provider ready to time: `run(*setup())`, timed; `setup()` untimed."""
+    """A provider ready to time: `run(*setup())`, timed; `setup()` untimed.
+
+    info: reported with the timings. workload: the step cases' batch driver (its rows hold
+    each request's params and output list), for tests; None for stage cases.
+    """
 
     run: Callable[..., object]
     setup: Setup
     info: dict[str, Any] = field(default_factory=dict)
+    workload: Any = None
 
 
 class ProviderUnavailable(Exception):
@@ -162,9 +167,12 @@ def _stage_bench(spec: CaseSpec, provider: str) -> Bench:
     return Bench(fn, setup)
 
 
-def _record(driver: Any, out: SamplerOutput) -> None:
-    """The engine's part of a step: read the tokens, append them to the output lists."""
-    driver.record_tokens(out.sampled_token_ids[:, 0].tolist())
+def _record(driver: Any, out: SamplerOutput) -> torch.Tensor:
+    """The engine's part of a step: read the tokens, append them to the output lists.
+    Returns the tokens, [num_rows]."""
+    tokens = out.sampled_token_ids[:, 0]
+    driver.record_tokens(tokens.tolist())
+    return tokens
 
 
 def _step_bench(spec: CaseSpec, provider: str) -> Bench:
@@ -182,11 +190,11 @@ def _step_bench(spec: CaseSpec, provider: str) -> Bench:
         peer = VllmStyleSampler(config, spec.device)
         peer.update_state(driver.next_update())  # untimed: fill the batch
 
-        def peer_step(batch_update: Any, logits: torch.Tensor) -> None:
+        def peer_step(batch_update: Any, logits: torch.Tensor) -> torch.Tensor:
             peer.update_state(batch_update)
-            _record(driver, peer(logits))
+            return _record(driver, peer(logits))
 
-        return Bench(peer_step, setup, info)
+        return Bench(peer_step, setup, info, driver)
 
     sampler = Sampler(config, spec.device)
     sampler.update_state(driver.next_update())  # untimed: fill the batch
@@ -197,8 +205,8 @@ def _step_bench(spec: CaseSpec, provider: str) -> Bench:
         forward, compile_s = _compile(sampler.forward, first)
         info["compile_s"] = round(compile_s, 1)
 
-    def sampler_step(batch_update: Any, logits: torch.Tensor) -> None:
+    def sampler_step(batch_update: Any, logits: torch.Tensor) -> torch.Tensor:
         sampler.update_state(batch_update)
-        _record(driver, forward(logits))
+        return _record(driver, forward(logits))
 
-    return Bench(sampler_step, setup, info)
+    return Bench(sampler_step, setup, info, driver)
