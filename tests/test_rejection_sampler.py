@@ -1,7 +1,8 @@
 """RejectionSampler: exact greedy cases, in-step history, the float64 reference under churn,
 per-position chi-square against the target distribution, the RNG streams, determinism across
-layouts, graph safety and bad input. Tests taking `backend` run on both backends (Triton
-through the interpreter); the chi-square runs on the PyTorch backend, and
+layouts, graph safety and bad input. Tests taking `backend` run on both backends, each on
+its device (tests/backends.py: Triton through the interpreter on the CPU, or compiled on CUDA
+in a GPU run); the chi-square runs on the PyTorch backend, and
 test_rejection_sampler_triton.py checks that the backends emit the same tokens."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
-from backends import BACKENDS
+from backends import BACKENDS, backend_device, interpreted
 from scipy import stats
 
 import graphsafe_sampler as gs
@@ -31,9 +32,12 @@ S = 3
 
 
 def _pair(
-    config: gs.SamplerConfig, spec: int = S, backend: str = "torch"
+    config: gs.SamplerConfig,
+    spec: int = S,
+    backend: str = "torch",
+    device: torch.device | str = "cpu",
 ) -> tuple[Sampler, RejectionSampler]:
-    sampler = Sampler(dataclasses.replace(config, backend=backend), "cpu")
+    sampler = Sampler(dataclasses.replace(config, backend=backend), device)
     return sampler, RejectionSampler(sampler, spec)
 
 
@@ -47,7 +51,8 @@ def _ids(*rows: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_greedy_exact_cases_and_commit(backend: str) -> None:
     config = gs.SamplerConfig(max_num_reqs=5, vocab_size=V, seed=0)
-    sampler, rejection = _pair(config, backend=backend)
+    device = backend_device(backend)
+    sampler, rejection = _pair(config, backend=backend, device=device)
     greedy = SP(temperature=0.0)
     sampler.update_state(BatchUpdate(4, added=[(r, greedy, None, []) for r in range(4)]))
     gen = torch.Generator().manual_seed(1)
@@ -57,7 +62,7 @@ def test_greedy_exact_cases_and_commit(backend: str) -> None:
     drafts[1, 0] = (best[1, 0] + 1) % V  # row 1: the first draft is wrong
     drafts[2, 2] = (best[2, 2] + 5) % V  # row 2: the third is wrong
     num_drafts = torch.tensor([3, 3, 3, 0, 2])  # row 3: no drafts; row 4: padding
-    out = rejection(logits, drafts, num_drafts)
+    out = rejection(logits.to(device), drafts.to(device), num_drafts.to(device))
     b = best.tolist()
     want = [
         b[0],  # all accepted, then the bonus argmax
@@ -73,7 +78,7 @@ def test_greedy_exact_cases_and_commit(backend: str) -> None:
     slots = [sampler.batch_state.slot_of_row(r) for r in range(4)]
     generated = sampler.batch_state.num_generated.device
     assert [int(generated[s]) for s in slots] == [4, 1, 3, 1]
-    counts = sampler.penalties.counts
+    counts = sampler.penalties.counts.cpu()
     for row, slot in enumerate(slots):
         expect = Counter(t for t in want[row] if t >= 0)
         got = {t: int(counts[slot, t]) for t in range(V) if counts[slot, t]}
@@ -104,7 +109,8 @@ def test_drafts_before_a_position_count_as_output(backend: str) -> None:
     # each position: min_tokens, bad words and penalties.
     eos = 9
     config = gs.SamplerConfig(max_num_reqs=3, vocab_size=V, eos_token_id=eos)
-    sampler, rejection = _pair(config, backend=backend)
+    device = backend_device(backend)
+    sampler, rejection = _pair(config, backend=backend, device=device)
     rows = [
         SP(temperature=0.0, min_tokens=2),
         SP(temperature=0.0, bad_words_token_ids=[[5, 7]]),
@@ -117,10 +123,10 @@ def test_drafts_before_a_position_count_as_output(backend: str) -> None:
     logits[1, 1:, 7], logits[1, 1:, 8] = 10.0, 5.0
     logits[2, :, 3], logits[2, :, 4], logits[2, :, 6] = 3.0, 2.5, 2.0
     drafts = _ids([5, 5, eos], [5, 8, 7], [3, 4, 3])
-    out = rejection(logits, drafts, torch.tensor([3, 3, 3]))
+    out = rejection(logits.to(device), drafts.to(device), torch.tensor([3, 3, 3]).to(device))
     assert out.output_token_ids.tolist() == [[5, 5, eos, eos], [5, 8, 7, 7], [3, 4, 6, -1]]
     # The step's tokens are history now: the Sampler's next step sees them.
-    plain = sampler(torch.zeros(3, V).index_fill_(1, torch.tensor([3, 4, 6, 8]), 1.0))
+    plain = sampler(torch.zeros(3, V).index_fill_(1, torch.tensor([3, 4, 6, 8]), 1.0).to(device))
     assert int(plain.sampled_token_ids[2, 0]) == 8  # 3, 4 and 6 are penalised
 
 
@@ -151,7 +157,8 @@ def test_matches_reference_under_churn(backend: str) -> None:
         max_num_reqs=7, vocab_size=V, eos_token_id=3, seed=0, max_logit_bias_tokens=16,
         max_stop_token_ids=4, max_bad_word_len=4,
     )  # fmt: skip
-    sampler, rejection = _pair(config, backend=backend)
+    device = backend_device(backend)
+    sampler, rejection = _pair(config, backend=backend, device=device)
     driver = BatchDriver(config, seed=11, churn=0.15)
     np_rng = np.random.default_rng(11)
     gen = torch.Generator().manual_seed(11)
@@ -199,7 +206,13 @@ def test_matches_reference_under_churn(backend: str) -> None:
         draft_probs = None
         if use_probs:
             draft_probs = torch.softmax(torch.randn(rows, S, V, generator=gen) * 2, dim=-1)
-        out = rejection(logits, torch.from_numpy(drafts), torch.from_numpy(num), draft_probs)
+            draft_probs = draft_probs.to(device)
+        out = rejection(
+            logits.to(device),
+            torch.from_numpy(drafts).to(device),
+            torch.from_numpy(num).to(device),
+            draft_probs,
+        )
         tokens = out.output_token_ids.tolist()
         accepted = out.num_accepted.tolist()
         for r in range(rows):
@@ -304,7 +317,7 @@ def test_emitted_tokens_follow_the_target_at_every_position(
             rows,
             removed=removed,
             added=[
-                (r, SP(**{**params.__dict__, "seed": 7000 + r}), prompt, list(output))
+                (r, dataclasses.replace(params, seed=7000 + r), prompt, list(output))
                 for r in range(rows)
             ],
         )
@@ -420,8 +433,10 @@ def test_tokens_do_not_depend_on_row_batch_or_padding(backend: str) -> None:
     ]
     prompts = [[1, 2], [3], None]
 
+    device = backend_device(backend)
+
     def run(num_rows: int, where: dict[int, int], others: int) -> list[list[int]]:
-        sampler, rejection = _pair(config, backend=backend)
+        sampler, rejection = _pair(config, backend=backend, device=device)
         added: list[AddedRequest] = [(where[k], p, prompts[k], []) for k, p in enumerate(requests)]
         free = [r for r in range(num_rows) if r not in where.values()][:others]
         added += [(r, SP(temperature=0.7, seed=r), None, []) for r in free]
@@ -429,8 +444,8 @@ def test_tokens_do_not_depend_on_row_batch_or_padding(backend: str) -> None:
         sampler.update_state(BatchUpdate(batch, added=added))
         got = []
         for step in range(6):
-            logits, drafts, num, probs = _step_inputs(num_rows, where, step)
-            out = rejection(logits, drafts, num, probs).output_token_ids
+            inputs = (t.to(device) for t in _step_inputs(num_rows, where, step))
+            out = rejection(*inputs).output_token_ids
             got.append([out[where[k]].tolist() for k in range(len(requests))])
         return got
 
@@ -439,7 +454,7 @@ def test_tokens_do_not_depend_on_row_batch_or_padding(backend: str) -> None:
     assert alone == crowded
 
     # Moving a request between steps keeps its stream too.
-    sampler, rejection = _pair(config, backend=backend)
+    sampler, rejection = _pair(config, backend=backend, device=device)
     sampler.update_state(
         BatchUpdate(3, added=[(k, p, prompts[k], []) for k, p in enumerate(requests)])
     )
@@ -449,8 +464,8 @@ def test_tokens_do_not_depend_on_row_batch_or_padding(backend: str) -> None:
         if step == 3:
             sampler.update_state(BatchUpdate(3, moved=[(0, 2, MoveDirectionality.SWAP)]))
             where = {0: 2, 1: 1, 2: 0}
-        logits, drafts, num, probs = _step_inputs(3, where, step)
-        out = rejection(logits, drafts, num, probs).output_token_ids
+        inputs = (t.to(device) for t in _step_inputs(3, where, step))
+        out = rejection(*inputs).output_token_ids
         moved.append([out[where[k]].tolist() for k in range(len(requests))])
     assert moved == alone
 
@@ -464,19 +479,20 @@ def test_graph_safety_of_the_rejection_sampler(backend: str) -> None:
         max_num_reqs=5, vocab_size=V, eos_token_id=2, seed=0, max_logit_bias_tokens=8,
         max_stop_token_ids=4, max_bad_word_len=4,
     )  # fmt: skip
-    rejection = _pair(config, backend=backend)[1]
+    device = backend_device(backend)
+    rejection = _pair(config, backend=backend, device=device)[1]
     np_rng = np.random.default_rng(6)
     words = num_words(V)
 
     def make_logits(num_rows: int, gen: torch.Generator) -> torch.Tensor:
-        return torch.randn(num_rows, S + 1, V, generator=gen) * 3
+        return (torch.randn(num_rows, S + 1, V, generator=gen) * 3).to(device)
 
     def step(logits: torch.Tensor) -> gs.RejectionSamplerOutput:
         # Drafts derived inside the graph: the target argmax on even rows (often
         # accepted), scrambled ids on odd ones; counts and draft probabilities likewise.
         best = logits[:, :S].argmax(dim=-1)
         scrambled = (logits[:, :S, 0].abs() * 1000).long() % V
-        odd = torch.arange(logits.shape[0])[:, None] % 2 == 1
+        odd = torch.arange(logits.shape[0], device=logits.device)[:, None] % 2 == 1
         drafts = torch.where(odd, scrambled, best)
         num = (logits[:, 0, 1].abs() * 10).long() % (S + 1)
         probs = torch.softmax(logits[:, :S] * 0.5, dim=-1)
@@ -491,8 +507,8 @@ def test_graph_safety_of_the_rejection_sampler(backend: str) -> None:
         mask = np_rng.integers(-(2**31), 2**31, size=(len(rows), S + 1, words), dtype=np.int64)
         rejection.stage_grammar_bitmask(mask.astype(np.int32), rows=rows)
 
-    # The interpreter runs each kernel in numpy: fewer steps on the Triton backend.
-    num_steps = 30 if backend == "torch" else 12
+    # The interpreter runs each kernel in numpy: fewer steps there.
+    num_steps = 12 if interpreted(backend, device) else 30
     report = check_graph_safety(
         rejection, fn=step, num_steps=num_steps, seed=6, make_logits=make_logits, advance=advance
     )
@@ -504,7 +520,9 @@ def test_ngram_drafts_trace_and_replay(backend: str) -> None:
     # The draft_probs=None path (a different graph): trace once, replay under churn.
     config = gs.SamplerConfig(max_num_reqs=4, vocab_size=V, seed=1, max_logit_bias_tokens=4,
                               max_stop_token_ids=2, max_bad_word_len=3)  # fmt: skip
-    rejection = _pair(config, backend=backend)[1]
+    device = backend_device(backend)
+    rejection = _pair(config, backend=backend, device=device)[1]
+    num_steps = 8 if interpreted(backend, device) else 20  # the interpreter
 
     def step(logits: torch.Tensor) -> gs.RejectionSamplerOutput:
         drafts = logits[:, :S].argmax(dim=-1)
@@ -514,19 +532,22 @@ def test_ngram_drafts_trace_and_replay(backend: str) -> None:
     report = check_graph_safety(
         rejection,
         fn=step,
-        num_steps=20 if backend == "torch" else 8,
+        num_steps=num_steps,
         seed=2,
-        make_logits=lambda n, gen: torch.randn(n, S + 1, V, generator=gen) * 3,
+        make_logits=lambda n, gen: (torch.randn(n, S + 1, V, generator=gen) * 3).to(device),
         compile=False,
     )
-    assert report.steps == (20 if backend == "torch" else 8)
+    assert report.steps == num_steps
 
 
 # ----------------------------------------------------------------- bad input
 
 
-def _ready(num_rows: int = 3, backend: str = "torch") -> RejectionSampler:
-    sampler, rejection = _pair(gs.SamplerConfig(max_num_reqs=4, vocab_size=V), backend=backend)
+def _ready(
+    num_rows: int = 3, backend: str = "torch", device: torch.device | str = "cpu"
+) -> RejectionSampler:
+    config = gs.SamplerConfig(max_num_reqs=4, vocab_size=V)
+    sampler, rejection = _pair(config, backend=backend, device=device)
     sampler.update_state(
         BatchUpdate(num_rows, added=[(r, SP(temperature=0.0), None, []) for r in range(num_rows)])
     )
@@ -584,13 +605,15 @@ def test_bad_input_is_refused_before_anything_runs(
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_out_of_range_device_values_are_clamped_or_refused(backend: str) -> None:
-    rejection = _ready(backend=backend)
+    device = backend_device(backend)
+    rejection = _ready(backend=backend, device=device)
     logits = torch.randn(3, S + 1, V)
     best = logits.argmax(dim=-1)
     drafts = best[:, :S].clone()
     drafts[1, 1] = V + 4  # outside the vocabulary: never accepted
     drafts[2, 0] = -3
     num = torch.tensor([S + 2, 3, 3])  # more drafts than max_spec_len
+    logits, drafts, num = logits.to(device), drafts.to(device), num.to(device)
     with pytest.raises(ValueError, match=rf"num_draft_tokens\[0\] = {S + 2} is outside \[0, "):
         rejection(logits, drafts, num, validate=True)
     num[0] = S
@@ -608,7 +631,7 @@ def test_out_of_range_device_values_are_clamped_or_refused(backend: str) -> None
     assert out.num_accepted.tolist() == [S, 1, 0]
     # Draft columns past a row's count are not checked.
     drafts[0, 2] = V
-    rejection(logits, drafts, torch.tensor([2, 0, 0]), validate=True)
+    rejection(logits, drafts, torch.tensor([2, 0, 0]).to(device), validate=True)
 
 
 def test_construction_errors() -> None:
@@ -644,23 +667,26 @@ def test_forward_before_update_state() -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_per_position_grammar_bitmask(backend: str) -> None:
     config = gs.SamplerConfig(max_num_reqs=2, vocab_size=V)
-    sampler, rejection = _pair(config, backend=backend)
+    device = backend_device(backend)
+    sampler, rejection = _pair(config, backend=backend, device=device)
     sampler.update_state(
         BatchUpdate(2, added=[(r, SP(temperature=0.0), None, []) for r in range(2)])
     )
     logits = torch.zeros(2, S + 1, V)
     logits[:, :, 9] = 50.0  # unconstrained positions take 9
     logits[:, :, 20] = 40.0
+    logits = logits.to(device)
     # Row 1: position 1 allows only 20 and 30, position 3 only 30.
     every = pack_token_ids(range(V), V)
     masks = np.stack([every, pack_token_ids([20, 30], V), every, pack_token_ids([30], V)])
     rejection.stage_grammar_bitmask(masks[None], rows=[1])
-    drafts = _ids([9, 9, 9], [9, 20, 9])
-    out = rejection(logits, drafts, torch.tensor([3, 3]), commit=False)
+    drafts = _ids([9, 9, 9], [9, 20, 9]).to(device)
+    num = torch.tensor([3, 3]).to(device)
+    out = rejection(logits, drafts, num, commit=False)
     assert out.output_token_ids.tolist() == [[9, 9, 9, 9], [9, 20, 9, 30]]
     # The Sampler's single-position mask is separate and not applied here.
     sampler.stage_grammar_bitmask(np.stack([pack_token_ids([5], V)]), rows=[0])
-    out = rejection(logits, drafts, torch.tensor([3, 3]), commit=False)
+    out = rejection(logits, drafts, num, commit=False)
     assert out.output_token_ids[0].tolist() == [9, 9, 9, 9]
     with pytest.raises(ValueError, match=rf"must have shape \[rows, {S + 1}, 4\]"):
         rejection.stage_grammar_bitmask(np.stack([every]), rows=[0])

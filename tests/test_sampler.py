@@ -1,15 +1,18 @@
-"""Sampler (PyTorch backend): the DESIGN §4 pipeline against the float64 reference, seeded
-determinism across layouts, sampling statistics, graph safety, bad input."""
+"""Sampler: the DESIGN §4 pipeline against the float64 reference, seeded determinism across
+layouts, sampling statistics, graph safety, bad input. Tests taking `backend` run on both
+backends, each on its device (tests/backends.py: the Triton backend on CUDA in a GPU run);
+the others on the PyTorch backend, on the CPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from backends import BACKENDS
+from backends import BACKENDS, backend_device, interpreted
 from scipy import stats
 
 import graphsafe_sampler as gs
@@ -30,8 +33,8 @@ def _processed(out: gs.SamplerOutput, rows: int) -> np.ndarray:
     lp = out.logprobs_tensors
     assert lp is not None
     full = np.full((rows, V), np.nan)
-    ids = lp.logprob_token_ids[:, 1:].long().numpy()
-    vals = lp.logprobs[:, 1:].double().numpy()
+    ids = lp.logprob_token_ids[:, 1:].long().cpu().numpy()
+    vals = lp.logprobs[:, 1:].double().cpu().numpy()
     np.put_along_axis(full, ids, vals, axis=1)
     return full
 
@@ -43,15 +46,16 @@ def test_pipeline_matches_reference_under_churn(backend: str) -> None:
         logprobs_mode="processed_logits", max_logit_bias_tokens=16, max_stop_token_ids=4,
         max_bad_word_len=4, seed=0,
     )  # fmt: skip
-    sampler = Sampler(config, "cpu")
+    device = backend_device(backend)
+    sampler = Sampler(config, device)
     driver = BatchDriver(config, seed=5, churn=0.15)
     gen = torch.Generator().manual_seed(5)
     boundary = 0
     # The interpreter pays K = V logprobs selections per row and step: fewer steps there.
-    for _step in range(40 if backend == "torch" else 5):
+    for _step in range(5 if interpreted(backend, device) else 40):
         sampler.update_state(driver.next_update())
         logits = torch.randn(17, V, generator=gen) * 3
-        out = sampler(logits)
+        out = sampler(logits.to(device))
         got = _processed(out, 17)
         tokens = out.sampled_token_ids[:, 0].tolist()
         for r, req in enumerate(driver.rows):
@@ -71,7 +75,7 @@ def test_pipeline_matches_reference_under_churn(backend: str) -> None:
 def _run(sampler: Sampler, row: int, num_rows: int, steps: int) -> list[int]:
     out = []
     for _ in range(steps):
-        logits = torch.linspace(-2.0, 2.0, V).repeat(num_rows, 1)
+        logits = torch.linspace(-2.0, 2.0, V).repeat(num_rows, 1).to(sampler.device)
         out.append(int(sampler(logits).sampled_token_ids[row, 0]))
     return out
 
@@ -80,10 +84,11 @@ def _run(sampler: Sampler, row: int, num_rows: int, steps: int) -> list[int]:
 def test_seeded_tokens_do_not_depend_on_row_batch_or_padding(backend: str) -> None:
     config = _config(backend, max_num_reqs=9, vocab_size=V, seed=1)
     params = SP(temperature=1.3, top_k=40, top_p=0.9, seed=1234)
-    a = Sampler(config, "cpu")
+    device = backend_device(backend)
+    a = Sampler(config, device)
     a.update_state(BatchUpdate(1, added=[(0, params, [5, 6], [])]))
     alone = _run(a, 0, 1, 12)
-    b = Sampler(config, "cpu")
+    b = Sampler(config, device)
     b.update_state(
         BatchUpdate(
             6,
@@ -128,7 +133,7 @@ def test_chi_square_against_reference_distribution(params: SP) -> None:
         BatchUpdate(
             rows,
             added=[
-                (r, SP(**{**params.__dict__, "seed": 1000 + r}), prompt, list(output))
+                (r, dataclasses.replace(params, seed=1000 + r), prompt, list(output))
                 for r in range(rows)
             ],
         )
@@ -204,57 +209,74 @@ def test_forward_before_update_state() -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_nan_and_fully_masked_rows_give_valid_ids(backend: str) -> None:
-    config = _config(backend, max_num_reqs=3, vocab_size=V)
-    sampler = Sampler(config, "cpu")
-    sampler.update_state(
-        BatchUpdate(3, added=[(r, SP(seed=r, top_p=0.5), None, []) for r in range(3)])
-    )
-    logits = torch.randn(3, V)
+def test_nan_and_fully_masked_rows_give_the_documented_ids(backend: str) -> None:
+    # sampler.py: "A NaN row returns the index of its first NaN (argmax's choice); a row with
+    # every token masked returns token 0", greedy or random, on both backends.
+    device = backend_device(backend)
+    config = _config(backend, max_num_reqs=6, vocab_size=V)
+    sampler = Sampler(config, device)
+    seed = int(np.random.default_rng().integers(2**31))
+    print(f"logits seed {seed}")  # fresh logits each run; shown on failure: rerun with it
+    logits = torch.randn(6, V, generator=torch.Generator().manual_seed(seed)) * 3
+    masked = SP(allowed_token_ids=[5], bad_words_token_ids=[[5]])  # allowed, then banned
+    rows = [
+        SP(seed=0, top_p=0.5),  # random, one NaN at column 7
+        SP(seed=1, top_p=0.5),  # random, every logit -inf
+        SP(seed=2, top_p=0.5),  # random, every logit NaN
+        SP(temperature=0.0),  # greedy, NaN at columns 12 and 60
+        dataclasses.replace(masked, seed=4, top_p=0.5),  # random, every token masked
+        dataclasses.replace(masked, temperature=0.0),  # greedy, every token masked
+    ]
+    sampler.update_state(BatchUpdate(6, added=[(r, p, None, []) for r, p in enumerate(rows)]))
     logits[0, 7] = float("nan")
     logits[1] = float("-inf")
     logits[2] = float("nan")
-    toks = sampler(logits).sampled_token_ids[:, 0]
-    assert ((toks >= 0) & (toks < V)).all()
+    logits[3, [12, 60]] = float("nan")
+    # The only allowed token is each masked row's best: a row that kept it would take it.
+    logits[4:, 5] = logits[4:].amax(dim=1) + 1.0
+    toks = sampler(logits.to(device)).sampled_token_ids[:, 0].cpu()
+    assert toks.tolist() == [7, 0, 0, 12, 0, 0]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_bfloat16_logits_and_rng_draws_stay_in_range(backend: str) -> None:
-    sampler = Sampler(_config(backend, max_num_reqs=2, vocab_size=V, max_num_logprobs=2), "cpu")
+    device = backend_device(backend)
+    sampler = Sampler(_config(backend, max_num_reqs=2, vocab_size=V, max_num_logprobs=2), device)
     sampler.update_state(BatchUpdate(2, added=[(0, SP(seed=5), None, []), (1, SP(), None, [])]))
-    out = sampler(torch.randn(2, V).bfloat16())
+    out = sampler(torch.randn(2, V).bfloat16().to(device))
     assert out.logprobs_tensors is not None
     assert (
         out.logprobs_tensors.logprob_token_ids[:, 0].tolist()
         == out.sampled_token_ids[:, 0].tolist()
     )
-    assert (out.logprobs_tensors.selected_token_ranks >= 1).all()
+    assert (out.logprobs_tensors.selected_token_ranks.cpu() >= 1).all()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_commit_masks_and_multi_token_commits_enter_history(backend: str) -> None:
     config = _config(backend, max_num_reqs=4, vocab_size=V, max_num_logprobs=V,
                            logprobs_mode="processed_logits")  # fmt: skip
-    sampler = Sampler(config, "cpu")
+    device = backend_device(backend)
+    sampler = Sampler(config, device)
     pen = SP(temperature=0.0, presence_penalty=1.0)
     sampler.update_state(BatchUpdate(3, added=[(r, pen, None, []) for r in range(3)]))
     logits = torch.randn(4, V)
     # Row 1 is a chunked-prefill row this step: its token must not count.
-    out = sampler(logits, commit_mask=torch.tensor([True, False, True, True]))
-    first = out.sampled_token_ids[:, 0]
+    out = sampler(logits.to(device), commit_mask=torch.tensor([True, False, True, True]).to(device))
+    first = out.sampled_token_ids[:, 0].cpu()
     gen = sampler.batch_state.num_generated.device
     slots = [sampler.batch_state.slot_of_row(r) for r in range(3)]
     assert [int(gen[s]) for s in slots] == [1, 0, 1]
-    processed = _processed(sampler(logits, commit=False), 4)
+    processed = _processed(sampler(logits.to(device), commit=False), 4)
     assert processed[0, int(first[0])] == pytest.approx(float(logits[0, int(first[0])]) - 1.0)
     assert processed[1, int(first[1])] == pytest.approx(float(logits[1, int(first[1])]))
     # Speculative decoding: a variable number of tokens per row.
     drafts = torch.tensor([[5, 6, 7], [8, 9, 10], [11, 12, 13], [1, 1, 1]])
     counts = sampler.penalties.counts
     before = counts.clone()  # the sampled tokens above may be any of the drafted ids
-    sampler.commit_tokens(drafts, num_tokens=torch.tensor([3, 0, 2, 3]))
+    sampler.commit_tokens(drafts.to(device), num_tokens=torch.tensor([3, 0, 2, 3]).to(device))
     assert [int(gen[s]) for s in slots] == [4, 0, 3]
-    added = counts - before
+    added = (counts - before).cpu()
     assert added[slots[0], [5, 6, 7]].tolist() == [1, 1, 1] and added[slots[0]].sum() == 3
     assert added[slots[1]].sum() == 0
     assert added[slots[2], [11, 12]].tolist() == [1, 1] and added[slots[2]].sum() == 2
@@ -267,11 +289,12 @@ def test_grammar_bitmask_rows_and_clearing(backend: str) -> None:
 
     config = _config(backend, max_num_reqs=3, vocab_size=V, max_num_logprobs=V,
                            logprobs_mode="processed_logits")  # fmt: skip
-    sampler = Sampler(config, "cpu")
+    device = backend_device(backend)
+    sampler = Sampler(config, device)
     sampler.update_state(BatchUpdate(3, added=[(r, SP(seed=r), None, []) for r in range(3)]))
     mask = np.stack([pack_token_ids([3, 50], V)])
     sampler.stage_grammar_bitmask(mask, rows=[1])
-    logits = torch.randn(3, V)
+    logits = torch.randn(3, V).to(device)
     for _ in range(5):
         out = sampler(logits)
         assert int(out.sampled_token_ids[1, 0]) in (3, 50)
@@ -294,14 +317,16 @@ def test_grammar_bitmask_rows_and_clearing(backend: str) -> None:
 def test_logprobs_modes(backend: str, mode: str) -> None:
     k = 4
     config = _config(backend, max_num_reqs=5, vocab_size=V, max_num_logprobs=k, logprobs_mode=mode)
-    sampler = Sampler(config, "cpu")
+    device = backend_device(backend)
+    sampler = Sampler(config, device)
     params = [SP(temperature=0.0), SP(temperature=0.8, top_k=5, seed=1), SP(min_p=0.2, seed=2)]
     sampler.update_state(BatchUpdate(3, added=[(r, p, None, []) for r, p in enumerate(params)]))
     logits = torch.randn(5, V) * 2
-    out = sampler(logits)
-    lp = out.logprobs_tensors
-    assert lp is not None and lp.logprobs.shape == (5, k + 1)
-    tokens = out.sampled_token_ids[:, 0]
+    out = sampler(logits.to(device))
+    assert out.logprobs_tensors is not None
+    lp = gs.LogprobsTensors(*(t.cpu() for t in out.logprobs_tensors))
+    assert lp.logprobs.shape == (5, k + 1)
+    tokens = out.sampled_token_ids[:, 0].cpu()
     assert torch.equal(lp.logprob_token_ids[:, 0], tokens)
     for r in range(3):
         req = reference.DriverRequest(params[r], None, [])
@@ -329,10 +354,11 @@ def test_logprobs_modes(backend: str, mode: str) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_padded_rows_touch_no_request_state(backend: str) -> None:
     config = _config(backend, max_num_reqs=6, vocab_size=V, seed=2)
-    sampler = Sampler(config, "cpu")
+    device = backend_device(backend)
+    sampler = Sampler(config, device)
     sampler.update_state(BatchUpdate(2, added=[(r, SP(), [1], []) for r in range(2)]))
     before = {k: t.clone() for k, t in sampler.state_tensors().items()}
-    sampler(torch.randn(6, V))  # 2 requests, 4 padded rows
+    sampler(torch.randn(6, V).to(device))  # 2 requests, 4 padded rows
     after = sampler.state_tensors()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed == {"num_generated.device", "penalties.counts", "bad_words.recent_tokens.device"}
@@ -387,9 +413,11 @@ def test_grammar_mask_follows_its_request(backend: str) -> None:
     from graphsafe_sampler.bitmask import pack_token_ids
 
     config = _config(backend, max_num_reqs=3, vocab_size=V)
-    sampler = Sampler(config, "cpu")
+    device = backend_device(backend)
+    sampler = Sampler(config, device)
     logits = torch.zeros(3, V)
     logits[:, 9] = 50.0  # unconstrained rows take token 9
+    logits = logits.to(device)
     sampler.update_state(
         BatchUpdate(2, added=[(r, SP(temperature=0.0), None, []) for r in range(2)])
     )
@@ -443,13 +471,15 @@ def test_fully_masked_row_has_minus_inf_logprobs_not_nan(backend: str) -> None:
 
     config = _config(backend, max_num_reqs=2, vocab_size=V, max_num_logprobs=3,
                            logprobs_mode="processed_logprobs")  # fmt: skip
-    sampler = Sampler(config, "cpu")
+    device = backend_device(backend)
+    sampler = Sampler(config, device)
     sampler.update_state(BatchUpdate(2, added=[(r, SP(seed=r), None, []) for r in range(2)]))
     sampler.stage_grammar_bitmask(np.zeros((1, num_words(V)), dtype=np.int32), rows=[0])
-    lp = sampler(torch.randn(2, V)).logprobs_tensors
+    lp = sampler(torch.randn(2, V).to(device)).logprobs_tensors
     assert lp is not None
-    assert not lp.logprobs.isnan().any()
-    assert torch.isneginf(lp.logprobs[0]).all() and torch.isfinite(lp.logprobs[1]).all()
+    logprobs = lp.logprobs.cpu()
+    assert not logprobs.isnan().any()
+    assert torch.isneginf(logprobs[0]).all() and torch.isfinite(logprobs[1]).all()
 
 
 def test_commit_mask_and_multi_token_commits_are_graph_safe() -> None:
@@ -478,17 +508,18 @@ def test_bad_words_match_the_last_outputs_and_fill_the_token_capacity(backend: s
     singles = [[t] for t in range(20, 20 + 1000)][: config.max_bad_words_tokens - 10]
     singles = [w for w in singles if w[0] < V]
     words = [[6, 7], [5, 6, 8], [9, 6, 10], [4], *singles]
-    sampler = Sampler(config, "cpu")
+    device = backend_device(backend)
+    sampler = Sampler(config, device)
     sampler.update_state(
         BatchUpdate(2, added=[(0, SP(bad_words_token_ids=words), None, [5, 6]),
                               (1, SP(bad_words_token_ids=[[6, 7]]), None, [6, 1])])
     )  # fmt: skip
-    got = _processed(sampler(torch.randn(2, V), commit=False), 2)
+    got = _processed(sampler(torch.randn(2, V).to(device), commit=False), 2)
     banned = {int(t) for t in np.flatnonzero(np.isneginf(got[0]))}
     assert banned == {7, 8, 4, *range(20, V)}
     assert np.isfinite(got[1]).all()  # row 1's last output is 1, not 6
     # Row 1 now outputs 6: its word [6, 7] applies from the next step on.
-    sampler.commit_tokens(torch.tensor([3, 6]))
-    got = _processed(sampler(torch.randn(2, V), commit=False), 2)
+    sampler.commit_tokens(torch.tensor([3, 6]).to(device))
+    got = _processed(sampler(torch.randn(2, V).to(device), commit=False), 2)
     assert set(np.flatnonzero(np.isneginf(got[1])).tolist()) == {7}
     assert 7 not in set(np.flatnonzero(np.isneginf(got[0])).tolist())  # row 0 ends in 3
