@@ -5,33 +5,20 @@ the case grid, the budget and the helpers. No torch.compile here."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
+from perf_scripts import load_perf_script
 
 from graphsafe_sampler import RejectionSampler, Sampler
 from graphsafe_sampler.bench.results import CaseResult, Results, fill_ratios
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "perf" / "gpu_check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-gpu_check = _load()
+gpu_check = load_perf_script("gpu_check")
 CUDA = torch.cuda.is_available()
 
 

@@ -13,31 +13,16 @@ inductor cache, a minute or more cold on 2 cores), and compiled when GS_SOAK_STE
 
 from __future__ import annotations
 
-import importlib.util
 import mmap
 import os
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
+from perf_scripts import load_perf_script
 
 from graphsafe_sampler import SamplerOutput
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_soak", ROOT / "perf" / "bench_soak.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_soak"] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-bench_soak = _load()
+bench_soak = load_perf_script("bench_soak")
 
 
 FULL_SOAK = "GS_SOAK_STEPS" in os.environ
