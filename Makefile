@@ -22,7 +22,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check graphsafe_sampler kernels tests perf
 
 typecheck: venv
-	$(VENV)/bin/mypy graphsafe_sampler
+	$(VENV)/bin/mypy graphsafe_sampler kernels
 
 pytest: venv
 	$(PY) -m pytest -q

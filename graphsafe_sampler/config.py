@@ -6,9 +6,12 @@ preallocated from it and never grow (DESIGN §1). The capacities are per request
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, Literal
+
+import torch
 
 LogprobsMode = Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
 Backend = Literal["auto", "torch", "triton"]
@@ -125,3 +128,27 @@ class SamplerConfig:
     def padding_slot(self) -> int:
         """The slot that empty and padded rows map to; it holds neutral parameters."""
         return self.max_num_reqs
+
+
+def triton_available(device: torch.device) -> bool:
+    """Whether Triton kernels can run on `device`: CUDA, or any device under the Triton
+    interpreter (`TRITON_INTERPRET=1`, numpy: correct and slow, for tests)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return True
+    return device.type == "cuda"
+
+
+def resolve_backend(config: SamplerConfig, device: torch.device) -> Literal["torch", "triton"]:
+    """The backend `config` asks for on `device`; "auto": Triton where its kernels run
+    natively (CUDA), PyTorch elsewhere. Raises ValueError for "triton" where its kernels
+    cannot run."""
+    if config.backend == "torch":
+        return "torch"
+    if config.backend == "triton":
+        if not triton_available(device):
+            raise ValueError(
+                f"backend='triton' needs a CUDA device (or TRITON_INTERPRET=1, the Triton "
+                f"interpreter, for tests); the sampler is on {device}: use 'torch' or 'auto'"
+            )
+        return "triton"
+    return "triton" if device.type == "cuda" else "torch"

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from graphsafe_sampler.kernels.constants import GREEDY_TEMPERATURE
+
 if TYPE_CHECKING:
     from graphsafe_sampler.config import SamplerConfig
 
-# Rows whose temperature is below this are greedy (DESIGN §4, step 5; vLLM's _SAMPLING_EPS).
-GREEDY_TEMPERATURE = 1e-5
 
 _INT64_MIN = -(2**63)
 _UINT64_LIMIT = 2**64

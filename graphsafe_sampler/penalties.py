@@ -37,11 +37,11 @@ import torch
 from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.bitmask import num_words, pack_token_ids
 from graphsafe_sampler.config import SamplerConfig
+from graphsafe_sampler.kernels.constants import SATURATED
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.slot_tables import SlotTables
 from graphsafe_sampler.staging import host_to_device, index_to_device
 
-SATURATED = 255
 _UNUSED = -1
 
 

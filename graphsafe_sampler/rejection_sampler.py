@@ -59,18 +59,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from graphsafe_sampler import triton_ops
 from graphsafe_sampler.batch_update import BatchUpdate
 from graphsafe_sampler.config import SamplerConfig
-from graphsafe_sampler.ops.rng import (
-    SALT_ACCEPT,
-    SALT_BONUS,
-    SALT_RECOVER,
-    exponentials_from_hashes,
-    hash_tokens,
-    row_keys,
-    row_uniforms,
-)
+from graphsafe_sampler.kernels.constants import SALT_ACCEPT, SALT_BONUS, SALT_RECOVER
+from graphsafe_sampler.ops.rng import exponentials_from_hashes, hash_tokens, row_keys, row_uniforms
 from graphsafe_sampler.output import RejectionSamplerOutput
 from graphsafe_sampler.processors.base import SlotLogitsProcessor
 from graphsafe_sampler.sampler import Sampler
@@ -267,12 +259,15 @@ class RejectionSampler(nn.Module):
         """The Triton backend's Gumbel-max races for the emitted token: `sample_tokens` once
         per stream (the salt is a launch constant), merged per row. Greedy rows come out as
         argmax and are replaced by the caller. Returns [num_rows] int64."""
+        # imported here: the PyTorch backend never imports Triton
+        from graphsafe_sampler.kernels.sampling import sample_tokens
+
         sampling = self.sampler.sampling
         num_rows = slots.shape[0]
         picks = []
         for scores, salt in ((bonus_scores, SALT_BONUS), (recovered_scores, SALT_RECOVER)):
             tokens = torch.empty(num_rows, dtype=torch.int64, device=scores.device)
-            triton_ops.sample_tokens(
+            sample_tokens(
                 scores.contiguous(),
                 slots,
                 sampling.temperature.device,

@@ -28,11 +28,11 @@ from torch import nn
 from graphsafe_sampler.bad_words import BadWordsState
 from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.batch_update import BatchUpdate
-from graphsafe_sampler.config import SamplerConfig
-from graphsafe_sampler.ops.rng import SALT_SAMPLE, gumbel_noise
+from graphsafe_sampler.config import SamplerConfig, resolve_backend
+from graphsafe_sampler.kernels.constants import GREEDY_TEMPERATURE, SALT_SAMPLE
+from graphsafe_sampler.ops.rng import gumbel_noise
 from graphsafe_sampler.ops.top_k_top_p import apply_top_k_top_p
 from graphsafe_sampler.output import LogprobsTensors, SamplerOutput
-from graphsafe_sampler.params import GREEDY_TEMPERATURE
 from graphsafe_sampler.penalties import PenaltyState
 from graphsafe_sampler.processors.allowed_token_ids import AllowedTokenIdsLogitsProcessor
 from graphsafe_sampler.processors.base import LogitsProcessor
@@ -42,24 +42,9 @@ from graphsafe_sampler.processors.min_p import MinPLogitsProcessor
 from graphsafe_sampler.processors.min_tokens import MinTokensLogitsProcessor
 from graphsafe_sampler.sampling_state import SamplingState
 from graphsafe_sampler.structured_output import GrammarBitmask
-from graphsafe_sampler.triton_backend import TritonPipeline, triton_available
 
 _LOGITS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INDEX_DTYPES = (torch.int32, torch.int64)
-
-
-def _resolve_backend(config: SamplerConfig, device: torch.device) -> str:
-    """ "auto": Triton where its kernels run natively (CUDA), PyTorch elsewhere."""
-    if config.backend == "torch":
-        return "torch"
-    if config.backend == "triton":
-        if not triton_available(device):
-            raise ValueError(
-                f"backend='triton' needs a CUDA device (or TRITON_INTERPRET=1, the Triton "
-                f"interpreter, for tests); the sampler is on {device}: use 'torch' or 'auto'"
-            )
-        return "triton"
-    return "triton" if device.type == "cuda" else "torch"
 
 
 class Sampler(nn.Module):
@@ -77,7 +62,7 @@ class Sampler(nn.Module):
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.config = config
         self.device = torch.device(device)
-        self.backend = _resolve_backend(config, self.device)
+        self.backend = resolve_backend(config, self.device)
         self.batch_state = BatchState(config, self.device)
         state, pin = self.batch_state, self.batch_state.pin_memory
         # Registration order is add order; the pipeline order is fixed in forward.
@@ -95,7 +80,12 @@ class Sampler(nn.Module):
         )
         self.graph_safe = all(p.graph_safe for p in self.custom)
         # The Triton backend drives the same state through the kernels (triton_backend.py).
-        self._triton = TritonPipeline(self) if self.backend == "triton" else None
+        self._triton = None
+        if self.backend == "triton":
+            # imported here: the PyTorch backend never imports Triton
+            from graphsafe_sampler.triton_backend import TritonPipeline
+
+            self._triton = TritonPipeline(self)
         self._ready = False
 
     # ----------------------------------------------------------------- host side

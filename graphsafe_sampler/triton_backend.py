@@ -1,5 +1,5 @@
 """The Triton backend: `Sampler(config)` with `backend="triton"` runs DESIGN §4 through the
-kernels in `kernels/` (as the custom ops of `triton_ops.py`) instead of PyTorch ops.
+kernels in `kernels/` (their `torch.library` custom ops) instead of PyTorch ops.
 
 Per step, on a fresh float32 copy `x` of the logits ([num_rows, V]):
 
@@ -31,28 +31,23 @@ the middle of the fused pass: with any of them configured, steps 1-4 run the PyT
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import torch
 
-from graphsafe_sampler import triton_ops
-from graphsafe_sampler.ops.rng import SALT_SAMPLE
+from graphsafe_sampler.kernels.constants import GREEDY_TEMPERATURE, SALT_SAMPLE
+from graphsafe_sampler.kernels.history import commit_history
+from graphsafe_sampler.kernels.logits_processing import process_logits
+from graphsafe_sampler.kernels.logprobs import compute_logprobs
+from graphsafe_sampler.kernels.min_p import apply_min_p
+from graphsafe_sampler.kernels.sampling import sample_tokens
+from graphsafe_sampler.kernels.top_k_top_p import apply_top_k_top_p, top_k_top_p_threshold
 from graphsafe_sampler.output import LogprobsTensors
-from graphsafe_sampler.params import GREEDY_TEMPERATURE
 from graphsafe_sampler.slot_tables import SlotTables
 
 if TYPE_CHECKING:
     from graphsafe_sampler.sampler import Sampler
     from graphsafe_sampler.structured_output import GrammarBitmask
-
-
-def triton_available(device: torch.device) -> bool:
-    """Whether Triton kernels can run on `device`: CUDA, or any device under the Triton
-    interpreter (`TRITON_INTERPRET=1`, numpy: correct and slow, for tests)."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return True
-    return device.type == "cuda"
 
 
 class TritonPipeline:
@@ -92,7 +87,7 @@ class TritonPipeline:
         `write_mask` the tokens below the cut are also -inf in x."""
         s = self.sampler
         x = s.bad_words.apply(x, slots, drafts, num_preceding)
-        triton_ops.process_logits(
+        process_logits(
             x,
             slots,
             s.logit_bias.bias_ids.device,
@@ -114,7 +109,7 @@ class TritonPipeline:
             num_preceding,
         )
         if not self.fold_min_p:
-            triton_ops.apply_min_p(x, slots, s.min_p.min_p.device)
+            apply_min_p(x, slots, s.min_p.min_p.device)
         s.batch_state.bind_slots(slots)  # custom processors find their rows through it
         try:
             for proc in s.custom:  # all argmax-invariant on the fused path
@@ -124,7 +119,7 @@ class TritonPipeline:
         cut = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
         top_k, top_p = s.sampling.top_k.device, s.sampling.top_p.device
         min_p = s.min_p.min_p.device if self.fold_min_p else None
-        op = triton_ops.apply_top_k_top_p if write_mask else triton_ops.top_k_top_p_threshold
+        op = apply_top_k_top_p if write_mask else top_k_top_p_threshold
         op(x, slots, top_k, top_p, cut, min_p)
         return x, cut
 
@@ -177,7 +172,7 @@ class TritonPipeline:
             x = x.contiguous()
         tokens = torch.empty(num_rows, dtype=torch.int64, device=x.device)
         positions = s.sampling.positions(slots)
-        triton_ops.sample_tokens(
+        sample_tokens(
             x,
             slots,
             s.sampling.temperature.device,
@@ -199,7 +194,7 @@ class TritonPipeline:
         values = torch.empty(num_rows, k + 1, dtype=torch.float32, device=device)
         ranks = torch.empty(num_rows, dtype=torch.int32, device=device)
         lse = torch.empty(num_rows, dtype=torch.float32, device=device)
-        triton_ops.compute_logprobs(source, tokens, token_ids, values, ranks, lse, subtract_lse)
+        compute_logprobs(source, tokens, token_ids, values, ranks, lse, subtract_lse)
         return LogprobsTensors(token_ids, values, ranks)
 
     def commit(self, slots: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor | None) -> None:
@@ -210,7 +205,7 @@ class TritonPipeline:
             return
         if keep is None:
             keep = torch.ones_like(tokens, dtype=torch.bool)
-        triton_ops.commit_history(
+        commit_history(
             slots,
             tokens,
             keep,

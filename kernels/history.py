@@ -31,7 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from graphsafe_sampler.penalties import SATURATED
+from .constants import SATURATED
+from .library import check_rows, check_table, inplace_op
 
 
 @triton.jit
@@ -94,7 +95,7 @@ def _commit_history_kernel(
         tl.store(num_generated_ptr + slot, generated + 1)
 
 
-def commit_history(
+def launch_commit_history(
     slots: torch.Tensor,  # [num_rows] int64
     token_ids: torch.Tensor,  # [num_rows] int64
     keep: torch.Tensor,  # [num_rows] bool
@@ -125,3 +126,50 @@ def commit_history(
         SATURATED=SATURATED,
         OVERFLOW_BLOCK=min(overflow_block, max(triton.next_power_of_2(num_overflow), 2)),
     )
+
+
+@inplace_op(
+    "commit_history",
+    mutates_args=("num_generated", "counts", "overflow_token", "overflow_excess", "window"),
+)
+def commit_history(
+    slots: torch.Tensor,
+    token_ids: torch.Tensor,
+    keep: torch.Tensor,
+    num_generated: torch.Tensor,
+    counts: torch.Tensor,
+    overflow_token: torch.Tensor,
+    overflow_excess: torch.Tensor,
+    window: torch.Tensor,
+    padding_slot: int,
+) -> None:
+    """`BatchState.commit` with the penalty and bad-words states, as one kernel: rows with
+    keep whose slot is not `padding_slot` append their token.
+
+    slots, token_ids [num_rows] int64; keep [num_rows] bool. Per slot, all written:
+    num_generated int32; counts uint8 [V]; overflow_token / overflow_excess int32 [E + 1]
+    (the penalties' layout); window int32 [L] (the bad-words ring of recent outputs).
+    """
+    num_rows = slots.shape[0]
+    check_rows("slots", slots, torch.int64, num_rows)
+    check_rows("token_ids", token_ids, torch.int64, num_rows)
+    check_rows("keep", keep, torch.bool, num_rows)
+    num_slots = num_generated.shape[0]
+    for name, t, dtype, shape in (
+        ("num_generated", num_generated, torch.int32, (num_slots,)),
+        ("counts", counts, torch.uint8, (num_slots, None)),
+        ("overflow_token", overflow_token, torch.int32, (num_slots, None)),
+        ("overflow_excess", overflow_excess, torch.int32, (num_slots, overflow_token.shape[-1])),
+        ("window", window, torch.int32, (num_slots, None)),
+    ):
+        check_table(name, t, dtype, shape)
+    if overflow_token.shape[1] < 2:
+        raise ValueError(
+            f"overflow_token must have E + 1 >= 2 columns, got {overflow_token.shape[1]}"
+        )
+    if not 0 <= padding_slot < num_slots:
+        raise ValueError(f"padding_slot = {padding_slot} is outside the slots [0, {num_slots})")
+    launch_commit_history(
+        slots, token_ids, keep, num_generated, counts, overflow_token, overflow_excess, window,
+        padding_slot,
+    )  # fmt: skip

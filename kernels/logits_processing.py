@@ -61,8 +61,8 @@ import torch
 import triton
 import triton.language as tl
 
-from graphsafe_sampler.params import GREEDY_TEMPERATURE
-from graphsafe_sampler.penalties import SATURATED
+from .constants import GREEDY_TEMPERATURE, SATURATED
+from .library import check_logits, check_rows, check_table, inplace_op
 
 
 @triton.jit
@@ -215,7 +215,7 @@ def _process_logits_kernel(
                 tl.store(row_ptr + cols, tl.math.div_rn(x, temperature), mask=at_255)
 
 
-def process_logits(
+def launch_process_logits(
     logits: torch.Tensor,  # [num_rows, V] float32, updated in place
     slots: torch.Tensor,  # [num_rows] int64
     bias_ids: torch.Tensor,  # [num_slots, C] int32
@@ -277,3 +277,85 @@ def process_logits(
         # why: x - f * count must round twice, as torch's separate multiply and subtract do
         enable_fp_fusion=False,
     )
+
+
+@inplace_op("process_logits", mutates_args=("logits",))
+def process_logits(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    bias_ids: torch.Tensor,
+    bias_values: torch.Tensor,
+    min_tokens: torch.Tensor,
+    num_generated: torch.Tensor,
+    stop_ids: torch.Tensor,
+    allowed: torch.Tensor,
+    grammar: torch.Tensor | None,
+    counts: torch.Tensor,
+    overflow_token: torch.Tensor,
+    overflow_excess: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    repetition: torch.Tensor,
+    frequency: torch.Tensor,
+    presence: torch.Tensor,
+    temperature: torch.Tensor,
+    drafts: torch.Tensor | None = None,
+    num_preceding: torch.Tensor | None = None,
+) -> None:
+    """Logit bias, min_tokens, allowed and grammar bitmasks, penalties and temperature on
+    logits [num_rows, V] float32, in place, in one pass (the module docstring).
+
+    Per slot ([num_slots, ...]): bias_ids int32 / bias_values float32 [C]; min_tokens,
+    num_generated int32; stop_ids int32 [S]; allowed, prompt_mask int32 [ceil(V/32)];
+    counts uint8 [V] (the output count, 255 = saturated); overflow_token (-1 unused, used
+    entries first) / overflow_excess int32 [E + 1] (a saturated token's count - 255; column
+    E is the commit's spare, never read): the penalties stage's layout; repetition,
+    frequency, presence, temperature float32. grammar: int32 [num_rows, ceil(V/32)] by
+    row, or None. drafts int64 [num_rows, D] with num_preceding int64 [num_rows] (both or
+    neither): a speculative step's drafted ids, of which the first num_preceding[r] precede
+    row r's position and count as output tokens for the penalties and min_tokens.
+    """
+    check_logits(logits)
+    num_rows, vocab_size = logits.shape
+    check_rows("slots", slots, torch.int64, num_rows)
+    num_slots, words = allowed.shape[0], (vocab_size + 31) // 32
+    for name, t, dtype, shape in (
+        ("bias_ids", bias_ids, torch.int32, (num_slots, None)),
+        ("bias_values", bias_values, torch.float32, (num_slots, bias_ids.shape[-1])),
+        ("min_tokens", min_tokens, torch.int32, (num_slots,)),
+        ("num_generated", num_generated, torch.int32, (num_slots,)),
+        ("stop_ids", stop_ids, torch.int32, (num_slots, None)),
+        ("allowed", allowed, torch.int32, (num_slots, words)),
+        ("counts", counts, torch.uint8, (num_slots, vocab_size)),
+        ("overflow_token", overflow_token, torch.int32, (num_slots, None)),
+        ("overflow_excess", overflow_excess, torch.int32, (num_slots, overflow_token.shape[-1])),
+        ("prompt_mask", prompt_mask, torch.int32, (num_slots, words)),
+        ("repetition", repetition, torch.float32, (num_slots,)),
+        ("frequency", frequency, torch.float32, (num_slots,)),
+        ("presence", presence, torch.float32, (num_slots,)),
+        ("temperature", temperature, torch.float32, (num_slots,)),
+    ):
+        check_table(name, t, dtype, shape)
+    if grammar is not None:
+        check_table("grammar", grammar, torch.int32, (num_rows, words))
+    if overflow_token.shape[1] < 2:
+        raise ValueError(
+            f"overflow_token must have E + 1 >= 2 columns, got {overflow_token.shape[1]}"
+        )
+    if (drafts is None) != (num_preceding is None):
+        raise ValueError("drafts and num_preceding come together")
+    if drafts is not None and num_preceding is not None:
+        if drafts.dtype != torch.int64:
+            raise TypeError(f"drafts must be torch.int64, got {drafts.dtype}")
+        if drafts.dim() != 2 or drafts.shape[0] != num_rows or not drafts.is_contiguous():
+            raise ValueError(
+                f"drafts must be a contiguous [{num_rows}, D] tensor, got shape "
+                f"{tuple(drafts.shape)}"
+            )
+        check_rows("num_preceding", num_preceding, torch.int64, num_rows)
+        if drafts.shape[1] == 0:
+            raise ValueError("drafts must have at least one column (D >= 1)")
+    launch_process_logits(
+        logits, slots, bias_ids, bias_values, min_tokens, num_generated, stop_ids, allowed,
+        grammar, counts, overflow_token, overflow_excess, prompt_mask, repetition, frequency,
+        presence, temperature, drafts, num_preceding,
+    )  # fmt: skip

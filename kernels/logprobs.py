@@ -37,6 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .library import check_rows, check_table, inplace_op
+
 _NO_TOKEN = 2**31 - 1  # the id of an empty top-K slot: loses every tie
 
 
@@ -136,7 +138,7 @@ def _logprobs_kernel(
     tl.store(lse_ptr + row, lse)
 
 
-def compute_logprobs(
+def launch_logprobs(
     source: torch.Tensor,  # [num_rows, V] float32/float16/bfloat16
     tokens: torch.Tensor,  # [num_rows] int64
     token_ids: torch.Tensor,  # [num_rows, K + 1] int32, written
@@ -165,3 +167,40 @@ def compute_logprobs(
         BLOCK_SIZE=block_size,
         NO_TOKEN=_NO_TOKEN,
     )
+
+
+@inplace_op("compute_logprobs", mutates_args=("token_ids", "logprobs", "ranks", "lse"))
+def compute_logprobs(
+    source: torch.Tensor,
+    tokens: torch.Tensor,
+    token_ids: torch.Tensor,
+    logprobs: torch.Tensor,
+    ranks: torch.Tensor,
+    lse: torch.Tensor,
+    subtract_lse: bool,
+) -> None:
+    """The logprobs stage in one pass per row: column 0 the sampled token, columns 1..K the
+    top K in descending order, minus the row's logsumexp when `subtract_lse` (the
+    *_logprobs modes), and the sampled token's rank.
+
+    source [num_rows, V] float32/float16/bfloat16 (raw or processed logits, read only);
+    tokens [num_rows] int64 in [0, V). Written: token_ids [num_rows, K + 1] int32, logprobs
+    [num_rows, K + 1] float32, ranks [num_rows] int32, lse [num_rows] float32 (the row's
+    logsumexp, 0 where not finite).
+    """
+    if source.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"source must be float32, float16 or bfloat16, got {source.dtype}")
+    if source.dim() != 2:
+        raise ValueError(f"source must be 2-D [num_rows, vocab_size], got {source.dim()}-D")
+    if source.stride(-1) != 1:
+        raise ValueError("source rows must be contiguous (stride 1 along the vocabulary)")
+    num_rows, vocab_size = source.shape
+    check_rows("tokens", tokens, torch.int64, num_rows)
+    check_rows("ranks", ranks, torch.int32, num_rows)
+    check_rows("lse", lse, torch.float32, num_rows)
+    check_table("token_ids", token_ids, torch.int32, (num_rows, None))
+    check_table("logprobs", logprobs, torch.float32, (num_rows, token_ids.shape[-1]))
+    k = token_ids.shape[1] - 1
+    if not 0 <= k <= vocab_size:
+        raise ValueError(f"token_ids must have K + 1 columns with 0 <= K <= {vocab_size}")
+    launch_logprobs(source, tokens, token_ids, logprobs, ranks, lse, subtract_lse)

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .library import check_logits, inplace_op
+
 
 @triton.jit
 def _min_p_kernel(
@@ -45,7 +47,7 @@ def _min_p_kernel(
         tl.store(row_ptr + cols, tl.where(x < threshold, float("-inf"), x), mask=in_row)
 
 
-def apply_min_p(
+def launch_min_p(
     logits: torch.Tensor,  # [num_rows, V] float32, updated in place
     slots: torch.Tensor,  # [num_rows] int64
     min_p: torch.Tensor,  # [num_slots] float32
@@ -56,3 +58,11 @@ def apply_min_p(
     _min_p_kernel[(num_rows,)](
         logits, logits.stride(0), slots, min_p, vocab_size, BLOCK_SIZE=block_size
     )
+
+
+@inplace_op("apply_min_p", mutates_args=("logits",))
+def apply_min_p(logits: torch.Tensor, slots: torch.Tensor, min_p: torch.Tensor) -> None:
+    """logits [num_rows, V] float32 (in place); slots [num_rows] int64; min_p [num_slots]
+    float32. Tokens below max_logit + ln(min_p) become -inf."""
+    check_logits(logits)
+    launch_min_p(logits, slots, min_p)

@@ -30,8 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from graphsafe_sampler.ops.rng import SALT_SAMPLE
-from graphsafe_sampler.params import GREEDY_TEMPERATURE
+from .constants import GREEDY_TEMPERATURE, SALT_SAMPLE
+from .library import check_logits, check_rows, inplace_op
 
 _INT32_MAX = 2**31 - 1
 
@@ -177,7 +177,7 @@ def _rng_noise_kernel(
         tl.store(gumbels_ptr + out + cols, _gumbel(h), mask=in_row)
 
 
-def sample_tokens(
+def launch_sample_tokens(
     logits: torch.Tensor,  # [num_rows, V] float32, processed and (unless threshold) filtered
     slots: torch.Tensor,  # [num_rows] int64
     temperature: torch.Tensor,  # [num_slots] float32
@@ -209,7 +209,7 @@ def sample_tokens(
     )
 
 
-def write_rng_noise(
+def launch_rng_noise(
     seeds: torch.Tensor,  # [num_rows] int64
     positions: torch.Tensor,  # [num_rows] int64
     hashes: torch.Tensor,  # [num_rows, V] int64, written
@@ -224,3 +224,64 @@ def write_rng_noise(
     _rng_noise_kernel[(num_rows,)](
         seeds, positions, hashes, uniforms, gumbels, vocab_size, SALT=salt, BLOCK_SIZE=block_size
     )
+
+
+@inplace_op("sample_tokens", mutates_args=("tokens",))
+def sample_tokens(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    threshold: torch.Tensor | None,
+    tokens: torch.Tensor,
+    salt: int = 0,
+) -> None:
+    """Greedy argmax or the counter-based Gumbel-max race, merged per row into `tokens`.
+
+    logits [num_rows, V] float32 (read only); slots, positions [num_rows] int64; temperature
+    [num_slots] float32 (below GREEDY_TEMPERATURE is greedy); seeds [num_slots] int64;
+    threshold [num_rows] float32 or None (tokens below it count as -inf); tokens [num_rows]
+    int64 (written); salt: the random stream (constants.SALT_*).
+    """
+    check_logits(logits)
+    num_rows = logits.shape[0]
+    check_rows("slots", slots, torch.int64, num_rows)
+    check_rows("positions", positions, torch.int64, num_rows)
+    check_rows("tokens", tokens, torch.int64, num_rows)
+    if threshold is not None:
+        check_rows("threshold", threshold, torch.float32, num_rows)
+    if temperature.dtype != torch.float32:
+        raise TypeError(f"temperature must be float32, got {temperature.dtype}")
+    if seeds.dtype != torch.int64:
+        raise TypeError(f"seeds must be int64, got {seeds.dtype}")
+    launch_sample_tokens(logits, slots, temperature, seeds, positions, tokens, threshold, salt)
+
+
+@inplace_op("rng_noise", mutates_args=("hashes", "uniforms", "gumbels"))
+def rng_noise(
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    hashes: torch.Tensor,
+    uniforms: torch.Tensor,
+    gumbels: torch.Tensor,
+    salt: int = 0,
+) -> None:
+    """The sampling kernel's draws for token ids 0..V-1 (tests and debugging).
+
+    seeds, positions [num_rows] int64; hashes [num_rows, V] int64, uniforms and gumbels
+    [num_rows, V] float32, all contiguous and written.
+    """
+    num_rows = seeds.shape[0]
+    check_rows("seeds", seeds, torch.int64, num_rows)
+    check_rows("positions", positions, torch.int64, num_rows)
+    for name, t, dtype in (
+        ("hashes", hashes, torch.int64),
+        ("uniforms", uniforms, torch.float32),
+        ("gumbels", gumbels, torch.float32),
+    ):
+        if t.dtype != dtype or t.dim() != 2 or t.shape != hashes.shape:
+            raise ValueError(f"{name} must be {dtype} of shape {tuple(hashes.shape)}")
+        if not t.is_contiguous() or t.shape[0] != num_rows:
+            raise ValueError(f"{name} must be contiguous with {num_rows} rows")
+    launch_rng_noise(seeds, positions, hashes, uniforms, gumbels, salt)

@@ -88,6 +88,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .library import check_logits, check_rows, inplace_op
+
 
 @triton.jit
 def _float_to_key(x):
@@ -323,7 +325,7 @@ def default_candidates() -> int:
     return 0 if os.environ.get("TRITON_INTERPRET") == "1" else CANDIDATES
 
 
-def top_k_top_p_threshold(
+def launch_top_k_top_p(
     logits: torch.Tensor,  # [num_rows, V] float32; masked in place when apply
     slots: torch.Tensor,  # [num_rows] int64
     top_k: torch.Tensor,  # [num_slots] int32
@@ -367,3 +369,64 @@ def top_k_top_p_threshold(
         # spill none (tests/cuda_compile.py checks every variant)
         num_warps=8 if block_size >= 512 else 4,
     )
+
+
+def _check_top_k_top_p(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    threshold: torch.Tensor,
+    min_p: torch.Tensor | None,
+) -> None:
+    check_logits(logits)
+    num_rows = logits.shape[0]
+    check_rows("slots", slots, torch.int64, num_rows)
+    check_rows("threshold", threshold, torch.float32, num_rows)
+    if top_k.dtype != torch.int32:
+        raise TypeError(f"top_k must be torch.int32, got {top_k.dtype}")
+    if top_p.dtype != torch.float32:
+        raise TypeError(f"top_p must be torch.float32, got {top_p.dtype}")
+    for name, table in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p)):
+        if table is not None and not table.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if min_p is not None:
+        if min_p.dtype != torch.float32:
+            raise TypeError(f"min_p must be torch.float32, got {min_p.dtype}")
+        if min_p.shape != top_p.shape:
+            raise ValueError(
+                f"min_p must have the shape of top_p {tuple(top_p.shape)}, got {tuple(min_p.shape)}"
+            )
+
+
+@inplace_op("top_k_top_p_threshold", mutates_args=("threshold",))
+def top_k_top_p_threshold(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    threshold: torch.Tensor,
+    min_p: torch.Tensor | None = None,
+) -> None:
+    """Each row's top-k-then-top-p cut into `threshold` (keep logits >= it; -inf when off),
+    without writing the logits. logits [num_rows, V] float32; slots [num_rows] int64; top_k
+    [num_slots] int32 (<= 0 or >= V off); top_p [num_slots] float32 (>= 1 off); threshold
+    [num_rows] float32. min_p [num_slots] float32 (0 off), when given: min_p's cut first,
+    folded into the threshold."""
+    _check_top_k_top_p(logits, slots, top_k, top_p, threshold, min_p)
+    launch_top_k_top_p(logits, slots, top_k, top_p, threshold, apply=False, min_p=min_p)
+
+
+@inplace_op("apply_top_k_top_p", mutates_args=("logits", "threshold"))
+def apply_top_k_top_p(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    threshold: torch.Tensor,
+    min_p: torch.Tensor | None = None,
+) -> None:
+    """`top_k_top_p_threshold`, then the logits below each row's cut become -inf in place
+    (the PyTorch stage's apply_top_k_top_p, after min_p's mask when `min_p` is given)."""
+    _check_top_k_top_p(logits, slots, top_k, top_p, threshold, min_p)
+    launch_top_k_top_p(logits, slots, top_k, top_p, threshold, apply=True, min_p=min_p)

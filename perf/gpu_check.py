@@ -124,6 +124,7 @@ from graphsafe_sampler.bench.results import (  # noqa: E402
 )
 from graphsafe_sampler.bench.timing import time_rounds  # noqa: E402
 from graphsafe_sampler.bench.workload import DECODE_RECIPES  # noqa: E402
+from graphsafe_sampler.config import triton_available  # noqa: E402
 from graphsafe_sampler.processors.base import SlotLogitsProcessor  # noqa: E402
 from graphsafe_sampler.testing import (  # noqa: E402
     BatchDriver,
@@ -131,7 +132,6 @@ from graphsafe_sampler.testing import (  # noqa: E402
     check_graph_safety,
     random_sampling_params,
 )
-from graphsafe_sampler.triton_backend import triton_available  # noqa: E402
 
 # ----------------------------------------------------------------- parts and budget
 
@@ -1797,7 +1797,7 @@ def _time_candidates(book: BenchBook, timer: Timer, x: torch.Tensor, case: str) 
     kernel's default size over 1,024-element tiles; on the interpreter (--cpu-smoke) 64 over
     128 (still enough for top_k 50; the full size takes seconds a row there)."""
     from graphsafe_sampler.kernels.top_k_top_p import CANDIDATES
-    from graphsafe_sampler.kernels.top_k_top_p import top_k_top_p_threshold as launch
+    from graphsafe_sampler.kernels.top_k_top_p import launch_top_k_top_p as launch
 
     device = x.device
     rows, vocab = x.shape

@@ -41,7 +41,7 @@ KERNEL_MARK = "kernel"
 def kernel_device_or_skip_reason() -> tuple[torch.device | None, str]:
     """(the device the Triton kernels run on, "") or (None, why no device can run them).
     Read at fixture time, not import time: a test may change TRITON_INTERPRET first.
-    "1" only, as `graphsafe_sampler.triton_backend.triton_available` reads it."""
+    "1" only, as `graphsafe_sampler.config.triton_available` reads it."""
     interpret = os.environ.get("TRITON_INTERPRET")
     if interpret == "1":
         return torch.device("cpu"), ""

@@ -160,7 +160,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
         for drafts in (False, True):
 
             def process(grammar: bool = grammar, drafts: bool = drafts) -> None:
-                logits_processing.process_logits(
+                logits_processing.launch_process_logits(
                     x, slots, _i32(slots_n, 8), _t(slots_n, 8), _i32(slots_n), _i32(slots_n),
                     _i32(slots_n, 4), _i32(slots_n, words), _i32(rows, words) if grammar else None,
                     _t(slots_n, vocab, dtype=torch.uint8), _i32(slots_n, 3), _i32(slots_n, 3),
@@ -175,7 +175,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
             for candidates in (top_k_top_p.CANDIDATES, 0):
 
                 def cut(apply: bool = apply, has_min_p: bool = has_min_p, c: int = candidates):
-                    top_k_top_p.top_k_top_p_threshold(
+                    top_k_top_p.launch_top_k_top_p(
                         x, slots, _i32(slots_n), _t(slots_n), _t(rows), apply,
                         _t(slots_n) if has_min_p else None, None, c,
                     )  # fmt: skip
@@ -184,19 +184,19 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
                 calls.append((label, cut))
 
     def counted() -> None:
-        top_k_top_p.top_k_top_p_threshold(
+        top_k_top_p.launch_top_k_top_p(
             x, slots, _i32(slots_n), _t(slots_n), _t(rows), False, None, _i32(rows), 16, 64
         )
 
     calls.append(("top_k_top_p reads= candidates=16 block=64", counted))
 
-    from graphsafe_sampler.ops.rng import SALT_BONUS, SALT_RECOVER, SALT_SAMPLE
+    from graphsafe_sampler.kernels.constants import SALT_BONUS, SALT_RECOVER, SALT_SAMPLE
 
     for threshold in (False, True):
         for salt in (SALT_SAMPLE, SALT_BONUS, SALT_RECOVER):
 
             def sample(threshold: bool = threshold, salt: int = salt) -> None:
-                sampling.sample_tokens(
+                sampling.launch_sample_tokens(
                     x, slots, _t(slots_n), _i64(slots_n), _i64(rows), _i64(rows),
                     _t(rows) if threshold else None, salt,
                 )  # fmt: skip
@@ -204,27 +204,27 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
             calls.append((f"sample_tokens threshold={threshold} salt={salt}", sample))
 
     def noise() -> None:
-        sampling.write_rng_noise(
+        sampling.launch_rng_noise(
             _i64(rows), _i64(rows), _i64(rows, vocab), _t(rows, vocab), _t(rows, vocab)
         )
 
-    calls.append(("write_rng_noise", noise))
+    calls.append(("rng_noise", noise))
 
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         for subtract_lse in (False, True):
 
             def lp(dtype: torch.dtype = dtype, subtract_lse: bool = subtract_lse) -> None:
-                logprobs.compute_logprobs(
+                logprobs.launch_logprobs(
                     _t(rows, vocab, dtype=dtype), _i64(rows), _i32(rows, 6), _t(rows, 6),
                     _i32(rows), _t(rows), subtract_lse,
                 )  # fmt: skip
 
             calls.append((f"compute_logprobs {dtype} subtract_lse={subtract_lse}", lp))
 
-    calls.append(("apply_min_p", lambda: min_p.apply_min_p(x, slots, _t(slots_n))))
+    calls.append(("apply_min_p", lambda: min_p.launch_min_p(x, slots, _t(slots_n))))
 
     def commit() -> None:
-        history.commit_history(
+        history.launch_commit_history(
             slots, _i64(rows), _t(rows, dtype=torch.bool), _i32(slots_n),
             _t(slots_n, vocab, dtype=torch.uint8), _i32(slots_n, 3), _i32(slots_n, 3),
             _i32(slots_n, 8), slots_n - 1,

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphsafe_sampler import triton_ops
 from graphsafe_sampler.bad_words import BadWordsState
 from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.batch_update import BatchUpdate
 from graphsafe_sampler.config import SamplerConfig
+from graphsafe_sampler.kernels.history import commit_history
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.penalties import SATURATED, PenaltyState
 
@@ -47,7 +47,7 @@ class History:
 
     def kernel_commit(self, token_ids: torch.Tensor, keep: torch.Tensor) -> None:
         p = self.penalties
-        triton_ops.commit_history(
+        commit_history(
             self.batch.slots(token_ids.shape[0]), token_ids, keep,
             self.batch.num_generated.device, p.counts, p.overflow_token.device,
             p.overflow_excess.device, self.bad_words.window.device, self.batch.padding_slot,
@@ -156,7 +156,7 @@ def test_rejects_bad_input(kernel_device: torch.device) -> None:
         )
     with pytest.raises(ValueError, match=r"padding_slot = 3 is outside the slots \[0, 3\)"):
         p = history.penalties
-        triton_ops.commit_history(
+        commit_history(
             torch.tensor([0], device=kernel_device), torch.tensor([3], device=kernel_device),
             torch.tensor([True], device=kernel_device),
             history.batch.num_generated.device, p.counts, p.overflow_token.device,
@@ -171,7 +171,7 @@ def test_opcheck(kernel_device: torch.device) -> None:
     history.batch.update(BatchUpdate(3, [], added, []))
     p = history.penalties
     torch.library.opcheck(
-        triton_ops.commit_history,
+        commit_history,
         (
             history.batch.slots(4), torch.tensor([5, 9, 5, 1], device=kernel_device),
             torch.tensor([True, False, True, True], device=kernel_device),

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from graphsafe_sampler import triton_ops
 from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.batch_update import BatchUpdate
 from graphsafe_sampler.bitmask import BitmaskUnpacker, num_words, pack_token_ids
 from graphsafe_sampler.config import SamplerConfig
+from graphsafe_sampler.kernels.logits_processing import process_logits
 from graphsafe_sampler.params import GREEDY_TEMPERATURE, SamplingParams
 from graphsafe_sampler.penalties import SATURATED, PenaltyState
 
@@ -236,7 +236,7 @@ def _kernel(
     logits: torch.Tensor, slots: torch.Tensor, state: State, grammar: torch.Tensor | None
 ) -> torch.Tensor:
     got = logits.clone()
-    triton_ops.process_logits(got, slots, *state.kernel_args(), grammar, *state.penalty_args())
+    process_logits(got, slots, *state.kernel_args(), grammar, *state.penalty_args())
     return got
 
 
@@ -398,7 +398,7 @@ def test_non_contiguous_row_stride(kernel_device: torch.device) -> None:
     logits = base[::2, :300]  # row stride 802
     slots = torch.tensor([0, 2, 1], device=kernel_device)
     want = _torch_backend(logits, slots, state, None)
-    triton_ops.process_logits(logits, slots, *state.kernel_args(), None, *state.penalty_args())
+    process_logits(logits, slots, *state.kernel_args(), None, *state.penalty_args())
     assert torch.equal(logits, want)
     assert torch.equal(base[1::2], before[1::2])
     assert torch.equal(base[::2, 300:], before[::2, 300:])
@@ -411,16 +411,14 @@ def test_rejects_bad_input(kernel_device: torch.device) -> None:
     with pytest.raises(TypeError, match=r"counts must be torch\.uint8, got torch\.int32"):
         args = list(state.penalty_args())
         args[0] = args[0].int()
-        triton_ops.process_logits(logits, slots, *state.kernel_args(), None, *args)
+        process_logits(logits, slots, *state.kernel_args(), None, *args)
     with pytest.raises(ValueError, match=r"grammar must have shape \[1, 2\], got \(2, 2\)"):
         grammar = torch.zeros(2, 2, dtype=torch.int32, device=kernel_device)
-        triton_ops.process_logits(
-            logits, slots, *state.kernel_args(), grammar, *state.penalty_args()
-        )
+        process_logits(logits, slots, *state.kernel_args(), grammar, *state.penalty_args())
     with pytest.raises(ValueError, match=r"overflow_token must have E \+ 1 >= 2 columns, got 1"):
         args = list(state.penalty_args())
         args[1], args[2] = args[1][:, :1].contiguous(), args[2][:, :1].contiguous()
-        triton_ops.process_logits(logits, slots, *state.kernel_args(), None, *args)
+        process_logits(logits, slots, *state.kernel_args(), None, *args)
 
 
 def test_opcheck(kernel_device: torch.device) -> None:
@@ -431,6 +429,6 @@ def test_opcheck(kernel_device: torch.device) -> None:
     grammar = torch.full((3, num_words(129)), -1, dtype=torch.int32, device=kernel_device)
     for g in (grammar, None):
         torch.library.opcheck(
-            triton_ops.process_logits,
+            process_logits,
             (logits.clone(), slots, *state.kernel_args(), g, *state.penalty_args()),
         )

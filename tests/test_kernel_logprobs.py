@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from graphsafe_sampler import triton_ops
 from graphsafe_sampler.config import SamplerConfig
+from graphsafe_sampler.kernels.logprobs import compute_logprobs
 from graphsafe_sampler.output import LogprobsTensors
 from graphsafe_sampler.sampler import Sampler
 
@@ -39,7 +39,7 @@ def _kernel(
     values = torch.full((rows, k + 1), float("nan"), device=device)
     ranks = torch.full((rows,), -7, dtype=torch.int32, device=device)
     lse = torch.full((rows,), float("nan"), device=device)
-    triton_ops.compute_logprobs(source, tokens, ids, values, ranks, lse, subtract_lse)
+    compute_logprobs(source, tokens, ids, values, ranks, lse, subtract_lse)
     return LogprobsTensors(ids, values, ranks), lse
 
 
@@ -179,11 +179,11 @@ def test_rejects_bad_input(kernel_device: torch.device) -> None:
     ranks = torch.zeros(2, dtype=torch.int32, device=device)
     with pytest.raises(TypeError, match=r"tokens must be torch\.int64, got torch\.int32"):
         tokens = torch.zeros(2, dtype=torch.int32, device=device)
-        triton_ops.compute_logprobs(source, tokens, ids, values, ranks, lse, True)
+        compute_logprobs(source, tokens, ids, values, ranks, lse, True)
     with pytest.raises(ValueError, match=r"logprobs must have shape \[2, 3\], got \(2, 4\)"):
         tokens = torch.zeros(2, dtype=torch.int64, device=device)
         wide = torch.zeros(2, 4, device=device)
-        triton_ops.compute_logprobs(source, tokens, ids, wide, ranks, lse, True)
+        compute_logprobs(source, tokens, ids, wide, ranks, lse, True)
 
 
 def test_opcheck(kernel_device: torch.device) -> None:
@@ -192,7 +192,7 @@ def test_opcheck(kernel_device: torch.device) -> None:
     raw, processed, tokens = _logits_and_tokens(3, 129, gen, device)
     for source, subtract_lse in ((raw, True), (processed, False)):
         torch.library.opcheck(
-            triton_ops.compute_logprobs,
+            compute_logprobs,
             (
                 source, tokens, torch.zeros(3, 6, dtype=torch.int32, device=device),
                 torch.zeros(3, 6, device=device), torch.zeros(3, dtype=torch.int32, device=device),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphsafe_sampler import triton_ops
+from graphsafe_sampler.kernels.min_p import apply_min_p
 from graphsafe_sampler.processors.min_p import min_p_threshold
 
 
@@ -30,7 +30,7 @@ def test_matches_torch_backend(rows: int, vocab: int, kernel_device: torch.devic
     slots = torch.randperm(rows + 1, generator=gen)[:rows]
     logits, min_p, slots = (t.to(kernel_device) for t in (logits, min_p, slots))
     got = logits.clone()
-    triton_ops.apply_min_p(got, slots, min_p)
+    apply_min_p(got, slots, min_p)
     want = _reference(logits, slots, min_p)
     # Bit-exact, except a logit within rounding of the cut: the interpreter's log (numpy)
     # and torch's may differ in the last bit.
@@ -52,7 +52,7 @@ def test_edge_rows(kernel_device: torch.device) -> None:
     slots = torch.arange(4, device=kernel_device)
     min_p = torch.tensor([0.5, 0.5, 1.0, 0.0, 0.0], device=kernel_device)
     got = logits.clone()
-    triton_ops.apply_min_p(got, slots, min_p)
+    apply_min_p(got, slots, min_p)
     assert torch.equal(got, _reference(logits, slots, min_p))
     assert torch.isfinite(got[0]).sum() == 1 and torch.isfinite(got[1]).sum() == 5
 
@@ -64,7 +64,7 @@ def test_non_contiguous_row_stride(kernel_device: torch.device) -> None:
     slots = torch.tensor([0, 1, 2], device=kernel_device)
     min_p = torch.tensor([0.2, 0.05, 0.5, 0.0], device=kernel_device)
     want = _reference(logits, slots, min_p)
-    triton_ops.apply_min_p(logits, slots, min_p)
+    apply_min_p(logits, slots, min_p)
     assert torch.equal(logits, want)
     # Odd rows and the columns past the view are outside it: not one element may change.
     assert torch.equal(base[1::2], before[1::2])
@@ -75,11 +75,11 @@ def test_opcheck_and_compile(kernel_device: torch.device) -> None:
     logits = torch.randn(3, 129).to(kernel_device)
     slots = torch.tensor([2, 0, 1], device=kernel_device)
     min_p = torch.tensor([0.1, 0.0, 0.4, 0.0], device=kernel_device)
-    torch.library.opcheck(triton_ops.apply_min_p, (logits.clone(), slots, min_p))
+    torch.library.opcheck(apply_min_p, (logits.clone(), slots, min_p))
 
     def step(x: torch.Tensor) -> torch.Tensor:
         x = x * 1.0
-        triton_ops.apply_min_p(x, slots, min_p)
+        apply_min_p(x, slots, min_p)
         return x
 
     compiled = torch.compile(step, fullgraph=True)
@@ -88,7 +88,7 @@ def test_opcheck_and_compile(kernel_device: torch.device) -> None:
 
 def test_rejects_wrong_dtype(kernel_device: torch.device) -> None:
     with pytest.raises(TypeError, match=r"logits must be float32, got torch\.float16"):
-        triton_ops.apply_min_p(
+        apply_min_p(
             torch.randn(2, 8).half().to(kernel_device),
             torch.tensor([0, 1], device=kernel_device),
             torch.zeros(3, device=kernel_device),
@@ -102,5 +102,5 @@ def test_nan_rows_match_torch(kernel_device: torch.device) -> None:
     slots = torch.tensor([0, 1], device=kernel_device)
     min_p = torch.tensor([0.3, 0.3, 0.0], device=kernel_device)
     got = logits.clone()
-    triton_ops.apply_min_p(got, slots, min_p)
+    apply_min_p(got, slots, min_p)
     torch.testing.assert_close(got, _reference(logits, slots, min_p), equal_nan=True)

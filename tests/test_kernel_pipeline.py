@@ -8,7 +8,9 @@ import torch
 from test_kernel_logits_processing import _random_state, _torch_backend
 from test_kernel_sampling import _assert_same_tokens
 
-from graphsafe_sampler import triton_ops
+from graphsafe_sampler.kernels.logits_processing import process_logits
+from graphsafe_sampler.kernels.sampling import sample_tokens
+from graphsafe_sampler.kernels.top_k_top_p import top_k_top_p_threshold
 from graphsafe_sampler.ops import rng
 from graphsafe_sampler.ops.top_k_top_p import apply_top_k_top_p
 from graphsafe_sampler.params import GREEDY_TEMPERATURE
@@ -30,11 +32,11 @@ def test_chained_kernels_compile_and_match_torch_backend(kernel_device: torch.de
     def step(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # one write of the logits (process_logits); top-k/top-p and sampling only read
         x = logits.clone()
-        triton_ops.process_logits(x, slots, *state.kernel_args(), None, *state.penalty_args())
+        process_logits(x, slots, *state.kernel_args(), None, *state.penalty_args())
         threshold = torch.empty(rows, device=logits.device)
-        triton_ops.top_k_top_p_threshold(x, slots, top_k, top_p, threshold)
+        top_k_top_p_threshold(x, slots, top_k, top_p, threshold)
         tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)
-        triton_ops.sample_tokens(x, slots, state.temperature, seeds, positions, threshold, tokens)
+        sample_tokens(x, slots, state.temperature, seeds, positions, threshold, tokens)
         return x, tokens
 
     processed, eager = step(logits)

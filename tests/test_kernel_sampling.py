@@ -7,7 +7,7 @@ import pytest
 import scipy.stats
 import torch
 
-from graphsafe_sampler import triton_ops
+from graphsafe_sampler.kernels.sampling import rng_noise, sample_tokens
 from graphsafe_sampler.ops import rng
 from graphsafe_sampler.ops.top_k_top_p import (
     apply_top_k_top_p,
@@ -40,7 +40,7 @@ def _noise(
     hashes = torch.full((rows, vocab), -1, dtype=torch.int64, device=device)
     uniforms = torch.full((rows, vocab), float("nan"), device=device)
     gumbels = torch.full((rows, vocab), float("nan"), device=device)
-    triton_ops.rng_noise(seeds, positions, hashes, uniforms, gumbels, salt)
+    rng_noise(seeds, positions, hashes, uniforms, gumbels, salt)
     return hashes, uniforms, gumbels
 
 
@@ -138,9 +138,9 @@ def test_tokens_match_torch_backend(
         t = temperature[slots]
         x = logits / torch.where(t < GREEDY_TEMPERATURE, 1.0, t)[:, None]
         cut = top_p_threshold(x, top_p[slots], top_k_threshold(x, top_k[slots]))
-        triton_ops.sample_tokens(x, slots, temperature, seeds, positions, cut[:, 0], tokens)
+        sample_tokens(x, slots, temperature, seeds, positions, cut[:, 0], tokens)
     else:
-        triton_ops.sample_tokens(filtered, slots, temperature, seeds, positions, None, tokens)
+        sample_tokens(filtered, slots, temperature, seeds, positions, None, tokens)
     near_ties = _assert_same_tokens(tokens, want, perturbed)
     print(f"{near_ties} of {rows} rows differ within rounding")
 
@@ -158,7 +158,7 @@ def test_greedy_and_random_rows_merge(kernel_device: torch.device) -> None:
     seeds = torch.arange(rows + 1, device=kernel_device) * 1000003
     positions = torch.arange(rows, device=kernel_device) + 5
     tokens = torch.full((rows,), -1, dtype=torch.int64, device=kernel_device)
-    triton_ops.sample_tokens(logits, slots, temperature, seeds, positions, None, tokens)
+    sample_tokens(logits, slots, temperature, seeds, positions, None, tokens)
     assert tokens[0::2].tolist() == [7] * 4
     noise = rng.gumbel_noise(seeds[slots], positions, vocab, rng.SALT_SAMPLE)
     _assert_same_tokens(tokens[1::2], (logits + noise).argmax(-1)[1::2], (logits + noise)[1::2])
@@ -178,7 +178,7 @@ def test_masked_and_nan_rows_match_torch_backend(kernel_device: torch.device) ->
     seeds = torch.arange(rows + 1, device=kernel_device) + 11
     positions = torch.arange(rows, device=kernel_device)
     tokens = torch.full((rows,), -1, dtype=torch.int64, device=kernel_device)
-    triton_ops.sample_tokens(logits, slots, temperature, seeds, positions, None, tokens)
+    sample_tokens(logits, slots, temperature, seeds, positions, None, tokens)
     _, want, _ = _torch_tokens(
         logits,
         slots,
@@ -206,7 +206,7 @@ def test_non_contiguous_row_stride(kernel_device: torch.device) -> None:
     t = temperature[slots]
     logits /= torch.where(t < GREEDY_TEMPERATURE, 1.0, t)[:, None]
     assert logits.stride(0) == 1034
-    triton_ops.sample_tokens(logits, slots, temperature, seeds, positions, None, tokens)
+    sample_tokens(logits, slots, temperature, seeds, positions, None, tokens)
     _, want, perturbed = _torch_tokens(
         pre_temperature,
         slots,
@@ -228,7 +228,7 @@ def test_samples_follow_softmax(kernel_device: torch.device) -> None:
     probs = torch.softmax(logits.double(), -1)  # on the host, for scipy
     logits = logits.to(kernel_device)
     tokens = torch.full((draws,), -1, dtype=torch.int64, device=kernel_device)
-    triton_ops.sample_tokens(
+    sample_tokens(
         logits.expand(draws, vocab),  # row stride 0: one row read by every program
         torch.zeros(draws, dtype=torch.int64, device=kernel_device),
         torch.ones(1, device=kernel_device),
@@ -251,10 +251,10 @@ def test_rejects_bad_input(kernel_device: torch.device) -> None:
     positions = torch.arange(2, device=device)
     with pytest.raises(TypeError, match=r"logits must be float32, got torch\.float16"):
         half = torch.randn(2, 8).half().to(device)
-        triton_ops.sample_tokens(half, *args, positions, None, tokens)
+        sample_tokens(half, *args, positions, None, tokens)
     with pytest.raises(TypeError, match=r"positions must be torch\.int64, got torch\.int32"):
         logits = torch.randn(2, 8).to(device)
-        triton_ops.sample_tokens(logits, *args, positions.int(), None, tokens)
+        sample_tokens(logits, *args, positions.int(), None, tokens)
 
 
 def test_opcheck(kernel_device: torch.device) -> None:
@@ -267,15 +267,15 @@ def test_opcheck(kernel_device: torch.device) -> None:
     tokens = torch.zeros(3, dtype=torch.int64, device=device)
     cut = torch.full((3,), -1.0, device=device)
     torch.library.opcheck(
-        triton_ops.sample_tokens, (logits, slots, temperature, seeds, positions, cut, tokens)
+        sample_tokens, (logits, slots, temperature, seeds, positions, cut, tokens)
     )
     torch.library.opcheck(
-        triton_ops.sample_tokens, (logits, slots, temperature, seeds, positions, None, tokens)
+        sample_tokens, (logits, slots, temperature, seeds, positions, None, tokens)
     )
     hashes = torch.zeros(3, 129, dtype=torch.int64, device=device)
     uniforms, gumbels = torch.zeros(3, 129, device=device), torch.zeros(3, 129, device=device)
     torch.library.opcheck(
-        triton_ops.rng_noise,
+        rng_noise,
         (seeds, positions, hashes, uniforms, gumbels),
         {"salt": rng.SALT_BONUS},
     )

@@ -16,8 +16,8 @@ from test_kernel_logits_processing import (
     _random_state,
 )
 
-from graphsafe_sampler import triton_ops
 from graphsafe_sampler.bitmask import BitmaskUnpacker
+from graphsafe_sampler.kernels.logits_processing import process_logits
 from graphsafe_sampler.params import GREEDY_TEMPERATURE
 
 
@@ -98,14 +98,14 @@ def test_drafts_match_torch_backend(
     token = int(drafts[0, 0])  # request 0's saturated draft: allowed at all its positions
     grammar[: spec + 1, token // 32] |= torch.tensor(1 << token % 32).to(torch.int32)
     got = logits.clone()
-    triton_ops.process_logits(
+    process_logits(
         got, slots, *state.kernel_args(), grammar, *state.penalty_args(), drafts, preceding
     )
     want = _torch_backend(logits, slots, state, grammar, drafts, preceding)
     assert torch.equal(got, want)
     # The drafts changed the penalised rows: without them the kernel gives another answer.
     without = logits.clone()
-    triton_ops.process_logits(without, slots, *state.kernel_args(), grammar, *state.penalty_args())
+    process_logits(without, slots, *state.kernel_args(), grammar, *state.penalty_args())
     changed = (without != got).any(-1).view(num_reqs, spec + 1)
     assert not bool(changed[:, 0].any())  # no draft precedes position 0
     assert bool(changed[0, 1:].all())  # slot 0: penalties on, the saturated draft unmasked
@@ -118,15 +118,15 @@ def test_bad_draft_arguments(kernel_device: torch.device) -> None:
     logits = torch.randn(slots.shape[0], 111, generator=gen).to(kernel_device)
     args = (logits, slots, *state.kernel_args(), None, *state.penalty_args())
     with pytest.raises(ValueError, match="drafts and num_preceding come together"):
-        triton_ops.process_logits(*args, drafts, None)
+        process_logits(*args, drafts, None)
     with pytest.raises(TypeError, match=r"drafts must be torch\.int64"):
-        triton_ops.process_logits(*args, drafts.int(), preceding)
+        process_logits(*args, drafts.int(), preceding)
     with pytest.raises(ValueError, match=r"drafts must be a contiguous \[8, D\] tensor"):
-        triton_ops.process_logits(*args, drafts[:4], preceding)
+        process_logits(*args, drafts[:4], preceding)
     with pytest.raises(TypeError, match=r"num_preceding must be torch\.int64"):
-        triton_ops.process_logits(*args, drafts, preceding.int())
+        process_logits(*args, drafts, preceding.int())
     with pytest.raises(ValueError, match=r"drafts must have at least one column"):
-        triton_ops.process_logits(*args, drafts[:, :0].contiguous(), preceding)
+        process_logits(*args, drafts[:, :0].contiguous(), preceding)
 
 
 def test_preceding_past_the_drafts_counts_each_draft_once(kernel_device: torch.device) -> None:
@@ -145,7 +145,7 @@ def test_preceding_past_the_drafts_counts_each_draft_once(kernel_device: torch.d
     logits = (torch.randn(rows, vocab, generator=gen) * 4).to(kernel_device)
     grammar = _random_grammar(rows, vocab, gen, kernel_device)
     got = logits.clone()
-    triton_ops.process_logits(
+    process_logits(
         got, slots, *state.kernel_args(), grammar, *state.penalty_args(), drafts, preceding
     )
     assert torch.equal(got, _torch_backend(logits, slots, state, grammar, drafts, preceding))
@@ -157,6 +157,6 @@ def test_opcheck_with_drafts(kernel_device: torch.device) -> None:
     slots, drafts, preceding = _spec_rows(state, 2, 2, gen)
     logits = torch.randn(slots.shape[0], 129, generator=gen).to(kernel_device)
     torch.library.opcheck(
-        triton_ops.process_logits,
+        process_logits,
         (logits, slots, *state.kernel_args(), None, *state.penalty_args(), drafts, preceding),
     )

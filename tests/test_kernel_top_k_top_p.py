@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphsafe_sampler import triton_ops
-from graphsafe_sampler.ops.top_k_top_p import apply_top_k_top_p
+from graphsafe_sampler.kernels.min_p import apply_min_p
+from graphsafe_sampler.kernels.top_k_top_p import apply_top_k_top_p, top_k_top_p_threshold
+from graphsafe_sampler.ops.top_k_top_p import apply_top_k_top_p as torch_top_k_top_p
 
 
 def _gen() -> torch.Generator:
@@ -23,10 +24,10 @@ def _kernel(
     got = logits.clone()
     # poisoned: every row writes
     threshold = torch.full((logits.shape[0],), float("nan"), device=logits.device)
-    triton_ops.apply_top_k_top_p(got, slots, top_k, top_p, threshold)
+    apply_top_k_top_p(got, slots, top_k, top_p, threshold)
     cut = torch.full_like(threshold, float("nan"))
     untouched = logits.clone()
-    triton_ops.top_k_top_p_threshold(untouched, slots, top_k, top_p, cut)
+    top_k_top_p_threshold(untouched, slots, top_k, top_p, cut)
     assert torch.equal(untouched, logits)
     assert torch.equal(cut, threshold)
     assert torch.equal(got, logits.masked_fill(logits < threshold[:, None], float("-inf")))
@@ -96,7 +97,7 @@ def test_matches_torch_backend_and_sorted_reference(
     top_p[torch.rand(num_slots, generator=gen) < 0.3] = 1.0
     logits, slots, top_k, top_p = (t.to(kernel_device) for t in (logits, slots, top_k, top_p))
     got, _ = _kernel(logits, slots, top_k, top_p)
-    want = apply_top_k_top_p(logits.clone(), top_k[slots], top_p[slots])
+    want = torch_top_k_top_p(logits.clone(), top_k[slots], top_p[slots])
     got_kept, want_kept = torch.isfinite(got), torch.isfinite(want)
     near_torch = near_ref = 0
     for r in range(rows):
@@ -114,7 +115,7 @@ def _one_row(row: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     device = row.device
     k, p = torch.tensor([top_k], device=device), torch.tensor([top_p], device=device)
     got, _ = _kernel(row[None], torch.zeros(1, dtype=torch.int64, device=device), k.int(), p)
-    want = apply_top_k_top_p(row[None].clone(), k, p)
+    want = torch_top_k_top_p(row[None].clone(), k, p)
     assert torch.equal(got, want)
     # a kept -inf logit is still -inf: compare the finite survivors (on the host)
     kept = _sorted_reference(row, top_k, top_p) & torch.isfinite(row.cpu())
@@ -175,9 +176,9 @@ def test_non_contiguous_row_stride(kernel_device: torch.device) -> None:
     slots = torch.tensor([2, 0, 1], device=kernel_device)
     top_k = torch.tensor([7, 0, 100], dtype=torch.int32, device=kernel_device)
     top_p = torch.tensor([1.0, 0.6, 0.8], device=kernel_device)
-    want = apply_top_k_top_p(logits.clone(), top_k[slots], top_p[slots])
+    want = torch_top_k_top_p(logits.clone(), top_k[slots], top_p[slots])
     threshold = torch.empty(3, device=kernel_device)
-    triton_ops.apply_top_k_top_p(logits, slots, top_k, top_p, threshold)
+    apply_top_k_top_p(logits, slots, top_k, top_p, threshold)
     assert torch.equal(torch.isfinite(logits), torch.isfinite(want))
     assert torch.equal(base[1::2], before[1::2])
     assert torch.equal(base[::2, 500:], before[::2, 500:])
@@ -202,11 +203,11 @@ def test_rejects_bad_input(kernel_device: torch.device) -> None:
     )  # fmt: skip
     logits = torch.randn(2, 8).to(device)
     with pytest.raises(TypeError, match=r"top_k must be torch\.int32, got torch\.int64"):
-        triton_ops.top_k_top_p_threshold(
+        top_k_top_p_threshold(
             logits, args[0], args[1].long(), args[2], torch.empty(2, device=device)
         )
     with pytest.raises(ValueError, match=r"threshold must have shape \(2,\), got \(3,\)"):
-        triton_ops.apply_top_k_top_p(logits, *args, torch.empty(3, device=device))
+        apply_top_k_top_p(logits, *args, torch.empty(3, device=device))
 
 
 def test_opcheck(kernel_device: torch.device) -> None:
@@ -215,11 +216,11 @@ def test_opcheck(kernel_device: torch.device) -> None:
     slots = torch.tensor([2, 0, 1], device=device)
     top_k = torch.tensor([5, 0, 60], dtype=torch.int32, device=device)
     top_p = torch.tensor([0.7, 0.9, 1.0], device=device)
-    for op in (triton_ops.top_k_top_p_threshold, triton_ops.apply_top_k_top_p):
+    for op in (top_k_top_p_threshold, apply_top_k_top_p):
         threshold = torch.empty(3, device=device)
         torch.library.opcheck(op, (logits.clone(), slots, top_k, top_p, threshold))
     min_p = torch.tensor([0.1, 0.0, 0.5], device=device)
-    for op in (triton_ops.top_k_top_p_threshold, triton_ops.apply_top_k_top_p):
+    for op in (top_k_top_p_threshold, apply_top_k_top_p):
         threshold = torch.empty(3, device=device)
         torch.library.opcheck(op, (logits.clone(), slots, top_k, top_p, threshold, min_p))
 
@@ -268,16 +269,16 @@ def test_folded_min_p_equals_min_p_then_top_k_top_p(
     logits[3, :9:2] = logits[3].max() + torch.log(min_p[slots[3]])
     folded = logits.clone()
     cut = torch.empty(rows, device=kernel_device)
-    triton_ops.apply_top_k_top_p(folded, slots, top_k, top_p, cut, min_p)
+    apply_top_k_top_p(folded, slots, top_k, top_p, cut, min_p)
     cut_only = torch.empty(rows, device=kernel_device)
     untouched = logits.clone()
-    triton_ops.top_k_top_p_threshold(untouched, slots, top_k, top_p, cut_only, min_p)
+    top_k_top_p_threshold(untouched, slots, top_k, top_p, cut_only, min_p)
     torch.testing.assert_close(untouched, logits, rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(cut_only, cut, rtol=0, atol=0, equal_nan=True)
 
     two_kernels = logits.clone()
-    triton_ops.apply_min_p(two_kernels, slots, min_p)
-    triton_ops.apply_top_k_top_p(two_kernels, slots, top_k, top_p, torch.empty_like(cut))
+    apply_min_p(two_kernels, slots, min_p)
+    apply_top_k_top_p(two_kernels, slots, top_k, top_p, torch.empty_like(cut))
     finite = torch.isfinite
     assert torch.equal(finite(folded), finite(two_kernels))  # the NaN row too
     assert torch.equal(finite(folded[0]), logits[0] >= logits[0].max() + torch.log(min_p[slots[0]]))
@@ -291,7 +292,7 @@ def test_folded_min_p_equals_min_p_then_top_k_top_p(
 
     staged = logits.clone()
     staged.masked_fill_(staged < min_p_threshold(staged, min_p[slots]), float("-inf"))
-    want = apply_top_k_top_p(staged, top_k[slots], top_p[slots])
+    want = torch_top_k_top_p(staged, top_k[slots], top_p[slots])
     for r in range(rows - 2):  # rows with real logits
         if r == 3:
             continue  # ties planted on the kernel's log: torch.log may differ in the last bit
@@ -320,7 +321,7 @@ def _launch(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (kept mask [rows, V], threshold [rows], reads [rows]) of the launcher with
     `candidates`, checking that apply=True writes exactly that mask and the same cut."""
-    from graphsafe_sampler.kernels.top_k_top_p import top_k_top_p_threshold as launch
+    from graphsafe_sampler.kernels.top_k_top_p import launch_top_k_top_p as launch
 
     rows = logits.shape[0]
     threshold = torch.full((rows,), float("nan"), device=logits.device)
@@ -444,7 +445,7 @@ def test_candidate_buffer_edges(kernel_device: torch.device) -> None:
 
 
 def test_candidates_must_be_a_power_of_two_within_a_tile() -> None:
-    from graphsafe_sampler.kernels.top_k_top_p import top_k_top_p_threshold as launch
+    from graphsafe_sampler.kernels.top_k_top_p import launch_top_k_top_p as launch
 
     logits, slots = torch.zeros(1, 8), torch.zeros(1, dtype=torch.int64)
     k, p, t = torch.ones(1, dtype=torch.int32), torch.ones(1), torch.empty(1)

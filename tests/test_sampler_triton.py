@@ -13,7 +13,8 @@ import torch
 from graphsafe_sampler import BatchUpdate, Sampler, SamplerConfig
 from graphsafe_sampler import SamplingParams as SP
 from graphsafe_sampler.examples.target_token import TargetTokenLogitsProcessor
-from graphsafe_sampler.ops.rng import SALT_SAMPLE, gumbel_noise
+from graphsafe_sampler.kernels.constants import SALT_SAMPLE
+from graphsafe_sampler.ops.rng import gumbel_noise
 from graphsafe_sampler.processors.base import SlotLogitsProcessor
 from graphsafe_sampler.testing import BatchDriver, check_graph_safety
 

@@ -38,7 +38,8 @@ import torch
 from graphsafe_sampler.batch_update import BatchUpdate
 from graphsafe_sampler.bench import vllm_style
 from graphsafe_sampler.config import SamplerConfig
-from graphsafe_sampler.ops.rng import SALT_SAMPLE, gumbel_noise
+from graphsafe_sampler.kernels.constants import SALT_SAMPLE
+from graphsafe_sampler.ops.rng import gumbel_noise
 from graphsafe_sampler.ops.top_k_top_p import apply_top_k_top_p
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.sampler import Sampler

@@ -63,14 +63,11 @@ from __future__ import annotations
 
 import torch
 
-SALT_SAMPLE = 0
-"""Sampling the next token: the exponential race over the vocabulary."""
-SALT_ACCEPT = 1
-"""Speculative decoding: the uniform that accepts or rejects a draft token."""
-SALT_RECOVER = 2
-"""Speculative decoding: sampling the recovered token after a rejected draft."""
-SALT_BONUS = 3
-"""Speculative decoding: sampling the bonus token after every draft was accepted."""
+# the stream salts, defined beside the kernels that draw the same numbers
+from graphsafe_sampler.kernels.constants import SALT_ACCEPT as SALT_ACCEPT
+from graphsafe_sampler.kernels.constants import SALT_BONUS as SALT_BONUS
+from graphsafe_sampler.kernels.constants import SALT_RECOVER as SALT_RECOVER
+from graphsafe_sampler.kernels.constants import SALT_SAMPLE as SALT_SAMPLE
 
 ROW_TOKEN_ID = 0xFFFFFFFF
 """Token id column of the per-row draws (`row_uniforms`): never a vocabulary id."""

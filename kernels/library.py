@@ -1,0 +1,68 @@
+"""Registering a kernel launch as a `torch.library` custom op, and the checks its ops share.
+
+Every op here works in place and returns None, so its fake (what `torch.compile` and
+`opcheck` run on meta tensors) allocates nothing and returns None: one generic fake serves
+them all, and each op's signature is written once, on the op itself. `custom_op`, not
+`triton_op`: it is the registration that also compiles on CPU tensors under the Triton
+interpreter (inductor would otherwise trace into the kernel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+F = TypeVar("F", bound=Callable[..., None])
+
+
+def _no_output(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def inplace_op(name: str, mutates_args: Sequence[str]) -> Callable[[F], F]:
+    """`torch.library.custom_op("graphsafe_sampler::<name>")` for a function that checks its
+    arguments and launches a kernel writing `mutates_args`, with the fake that writes none."""
+
+    def register(fn: F) -> F:
+        op = torch.library.custom_op(f"graphsafe_sampler::{name}", mutates_args=mutates_args)(fn)
+        op.register_fake(_no_output)
+        return op  # type: ignore[return-value]
+
+    return register
+
+
+def check_logits(logits: torch.Tensor, name: str = "logits") -> None:
+    """[num_rows, V] float32 with rows contiguous along the vocabulary."""
+    if logits.dtype != torch.float32:
+        raise TypeError(f"{name} must be float32, got {logits.dtype}")
+    if logits.dim() != 2:
+        raise ValueError(f"{name} must be 2-D [num_rows, vocab_size], got {logits.dim()}-D")
+    if logits.stride(-1) != 1:
+        raise ValueError(f"{name} rows must be contiguous (stride 1 along the vocabulary)")
+
+
+def check_rows(name: str, t: torch.Tensor, dtype: torch.dtype, num_rows: int) -> None:
+    """A contiguous per-row vector [num_rows] of `dtype`."""
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
+    if t.shape != (num_rows,):
+        raise ValueError(f"{name} must have shape ({num_rows},), got {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def check_table(
+    name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int | None, ...]
+) -> None:
+    """dtype, contiguity and shape (None = any size along that dimension)."""
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
+    if t.dim() != len(shape) or any(
+        n is not None and n != m for n, m in zip(shape, t.shape, strict=True)
+    ):
+        want = ", ".join("*" if n is None else str(n) for n in shape)
+        raise ValueError(f"{name} must have shape [{want}], got {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
