@@ -1,6 +1,6 @@
 """graphsafe_sampler: an LLM sampler that lives inside a compiled model runner and a CUDA graph.
 
-See DESIGN.md for the contract. The public names:
+See docs/design.md for the design and the contract. The public names:
 """
 
 from graphsafe_sampler.batch_state import BatchState
@@ -10,16 +10,18 @@ from graphsafe_sampler.output import LogprobsTensors, RejectionSamplerOutput, Sa
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.processors import (
     AdapterLogitsProcessor,
-    AllowedTokenIdsLogitsProcessor,
-    LogitBiasLogitsProcessor,
     LogitsProcessor,
-    MinPLogitsProcessor,
-    MinTokensLogitsProcessor,
     SlotLogitsProcessor,
     load_logits_processors,
 )
 from graphsafe_sampler.rejection_sampler import RejectionSampler
 from graphsafe_sampler.sampler import Sampler
+from graphsafe_sampler.stages import (
+    AllowedTokenIdsLogitsProcessor,
+    LogitBiasLogitsProcessor,
+    MinPLogitsProcessor,
+    MinTokensLogitsProcessor,
+)
 from graphsafe_sampler.staging import StagedTensor
 
 __version__ = "0.1.0"

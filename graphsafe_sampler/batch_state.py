@@ -115,7 +115,6 @@ class BatchState:
         self._slot_states: list[SlotState] = []
         self._row_tables: list[tuple[StagedTensor, WriteAdded | None]] = []
         self._unpacker: BitmaskUnpacker | None = None
-        self._bound_slots: torch.Tensor | None = None
         self.batch_size = 0
 
     def staged(
@@ -297,32 +296,16 @@ class BatchState:
             slot_state.flush()
 
     def slots(self, num_rows: int) -> torch.Tensor:
-        """[num_rows] int64 slot per row (graph-safe: a view plus a cast, no host read).
-
-        While a row -> slot map is bound (`bind_slots`), returns that map instead; then
-        `num_rows` must be its length.
-        """
-        bound = self._bound_slots
-        if bound is not None:
-            if num_rows != bound.shape[0]:
-                raise ValueError(
-                    f"{num_rows} rows asked for while a map of {bound.shape[0]} rows is bound"
-                )
-            return bound
+        """[num_rows] int64 slot of batch rows 0..num_rows-1 (graph-safe: a view plus a
+        cast, no host read)."""
         if num_rows > self.max_num_reqs:
             raise ValueError(f"num_rows = {num_rows} exceeds max_num_reqs = {self.max_num_reqs}")
         return self.row_to_slot.device[:num_rows].long()
 
-    def bind_slots(self, slots: torch.Tensor | None) -> None:
-        """Make `slots(n)` return `slots` ([n] int64 on the device) until `bind_slots(None)`.
-
-        A step may lay one request over several logits rows: speculative decoding verifies
-        S + 1 positions of each request at once, as `[num_rows * (S + 1), V]` logits whose
-        row r * (S + 1) + j belongs to batch row r. Binding the expanded map lets every
-        processor that finds its rows through `slots(n)` serve that layout unchanged.
-        Graph-safe: a Python attribute set at trace time, holding a device tensor.
-        """
-        self._bound_slots = slots
+    @property
+    def slot_states(self) -> tuple[SlotState, ...]:
+        """The registered slot states, in registration (add) order."""
+        return tuple(self._slot_states)
 
     def commit(self, token_ids: torch.Tensor, keep: torch.Tensor | None = None) -> None:
         """Append one token per row to the device-side history (graph-safe).

@@ -15,13 +15,13 @@ one, whose output has exactly the target's distribution):
   probabilities (n-gram drafts) p_draft is one-hot at the drafted token: x is accepted with
   probability p_target(x), and the recovered distribution is p_target without x.
 
-p_target at every position is the Sampler's full DESIGN §4 pipeline for that request (the
-same `Sampler.process_logits`): allowed ids, bad words, the grammar mask of that position,
-min_tokens, logit bias, custom processors, penalties, temperature, min_p, top-k/top-p. The
-drafts before position j count as output tokens there: for penalties, for the bad-words
-window and for the min_tokens count.
+p_target at every position is the Sampler's whole pipeline for that request (its
+`pipeline.process`): allowed ids, bad words, the grammar mask of that position, min_tokens,
+logit bias, custom processors, penalties, temperature, min_p, top-k/top-p. The drafts before
+position j count as output tokens there: for penalties, for the bad-words window and for the
+min_tokens count.
 
-Randomness is counter-based (`ops/rng.py`), a pure function of (request seed, token
+Randomness is counter-based (`rng.py`), a pure function of (request seed, token
 position, salt): the acceptance uniform of draft j at position `start + j` (SALT_ACCEPT),
 the recovered token at the rejected position (SALT_RECOVER) and the bonus token at the bonus
 position (SALT_BONUS), `start` being the request's position before the step. A request's
@@ -29,12 +29,12 @@ tokens therefore do not depend on its row, its neighbours, the batch size or pad
 recovered and bonus draws are Gumbel-max over the vocabulary, `argmax(log q + g)` (q = 0 is
 -inf), computed only at each row's one emitted position: one [num_rows, V] noise pass.
 
-Backends: on the Triton backend the S + 1 positions go through the kernels
-(`TritonPipeline.process_logits`: the logits-processing kernel counts the preceding drafts,
-then min_p and the top-k/top-p mask), and the emitted token's race is `sample_tokens`, once
-per stream; the acceptance test ([num_rows, S] values) and the residual are PyTorch ops on
-both backends. The kernels' uniforms are bit-identical to the PyTorch backend's and the
-processed logits equal up to top-p's float32 rounding (a mask may differ where some kept
+Backends: the Sampler's pipeline. On the Triton backend the S + 1 positions go through the
+kernels (the logits-processing kernel counts the preceding drafts, then min_p and the
+top-k/top-p mask), and the emitted token's race is `sample_tokens`, once per stream; the
+acceptance test ([num_rows, S] values) and the residual are PyTorch ops on both backends.
+The kernels' uniforms are bit-identical to the PyTorch backend's and the processed logits
+equal up to top-p's float32 rounding (a mask may differ where some kept
 mass is within rounding of top_p times the total), so both backends emit the same tokens
 except there and where two candidates' perturbed scores tie within the Gumbel transform's
 last-bit rounding (kernels/sampling.py).
@@ -61,12 +61,11 @@ from torch import nn
 
 from graphsafe_sampler.batch_update import BatchUpdate
 from graphsafe_sampler.config import SamplerConfig
-from graphsafe_sampler.kernels.constants import SALT_ACCEPT, SALT_BONUS, SALT_RECOVER
-from graphsafe_sampler.ops.rng import exponentials_from_hashes, hash_tokens, row_keys, row_uniforms
+from graphsafe_sampler.kernels.constants import SALT_ACCEPT
 from graphsafe_sampler.output import RejectionSamplerOutput
-from graphsafe_sampler.processors.base import SlotLogitsProcessor
+from graphsafe_sampler.rng import row_uniforms
 from graphsafe_sampler.sampler import Sampler
-from graphsafe_sampler.structured_output import GrammarBitmask
+from graphsafe_sampler.stages.grammar import GrammarBitmask
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -92,9 +91,9 @@ class RejectionSampler(nn.Module):
         positions per row).
 
     Build it before the first request is added: it registers a per-position grammar
-    bitmask table with the Sampler's batch state. Custom logits processors must be
-    `SlotLogitsProcessor`s on the Sampler's state: every position of a row is one logits
-    row, and they find their rows through `batch_state.slots(n)`.
+    bitmask table with the Sampler's batch state. Custom logits processors must read their
+    rows' state from the slots they are given (`apply_slots`, as `SlotLogitsProcessor`s
+    do): every position of a row is one logits row.
     """
 
     def __init__(self, sampler: Sampler, max_spec_len: int) -> None:
@@ -105,14 +104,12 @@ class RejectionSampler(nn.Module):
             raise TypeError(f"max_spec_len must be an int, got {type(max_spec_len).__name__}")
         if max_spec_len < 1:
             raise ValueError(f"max_spec_len must be >= 1, got {max_spec_len}")
-        for proc in sampler.custom:
-            if not (
-                isinstance(proc, SlotLogitsProcessor) and proc.batch_state is sampler.batch_state
-            ):
+        for proc in sampler.stages.custom:
+            if not proc.reads_rows_by_slot:
                 raise ValueError(
-                    f"custom processor {type(proc).__name__} does not read its rows through the "
-                    "Sampler's batch state (a SlotLogitsProcessor on it): it cannot serve the "
-                    "S + 1 positions of a speculative step"
+                    f"custom processor {type(proc).__name__} reads its state by batch row (it "
+                    "implements apply, not apply_slots): it cannot serve the S + 1 positions "
+                    "of a speculative step"
                 )
         if sampler.batch_state.num_requests:
             raise RuntimeError(
@@ -248,38 +245,6 @@ class RejectionSampler(nn.Module):
 
     # ----------------------------------------------------------------- device side
 
-    def _race_kernels(
-        self,
-        bonus_scores: torch.Tensor,  # [num_rows, V] float32
-        recovered_scores: torch.Tensor,  # [num_rows, V] float32
-        is_bonus: torch.Tensor,  # [num_rows] bool
-        slots: torch.Tensor,  # [num_rows] int64
-        emit_position: torch.Tensor,  # [num_rows] int64
-    ) -> torch.Tensor:
-        """The Triton backend's Gumbel-max races for the emitted token: `sample_tokens` once
-        per stream (the salt is a launch constant), merged per row. Greedy rows come out as
-        argmax and are replaced by the caller. Returns [num_rows] int64."""
-        # imported here: the PyTorch backend never imports Triton
-        from graphsafe_sampler.kernels.sampling import sample_tokens
-
-        sampling = self.sampler.sampling
-        num_rows = slots.shape[0]
-        picks = []
-        for scores, salt in ((bonus_scores, SALT_BONUS), (recovered_scores, SALT_RECOVER)):
-            tokens = torch.empty(num_rows, dtype=torch.int64, device=scores.device)
-            sample_tokens(
-                scores.contiguous(),
-                slots,
-                sampling.temperature.device,
-                sampling.seed.device,
-                emit_position,
-                None,
-                tokens,
-                salt,
-            )
-            picks.append(tokens)
-        return torch.where(is_bonus, picks[0], picks[1])
-
     def forward(
         self,
         target_logits: torch.Tensor,
@@ -333,16 +298,16 @@ class RejectionSampler(nn.Module):
         preceding = torch.arange(num_positions, device=device).repeat(num_rows)  # [flat]
         flat_drafts = drafts.repeat_interleave(num_positions, dim=0)  # [flat_rows, S]
         x = target_logits.reshape(flat_rows, vocab).to(torch.float32, copy=True)
-        x, greedy, is_greedy = sampler.process_logits(
-            x, flat_slots, self.grammar, flat_drafts, preceding
-        )
-        x = x.view(num_rows, num_positions, vocab)  # processed target logits
-        greedy = greedy.view(num_rows, num_positions)  # [num_rows, S + 1]
-        row_is_greedy = is_greedy.view(num_rows, num_positions)[:, 0]  # [num_rows]
+        grammar = self.grammar.bitmask_rows(flat_rows)
+        processed = sampler.pipeline.process(x, flat_slots, grammar, flat_drafts, preceding)
+        x = processed.logits.view(num_rows, num_positions, vocab)  # processed target logits
+        greedy = processed.greedy_tokens().view(num_rows, num_positions)  # [num_rows, S + 1]
+        row_is_greedy = processed.is_greedy.view(num_rows, num_positions)[:, 0]  # [num_rows]
 
         # Acceptance of each draft.
-        seeds = sampler.sampling.seed.device[slots]  # [num_rows]
-        start = sampler.sampling.positions(slots)  # [num_rows] position of column 0
+        sampling = sampler.stages.sampling
+        seeds = sampling.seed.device[slots]  # [num_rows]
+        start = sampling.positions(slots)  # [num_rows] position of column 0
         draft_positions = start[:, None] + columns[None, :]  # [num_rows, S]
         uniforms = row_uniforms(
             seeds[:, None].expand(num_rows, spec).reshape(-1),
@@ -385,20 +350,9 @@ class RejectionSampler(nn.Module):
         recovered_scores = torch.where(has_mass, residual.log(), emitted_logits)
         # One noise row per request, from the stream of what it emits.
         emit_position = start + num_accepted
-        if sampler.backend == "triton":
-            random_emitted = self._race_kernels(
-                emitted_logits, recovered_scores, is_bonus, slots, emit_position
-            )
-        else:
-            keys = torch.where(
-                is_bonus,
-                row_keys(seeds, emit_position, SALT_BONUS),
-                row_keys(seeds, emit_position, SALT_RECOVER),
-            )
-            scores = torch.where(is_bonus[:, None], emitted_logits, recovered_scores)
-            token_ids = torch.arange(vocab, device=device)
-            gumbel = exponentials_from_hashes(hash_tokens(keys, token_ids)).log_().neg_()
-            random_emitted = (scores + gumbel).argmax(dim=-1)  # [num_rows]
+        random_emitted = sampler.pipeline.race_emitted(
+            emitted_logits, recovered_scores, is_bonus, slots, emit_position
+        )
         greedy_emitted = greedy.gather(1, num_accepted[:, None])[:, 0]
         emitted = torch.where(row_is_greedy, greedy_emitted, random_emitted)
 

@@ -1,16 +1,12 @@
-"""`Sampler`: the whole sampling step as one graph-safe `nn.Module` (PyTorch backend).
+"""`Sampler`: the whole sampling step as one graph-safe `nn.Module`.
 
 `update_state(batch_update)` is the host side: it validates the update whole, then writes
 slot tables and flushes them (H2D copies, plus stream-ordered scatters for new requests'
-count rows). `forward(logits)` is the device side: DESIGN §4's pipeline, branch-free on
-request state, with no host reads, and by default it commits each row's token to the
+count rows). `forward(logits)` is the device side: the stages in the order of
+docs/design.md, branch-free on request state, with no host reads, through the pipeline of
+the backend chosen at construction; by default it commits each row's token to the
 request's device-side history (counts, generated-token count, bad-words window), inside the
 graph.
-
-Pipeline (float32): raw logprobs kept -> allowed ids, bad words, grammar bitmask ->
-min_tokens, logit_bias, custom processors -> penalties -> greedy argmax -> temperature ->
-min_p, custom argmax-invariant processors -> top-k, top-p -> exponential race ->
-merge greedy/random per row -> logprobs -> commit.
 
 Rows past the batch (padding) map to the padding slot: greedy, no filters, and they commit
 nothing. A NaN row returns the index of its first NaN (argmax's choice); a row with every
@@ -25,23 +21,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from graphsafe_sampler.bad_words import BadWordsState
 from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.batch_update import BatchUpdate
 from graphsafe_sampler.config import SamplerConfig, resolve_backend
-from graphsafe_sampler.kernels.constants import GREEDY_TEMPERATURE, SALT_SAMPLE
-from graphsafe_sampler.ops.rng import gumbel_noise
-from graphsafe_sampler.ops.top_k_top_p import apply_top_k_top_p
-from graphsafe_sampler.output import LogprobsTensors, SamplerOutput
-from graphsafe_sampler.penalties import PenaltyState
-from graphsafe_sampler.processors.allowed_token_ids import AllowedTokenIdsLogitsProcessor
-from graphsafe_sampler.processors.base import LogitsProcessor
-from graphsafe_sampler.processors.loading import build_logits_processors, load_logits_processors
-from graphsafe_sampler.processors.logit_bias import LogitBiasLogitsProcessor
-from graphsafe_sampler.processors.min_p import MinPLogitsProcessor
-from graphsafe_sampler.processors.min_tokens import MinTokensLogitsProcessor
-from graphsafe_sampler.sampling_state import SamplingState
-from graphsafe_sampler.structured_output import GrammarBitmask
+from graphsafe_sampler.output import SamplerOutput
+from graphsafe_sampler.pipelines import make_pipeline
+from graphsafe_sampler.stages import Stages
 
 _LOGITS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -64,28 +49,9 @@ class Sampler(nn.Module):
         self.device = torch.device(device)
         self.backend = resolve_backend(config, self.device)
         self.batch_state = BatchState(config, self.device)
-        state, pin = self.batch_state, self.batch_state.pin_memory
-        # Registration order is add order; the pipeline order is fixed in forward.
-        self.allowed = AllowedTokenIdsLogitsProcessor(config, self.device, pin, batch_state=state)
-        self.bad_words = BadWordsState(config, state)
-        self.grammar = GrammarBitmask(config, state)
-        self.min_tokens = MinTokensLogitsProcessor(config, self.device, pin, batch_state=state)
-        self.logit_bias = LogitBiasLogitsProcessor(config, self.device, pin, batch_state=state)
-        self.penalties = PenaltyState(config, state)
-        self.sampling = SamplingState(config, state)
-        self.min_p = MinPLogitsProcessor(config, self.device, pin, batch_state=state)
-        classes = load_logits_processors(config.logits_processors)
-        self.custom: list[LogitsProcessor] = build_logits_processors(
-            classes, config, self.device, pin, state
-        )
-        self.graph_safe = all(p.graph_safe for p in self.custom)
-        # The Triton backend drives the same state through the kernels (triton_backend.py).
-        self._triton = None
-        if self.backend == "triton":
-            # imported here: the PyTorch backend never imports Triton
-            from graphsafe_sampler.triton_backend import TritonPipeline
-
-            self._triton = TritonPipeline(self)
+        self.stages = Stages.build(config, self.batch_state)
+        self.pipeline = make_pipeline(self.backend, self.stages)
+        self.graph_safe = all(p.graph_safe for p in self.stages.custom)
         self._ready = False
 
     # ----------------------------------------------------------------- host side
@@ -93,15 +59,16 @@ class Sampler(nn.Module):
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         """Apply one step's batch changes: validated whole first, then host writes and H2D
         copies. A rejected update raises and changes nothing (host RNG included)."""
+        custom = self.stages.custom
         if batch_update is not None:
             # Everything that can reject the update runs before anything changes.
             self.batch_state.validate(batch_update)
-            for proc in self.custom:
+            for proc in custom:
                 proc.validate_update(batch_update)
         self.batch_state.update(batch_update, validated=True)
         # Slot processors on the shared state were updated above (their update_state is a
         # no-op); row-indexed ones apply the update themselves.
-        for proc in self.custom:
+        for proc in custom:
             proc.update_state(batch_update)
         self._ready = True
 
@@ -112,27 +79,11 @@ class Sampler(nn.Module):
         set = allowed, xgrammar's layout) for batch `rows`; other rows are unconstrained.
         A row's mask moves with its request and is cleared when the request leaves;
         otherwise it stays in force until the next call (`None` clears every row)."""
-        self.grammar.stage(bitmask, rows)
+        self.stages.grammar.stage(bitmask, rows)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor kept across steps, by name (the graph-safety harness checks them)."""
-        out = dict(self.batch_state.state_tensors())
-        parts: dict[str, object] = {
-            "allowed": self.allowed,
-            "bad_words": self.bad_words,
-            "min_tokens": self.min_tokens,
-            "logit_bias": self.logit_bias,
-            "penalties": self.penalties,
-            "sampling": self.sampling,
-            "min_p": self.min_p,
-        }
-        for i, proc in enumerate(self.custom):
-            parts[f"custom{i}"] = proc
-        for prefix, part in parts.items():
-            for name, tensor in part.state_tensors().items():  # type: ignore[attr-defined]
-                if not name.startswith("batch_state."):
-                    out[f"{prefix}.{name}"] = tensor
-        return out
+        return self.stages.state_tensors()
 
     def _check_logits(self, logits: torch.Tensor) -> None:
         if not isinstance(logits, torch.Tensor):
@@ -258,112 +209,22 @@ class Sampler(nn.Module):
         self._check_logits(logits)
         num_rows = logits.shape[0]
         self._check_commit_mask(commit_mask, num_rows)
-        config = self.config
+        k, mode = self.config.max_num_logprobs, self.config.logprobs_mode
         slots = self.batch_state.slots(num_rows)  # [num_rows] int64
-        raw = logits
-        x = logits.to(torch.float32, copy=True)  # [num_rows, V]; never written in place
-        if self._triton is not None:
-            mode = config.logprobs_mode
-            processed = config.max_num_logprobs > 0 and mode.startswith("processed")
-            tokens, x = self._triton.sample(x, slots, return_processed=processed)
-            logprobs = None
-            if config.max_num_logprobs > 0:
-                source = raw if mode.startswith("raw") else x
-                logprobs = self._triton.logprobs(source, tokens, mode.endswith("logprobs"))
-            if commit:
-                self._triton.commit(slots, tokens, commit_mask)
-            return SamplerOutput(tokens.to(torch.int32)[:, None], logprobs)
-        x, greedy_tokens, is_greedy = self.torch_process_logits(x, slots, self.grammar)
-        positions = self.sampling.positions(slots)
-        seeds = self.sampling.seed.device[slots]
-        noise = gumbel_noise(seeds, positions, config.vocab_size, SALT_SAMPLE)
-        random_tokens = (x + noise).argmax(dim=-1)
-        tokens = torch.where(is_greedy, greedy_tokens, random_tokens)  # [num_rows] int64
-
+        x = logits.to(torch.float32, copy=True)  # [num_rows, V]; the raw logits stay as they are
+        grammar = self.stages.grammar.bitmask_rows(num_rows)
+        # the processed logprobs modes return the filtered logits: the mask must be written
+        processed = self.pipeline.process(
+            x, slots, grammar, write_mask=k > 0 and mode.startswith("processed")
+        )
+        tokens = self.pipeline.sample(processed, slots)  # [num_rows] int64
         logprobs = None
-        if config.max_num_logprobs > 0:
-            logprobs = self._logprobs(raw, x, tokens)
+        if k > 0:
+            source = logits if mode.startswith("raw") else processed.logits
+            logprobs = self.pipeline.logprobs(source, tokens, mode.endswith("logprobs"))
         if commit:
-            self.batch_state.commit(tokens, commit_mask)
+            self.pipeline.commit(slots, tokens, commit_mask)
         return SamplerOutput(tokens.to(torch.int32)[:, None], logprobs)
-
-    def process_logits(
-        self,
-        x: torch.Tensor,  # [rows, V] float32, a fresh copy: updated in place
-        slots: torch.Tensor,  # [rows] int64, the slot of each row's request
-        grammar: GrammarBitmask,
-        drafts: torch.Tensor | None = None,  # [rows, S] int64 ids in [0, V)
-        num_preceding: torch.Tensor | None = None,  # [rows] int64 in [0, S]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """DESIGN §4 steps 2-8 on rows that read their request state from `slots`.
-
-        Row i need not be batch row i: speculative decoding passes `[num_rows * (S + 1),
-        V]` logits whose row r * (S + 1) + j is position j of batch row r, with `slots`
-        repeated to match, `grammar` holding a mask per position, and `drafts` (the
-        row's drafts) of which the first `num_preceding` precede the row: they count as
-        output tokens for penalties, bad words and min_tokens.
-
-        Returns (processed logits [rows, V] after temperature, min_p and top-k/top-p,
-        greedy token [rows] int64 (argmax before temperature; read it for greedy rows),
-        is_greedy [rows] bool). The Triton backend runs it through its kernels
-        (`TritonPipeline.process_logits`) unless a custom processor is not
-        argmax-invariant; the PyTorch stages are `torch_process_logits`.
-        """
-        if (drafts is None) != (num_preceding is None):
-            raise ValueError("drafts and num_preceding come together")
-        if self._triton is not None and self._triton.fused:
-            return self._triton.process_logits(x, slots, grammar, drafts, num_preceding)
-        return self.torch_process_logits(x, slots, grammar, drafts, num_preceding)
-
-    def torch_process_logits(
-        self,
-        x: torch.Tensor,  # [rows, V] float32, a fresh copy: updated in place
-        slots: torch.Tensor,  # [rows] int64, the slot of each row's request
-        grammar: GrammarBitmask,
-        drafts: torch.Tensor | None = None,  # [rows, S] int64 ids in [0, V)
-        num_preceding: torch.Tensor | None = None,  # [rows] int64 in [0, S]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`process_logits` through the PyTorch stages, whatever the backend."""
-        if (drafts is None) != (num_preceding is None):
-            raise ValueError("drafts and num_preceding come together")
-        # Processors find their rows through `batch_state.slots(n)`: bind this map.
-        self.batch_state.bind_slots(slots)
-        try:
-            # Steps 2-3 are -inf masks and finite additive biases, which commute: the
-            # sparse updates go first, in place on the fresh copy, then the dense masks.
-            # Bad words' scatter_reduce_ (amin over duplicate tokens) falls back to aten in
-            # inductor, which mutates a copy of its input: first, it mutates the fresh copy
-            # itself; logit bias and min_tokens use index_put_, which inductor lowers in
-            # place anywhere. (The Triton backend applies bad words first too.)
-            x = self.bad_words.apply(x, slots, drafts, num_preceding)
-            x = self.logit_bias.apply(x)
-            x = self.min_tokens.apply(x, num_preceding)
-            x = self.allowed.apply(x)
-            x = grammar.apply(x)
-            for proc in self.custom:
-                if not proc.is_argmax_invariant():
-                    x = proc.apply(x)
-            if drafts is None or num_preceding is None:
-                x = self.penalties.apply(x, slots)
-            else:
-                columns = torch.arange(drafts.shape[1], device=drafts.device)
-                preceding = columns[None, :] < num_preceding[:, None]  # [rows, S]
-                x = self.penalties.apply(x, slots, extra_tokens=drafts, extra_mask=preceding)
-
-            greedy_tokens = x.argmax(dim=-1)  # [rows]; lowest index on ties
-            temperature = self.sampling.temperature.device[slots]
-            is_greedy = temperature < GREEDY_TEMPERATURE
-            x = x / torch.where(is_greedy, 1.0, temperature)[:, None]
-            x = self.min_p.apply(x)
-            for proc in self.custom:
-                if proc.is_argmax_invariant():
-                    x = proc.apply(x)
-            x = apply_top_k_top_p(
-                x, self.sampling.top_k.device[slots], self.sampling.top_p.device[slots]
-            )
-        finally:
-            self.batch_state.bind_slots(None)
-        return x, greedy_tokens, is_greedy
 
     def commit_tokens(
         self,
@@ -399,30 +260,3 @@ class Sampler(nn.Module):
                 column_kept = num_tokens > j
                 keep = column_kept if keep is None else keep & column_kept
             self.batch_state.commit(token_ids[:, j], keep)
-
-    def _logprobs(
-        self, raw: torch.Tensor, processed: torch.Tensor, tokens: torch.Tensor
-    ) -> LogprobsTensors:
-        mode = self.config.logprobs_mode
-        source = raw.to(torch.float32) if mode.startswith("raw") else processed
-        k = self.config.max_num_logprobs
-        # Top-K and the sampled value are taken on the logits, then shifted: log_softmax
-        # only shifts a row, so the order is the same and no [num_rows, V] logprobs tensor
-        # is written.
-        top_values, top_ids = source.topk(k, dim=-1)  # [num_rows, K]
-        sampled = source.gather(1, tokens[:, None])  # [num_rows, 1]
-        values = torch.cat([sampled, top_values], dim=1)
-        if mode.endswith("logprobs"):
-            lse = source.logsumexp(dim=-1, keepdim=True)  # [num_rows, 1]
-            # A row with every token masked has lse = -inf: keep its logprobs at -inf, not NaN.
-            lse = torch.where(lse.isfinite(), lse, 0.0)
-            values = values - lse
-            # Ranks compare logprobs (as vLLM does): the shift can merge neighbouring logits.
-            ranks = (source - lse >= values[:, :1]).sum(dim=-1)
-        else:
-            ranks = (source >= sampled).sum(dim=-1)  # [num_rows]
-        return LogprobsTensors(
-            torch.cat([tokens[:, None], top_ids], dim=1).to(torch.int32),
-            values,
-            ranks.to(torch.int32),
-        )

@@ -3,7 +3,7 @@ history, as `BatchState.commit` does with the package's slot states, one program
 
 Per row r with slot s = slots[r] and token t = token_ids[r], when keep[r] and s is not the
 padding slot (rows must have distinct slots, except the padding slot):
-1. penalties (graphsafe_sampler/penalties.py, `PenaltyState.commit`): the byte
+1. penalties (graphsafe_sampler/stages/penalties.py, `PenaltyState.commit`): the byte
    counts[s, t] goes up by one and stays at SATURATED = 255 past it; the commit that takes
    it from 254 to 255 writes t into the next free overflow entry (the number of used
    entries, so column E, the spare, when the table is full), and a commit at 255 adds 1 to

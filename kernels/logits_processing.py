@@ -11,7 +11,7 @@ Per row r with slot s = slots[r], in the PyTorch backend's order (graphsafe_samp
    duplicate stores carry one value;
 3. allowed_token_ids: tokens whose bit is clear in allowed[s] become -inf;
 4. grammar: tokens whose bit is clear in grammar[r] (row-indexed, per step) become -inf;
-5. penalties in graphsafe_sampler/penalties.py's layout: the byte `counts[s, t]` is the
+5. penalties in graphsafe_sampler/stages/penalties.py's layout: the byte `counts[s, t]` is the
    output count below 255 and 255 for a saturated token, whose exact count is
    255 + overflow_excess[s, e] at the entry e with overflow_token[s, e] == t. The dense
    pass applies `apply_penalties` with the byte (repetition `l / r` if l > 0 else `l * r`

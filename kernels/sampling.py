@@ -4,7 +4,7 @@ Per row r with slot s = slots[r]:
 - greedy rows (temperature[s] < GREEDY_TEMPERATURE) take argmax(logits[r]), lowest index
   on ties;
 - random rows take argmax(logits[r] + gumbel[r]), the noise being exactly the draw of
-  `graphsafe_sampler/ops/rng.py` for (seeds[s], positions[r], token id, salt).
+  `graphsafe_sampler/rng.py` for (seeds[s], positions[r], token id, salt).
 Tokens below `threshold[r]` (when given: top-k/top-p/min_p fused as one per-row cut) count as
 -inf, so the filters' mask need not be written. A row holding NaN returns its first NaN's
 index and a row with every token at -inf returns 0, as `torch.argmax` does in the PyTorch
@@ -15,7 +15,7 @@ row divides by 1 (not by its temperature), and min_p, top-k and top-p never remo
 maximum or any logit tied with it, so the maximum and its lowest index are unchanged.
 
 The hash is uint32 arithmetic (multiplies wrap mod 2**32, shifts are logical), so hashes and
-uniforms are bit-identical to ops/rng.py. The Gumbel value -log(-log1p(-u)) goes through
+uniforms are bit-identical to rng.py. The Gumbel value -log(-log1p(-u)) goes through
 `tl.log`; Triton has no portable log1p (libdevice is CUDA-only and the interpreter has none),
 so log1p(v) is Goldberg's `log(w) * v / (w - 1)` with w = 1 + v, accurate to a few ulp: the
 noise can differ from torch's libm in the last bits, which changes a token only where two

@@ -1,6 +1,6 @@
 """top-k then top-p thresholds in Triton, one program per row, no sort of the row.
 
-Semantics are exactly those of `graphsafe_sampler/ops/top_k_top_p.py` (read its docstring):
+Semantics are exactly those of `graphsafe_sampler/stages/top_k_top_p.py` (read its docstring):
 top-k (`top_k` <= 0 or >= V is off) keeps every logit >= the k-th largest, ties kept, and a
 row with fewer than k candidates loses nothing; top-p (`top_p` >= 1 is off) works on the
 top-k survivors' masses exp(l - l_max) (float32 sums) and keeps every logit >= the largest t

@@ -24,7 +24,7 @@ from graphsafe_sampler.batch_update import BatchUpdate
 from graphsafe_sampler.bench.workload import RefillingBatchDriver
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
-from graphsafe_sampler.processors import BUILTIN_LOGITS_PROCESSORS
+from graphsafe_sampler.stages import BUILTIN_LOGITS_PROCESSORS
 
 MAX_NUM_REQS = 256
 CHURN = 0.1

@@ -33,8 +33,9 @@ import torch
 
 from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.config import SamplerConfig
-from graphsafe_sampler.processors import BUILTIN_LOGITS_PROCESSORS, LogitsProcessor
+from graphsafe_sampler.processors import LogitsProcessor
 from graphsafe_sampler.sampler import Sampler
+from graphsafe_sampler.stages import BUILTIN_LOGITS_PROCESSORS
 from graphsafe_sampler.staging import StagedTensor
 
 # StagedTensor's default ring of pinned staging buffers (used on CUDA devices).

@@ -14,7 +14,7 @@ from graphsafe_sampler import (
     SamplerConfig,
     SamplingParams,
 )
-from graphsafe_sampler.processors import BUILTIN_LOGITS_PROCESSORS
+from graphsafe_sampler.stages import BUILTIN_LOGITS_PROCESSORS
 from graphsafe_sampler.testing import BatchDriver, state_fingerprint
 
 SWAP = MoveDirectionality.SWAP

@@ -101,7 +101,7 @@ def test_out_of_range_ids_commit_nothing(bad: int) -> None:
     assert slot is not None
     generated = sampler.batch_state.num_generated.device
     assert int(generated[slot]) == int(before["0.num_generated.device"][slot]) + 1
-    counts = sampler.penalties.counts
+    counts = sampler.stages.penalties.counts
     assert int(counts[slot, 9]) == 1
     others = [s for s in range(sampler.config.num_slots) if s != slot]
     assert torch.equal(generated[others], before["0.num_generated.device"][others])
@@ -115,7 +115,7 @@ def test_out_of_range_ids_in_a_multi_token_commit_skip_their_column_only() -> No
     ids = torch.tensor([[11, -1, 12], [V, V, V], [13, 14, 2**31 - 1]], dtype=torch.int32)
     sampler.commit_tokens(ids, num_tokens=torch.tensor([3, 3, 2]))
     generated = sampler.batch_state.num_generated.device
-    counts = sampler.penalties.counts
+    counts = sampler.stages.penalties.counts
     assert int(generated[slot]) == start + 2  # 11 and 12, not -1
     assert int(counts[slot, 11]) == 1 and int(counts[slot, 12]) == 1
     assert int(counts[slot, V - 1]) == 0  # -1 did not wrap to the last token
@@ -123,7 +123,7 @@ def test_out_of_range_ids_in_a_multi_token_commit_skip_their_column_only() -> No
     assert int(generated[row1]) == start  # every id out of range: nothing
     assert int(generated[row2]) == start + 2  # 13, 14; the third column is past num_tokens
     # the bad-words window of row 0 holds the committed ids in order, never -1
-    window = sampler.bad_words.window.device[slot]
+    window = sampler.stages.bad_words.window.device[slot]
     assert -1 not in window.tolist() and {11, 12} <= set(window.tolist())
 
 

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from graphsafe_sampler import BatchUpdate, LogitsProcessor, SamplerConfig, SamplingParams
-from graphsafe_sampler.processors import BUILTIN_LOGITS_PROCESSORS, AdapterLogitsProcessor
+from graphsafe_sampler.processors import AdapterLogitsProcessor
 from graphsafe_sampler.processors.base import SlotLogitsProcessor
+from graphsafe_sampler.stages import BUILTIN_LOGITS_PROCESSORS
 from graphsafe_sampler.testing import (
     GraphSafetyError,
     SyncOpDetector,
@@ -362,3 +363,18 @@ def test_sync_detector_passes_graph_safe_ops() -> None:
         y.gather(1, torch.zeros(2, 1, dtype=torch.long)).softmax(-1).amax(-1)
         x.to(torch.float64).narrow(1, 1, 2).tensor_split(2, dim=1)
         torch.linalg.inv_ex(x[:, :4] + 5 * torch.eye(4))
+
+
+def test_a_samplers_custom_processors_are_driven_too() -> None:
+    # The check finds a Sampler's custom processors (not only a processor target): one
+    # reading an undeclared extra_args key fails the same way inside a Sampler.
+    from graphsafe_sampler import Sampler
+
+    config = SamplerConfig(
+        max_num_reqs=4, vocab_size=111, logits_processors=[VllmDocTargetProcessor]
+    )
+    sampler = Sampler(config, "cpu")
+    with pytest.raises(
+        GraphSafetyError, match=r"VllmDocTargetProcessor read extra_args\['target_token'\]"
+    ):
+        check_graph_safety(sampler, num_steps=3, compile=False)

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphsafe_sampler.bad_words import BadWordsState
 from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.batch_update import BatchUpdate
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.kernels.history import commit_history
 from graphsafe_sampler.params import SamplingParams
-from graphsafe_sampler.penalties import SATURATED, PenaltyState
+from graphsafe_sampler.stages.bad_words import BadWordsState
+from graphsafe_sampler.stages.penalties import SATURATED, PenaltyState
 
 # max_model_len 1100: E = 5 overflow entries; a ring of 5 recent tokens
 MAX_MODEL_LEN, WINDOW = 1100, 5

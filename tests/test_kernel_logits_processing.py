@@ -16,7 +16,7 @@ from graphsafe_sampler.bitmask import BitmaskUnpacker, num_words, pack_token_ids
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.kernels.logits_processing import process_logits
 from graphsafe_sampler.params import GREEDY_TEMPERATURE, SamplingParams
-from graphsafe_sampler.penalties import SATURATED, PenaltyState
+from graphsafe_sampler.stages.penalties import SATURATED, PenaltyState
 
 NUM_BIAS, NUM_STOP = 8, 5
 # max_model_len 2000: E = 8 overflow entries per slot (the table has E + 1 columns)

@@ -1,5 +1,5 @@
 """The logprobs kernel (on `kernel_device`: interpreted on CPU, compiled on CUDA) against
-`Sampler._logprobs`, the PyTorch backend's step 10, in all four logprobs modes."""
+`stages/logprobs.py`, the PyTorch backend's step 10, in all four logprobs modes."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.kernels.logprobs import compute_logprobs
 from graphsafe_sampler.output import LogprobsTensors
-from graphsafe_sampler.sampler import Sampler
+from graphsafe_sampler.stages.logprobs import compute_logprobs as torch_logprobs
 
 MODES = ["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
 
@@ -24,10 +23,9 @@ def _gen() -> torch.Generator:
 def _torch_logprobs(
     mode: str, k: int, raw: torch.Tensor, processed: torch.Tensor, tokens: torch.Tensor
 ) -> LogprobsTensors:
-    """The PyTorch backend's logprobs, on the inputs' device."""
-    rows, vocab = raw.shape
-    config = SamplerConfig(rows, vocab, max_num_logprobs=k, logprobs_mode=mode, backend="torch")
-    return Sampler(config, device=raw.device)._logprobs(raw, processed, tokens)
+    """The PyTorch backend's logprobs (the stage), on the inputs' device."""
+    source = raw.to(torch.float32) if mode.startswith("raw") else processed
+    return torch_logprobs(source, tokens, k, mode.endswith("logprobs"))
 
 
 def _kernel(
@@ -120,7 +118,7 @@ def test_matches_torch_logprobs(
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_half_precision_raw_logits(dtype: torch.dtype, kernel_device: torch.device) -> None:
-    """Raw logits come in the model's dtype; `_logprobs` reads them as float32."""
+    """Raw logits come in the model's dtype; the PyTorch stage reads them as float32."""
     gen = _gen()
     raw, processed, tokens = _logits_and_tokens(3, 1023, gen, kernel_device)
     raw = raw.to(dtype)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from graphsafe_sampler.kernels.min_p import apply_min_p
-from graphsafe_sampler.processors.min_p import min_p_threshold
+from graphsafe_sampler.stages.min_p import min_p_threshold
 
 
 def _reference(logits: torch.Tensor, slots: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:

@@ -8,12 +8,12 @@ import torch
 from test_kernel_logits_processing import _random_state, _torch_backend
 from test_kernel_sampling import _assert_same_tokens
 
+from graphsafe_sampler import rng
 from graphsafe_sampler.kernels.logits_processing import process_logits
 from graphsafe_sampler.kernels.sampling import sample_tokens
 from graphsafe_sampler.kernels.top_k_top_p import top_k_top_p_threshold
-from graphsafe_sampler.ops import rng
-from graphsafe_sampler.ops.top_k_top_p import apply_top_k_top_p
 from graphsafe_sampler.params import GREEDY_TEMPERATURE
+from graphsafe_sampler.stages.top_k_top_p import apply_top_k_top_p
 
 
 def test_chained_kernels_compile_and_match_torch_backend(kernel_device: torch.device) -> None:

@@ -1,5 +1,5 @@
 """The sampling Triton kernel (on `kernel_device`: interpreted on CPU, compiled on CUDA)
-against ops/rng.py and the PyTorch backend."""
+against rng.py and the PyTorch backend."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import pytest
 import scipy.stats
 import torch
 
+from graphsafe_sampler import rng
 from graphsafe_sampler.kernels.sampling import rng_noise, sample_tokens
-from graphsafe_sampler.ops import rng
-from graphsafe_sampler.ops.top_k_top_p import (
+from graphsafe_sampler.params import GREEDY_TEMPERATURE
+from graphsafe_sampler.stages.top_k_top_p import (
     apply_top_k_top_p,
     top_k_threshold,
     top_p_threshold,
 )
-from graphsafe_sampler.params import GREEDY_TEMPERATURE
 
 # Known answers shared with tests/test_rng.py: (seed, position, token id, salt) -> hash.
 KNOWN_HASHES = [

@@ -1,5 +1,5 @@
 """The top-k/top-p Triton kernel (on `kernel_device`: interpreted on CPU, compiled on CUDA)
-against ops/top_k_top_p.py and a float64 sort-based reference (on the host)."""
+against stages/top_k_top_p.py and a float64 sort-based reference (on the host)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 from graphsafe_sampler.kernels.min_p import apply_min_p
 from graphsafe_sampler.kernels.top_k_top_p import apply_top_k_top_p, top_k_top_p_threshold
-from graphsafe_sampler.ops.top_k_top_p import apply_top_k_top_p as torch_top_k_top_p
+from graphsafe_sampler.stages.top_k_top_p import apply_top_k_top_p as torch_top_k_top_p
 
 
 def _gen() -> torch.Generator:
@@ -233,10 +233,10 @@ def test_folded_min_p_equals_min_p_then_top_k_top_p(
 ) -> None:
     """min_p folded into the cut keeps exactly what min_p's mask followed by top-k/top-p
     keeps: the min_p kernel then this one, and the PyTorch stages (min_p_threshold, then
-    ops/top_k_top_p.py; top-p within rounding). Rows cover min_p alone, min_p with fewer
+    stages/top_k_top_p.py; top-p within rounding). Rows cover min_p alone, min_p with fewer
     survivors than k, every filter off, logits tied exactly at the min_p cut, min_p = 1
     with a tie at the max, random mixes with top-p, a NaN row and an all -inf row."""
-    from graphsafe_sampler.processors.min_p import min_p_threshold
+    from graphsafe_sampler.stages.min_p import min_p_threshold
 
     gen = _gen()
     num_slots = rows + 2
@@ -352,7 +352,7 @@ def test_candidate_buffer_matches_search_and_reference(
     (top-k exactly, top-p within float32 rounding of the target) and what the float64
     reference keeps, and rows whose kept set the buffer holds are read once."""
     from graphsafe_sampler.bench.logits import llm_like_logits
-    from graphsafe_sampler.processors.min_p import min_p_threshold
+    from graphsafe_sampler.stages.min_p import min_p_threshold
 
     gen = _gen()
     seed = int(torch.randint(0, 2**31, (1,), generator=gen))

@@ -12,7 +12,7 @@ import torch
 from graphsafe_sampler import BatchUpdate, Sampler, SamplerConfig
 from graphsafe_sampler import SamplingParams as SP
 from graphsafe_sampler.batch_state import BatchState
-from graphsafe_sampler.penalties import SATURATED, PenaltyState, overflow_capacity
+from graphsafe_sampler.stages.penalties import SATURATED, PenaltyState, overflow_capacity
 
 
 def _state(num_reqs: int, vocab: int, max_model_len: int = 4096) -> tuple[BatchState, PenaltyState]:

@@ -11,7 +11,7 @@ import torch
 
 import reference
 from graphsafe_sampler import BatchState, SamplerConfig
-from graphsafe_sampler.processors import (
+from graphsafe_sampler.stages import (
     AllowedTokenIdsLogitsProcessor,
     LogitBiasLogitsProcessor,
     MinPLogitsProcessor,

@@ -20,11 +20,10 @@ from scipy import stats
 
 import graphsafe_sampler as gs
 import reference
-from graphsafe_sampler import BatchUpdate, MoveDirectionality, RejectionSampler, Sampler
+from graphsafe_sampler import BatchUpdate, MoveDirectionality, RejectionSampler, Sampler, rng
 from graphsafe_sampler import SamplingParams as SP
 from graphsafe_sampler.batch_update import AddedRequest
 from graphsafe_sampler.bitmask import num_words, pack_token_ids
-from graphsafe_sampler.ops import rng
 from graphsafe_sampler.testing import BatchDriver, DriverRequest, check_graph_safety
 
 V = 111
@@ -78,7 +77,7 @@ def test_greedy_exact_cases_and_commit(backend: str) -> None:
     slots = [sampler.batch_state.slot_of_row(r) for r in range(4)]
     generated = sampler.batch_state.num_generated.device
     assert [int(generated[s]) for s in slots] == [4, 1, 3, 1]
-    counts = sampler.penalties.counts.cpu()
+    counts = sampler.stages.penalties.counts.cpu()
     for row, slot in enumerate(slots):
         expect = Counter(t for t in want[row] if t >= 0)
         got = {t: int(counts[slot, t]) for t in range(V) if counts[slot, t]}
@@ -654,7 +653,7 @@ def test_construction_errors() -> None:
     eager_only = Sampler(
         gs.SamplerConfig(max_num_reqs=2, vocab_size=V, logits_processors=[RowIndexed])
     )
-    with pytest.raises(ValueError, match="custom processor RowIndexed does not read its rows"):
+    with pytest.raises(ValueError, match="processor RowIndexed reads its state by batch row"):
         RejectionSampler(eager_only, 2)
 
 

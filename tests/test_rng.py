@@ -1,7 +1,7 @@
 """Counter-based RNG: bit-exact known answers, purity, statistics, torch.compile parity.
 
 The known answers come from a pure-Python re-implementation of the algorithm in
-`graphsafe_sampler/ops/rng.py`'s docstring (below, `ref_*`), never from the module itself;
+`graphsafe_sampler/rng.py`'s docstring (below, `ref_*`), never from the module itself;
 the frozen literals in `KNOWN_HASHES` are what a Triton kernel must reproduce.
 
 Statistical tests use fixed seeds and reject at p < 1e-3, so they are deterministic. Power:
@@ -20,7 +20,7 @@ import scipy.stats
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from graphsafe_sampler.ops import rng
+from graphsafe_sampler import rng
 from graphsafe_sampler.testing import assert_no_sync
 
 P_MIN = 1e-3  # reject below: deterministic with the fixed seeds used here

@@ -272,7 +272,7 @@ def test_commit_masks_and_multi_token_commits_enter_history(backend: str) -> Non
     assert processed[1, int(first[1])] == pytest.approx(float(logits[1, int(first[1])]))
     # Speculative decoding: a variable number of tokens per row.
     drafts = torch.tensor([[5, 6, 7], [8, 9, 10], [11, 12, 13], [1, 1, 1]])
-    counts = sampler.penalties.counts
+    counts = sampler.stages.penalties.counts
     before = counts.clone()  # the sampled tokens above may be any of the drafted ids
     sampler.commit_tokens(drafts.to(device), num_tokens=torch.tensor([3, 0, 2, 3]).to(device))
     assert [int(gen[s]) for s in slots] == [4, 0, 3]
@@ -378,7 +378,7 @@ def test_custom_processors_run_inside_the_sampler() -> None:
         logits_processors=["graphsafe_sampler.examples.target_token:TargetTokenLogitsProcessor"],
     )
     sampler = Sampler(config, "cpu")
-    (proc,) = sampler.custom
+    (proc,) = sampler.stages.custom
     assert isinstance(proc, TargetTokenLogitsProcessor) and proc.batch_state is sampler.batch_state
     assert sampler.graph_safe
     sampler.update_state(
@@ -442,7 +442,7 @@ def test_rejected_update_leaves_the_whole_sampler_untouched() -> None:
     sampler = Sampler(SamplerConfig(max_num_reqs=4, vocab_size=V, logits_processors=[WrongArity]))
     sampler.update_state(BatchUpdate(1, added=[(0, SP(), None, [])]))  # unseeded: host RNG
     before = state_fingerprint([sampler])
-    rng_before = sampler.sampling.host_rng.getstate()
+    rng_before = sampler.stages.sampling.host_rng.getstate()
     bad = BatchUpdate(
         3,
         added=[(1, SP(), [1, 2], []), (2, SP(extra_args={"x": 1}), None, [])],
@@ -452,7 +452,7 @@ def test_rejected_update_leaves_the_whole_sampler_untouched() -> None:
         sampler.update_state(bad)
     after = state_fingerprint([sampler])
     assert all(torch.equal(before[k], after[k]) for k in before)
-    assert sampler.sampling.host_rng.getstate() == rng_before
+    assert sampler.stages.sampling.host_rng.getstate() == rng_before
     assert sampler.batch_state.num_requests == 1
     with pytest.raises(TypeError, match="params must be SamplingParams"):
         sampler.update_state(BatchUpdate(2, added=[(1, {"temperature": 1.0}, None, [])]))

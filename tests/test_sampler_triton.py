@@ -14,8 +14,9 @@ from graphsafe_sampler import BatchUpdate, Sampler, SamplerConfig
 from graphsafe_sampler import SamplingParams as SP
 from graphsafe_sampler.examples.target_token import TargetTokenLogitsProcessor
 from graphsafe_sampler.kernels.constants import SALT_SAMPLE
-from graphsafe_sampler.ops.rng import gumbel_noise
+from graphsafe_sampler.pipelines.triton_pipeline import TritonPipeline
 from graphsafe_sampler.processors.base import SlotLogitsProcessor
+from graphsafe_sampler.rng import gumbel_noise
 from graphsafe_sampler.testing import BatchDriver, check_graph_safety
 
 
@@ -38,13 +39,14 @@ def _assert_near_ties(
     differ = (ours != theirs).nonzero().flatten().tolist()
     if not differ:
         return 0
-    slots = sampler.batch_state.slots(logits.shape[0])
-    x, _greedy, is_greedy = sampler.process_logits(
-        logits.to(torch.float32, copy=True), slots, sampler.grammar
-    )
+    num_rows = logits.shape[0]
+    slots = sampler.batch_state.slots(num_rows)
+    grammar = sampler.stages.grammar.bitmask_rows(num_rows)
+    processed = sampler.pipeline.process(logits.to(torch.float32, copy=True), slots, grammar)
+    x, is_greedy = processed.logits, processed.is_greedy
     noise = gumbel_noise(
-        sampler.sampling.seed.device[slots],
-        sampler.sampling.positions(slots),
+        sampler.stages.sampling.seed.device[slots],
+        sampler.stages.sampling.positions(slots),
         sampler.config.vocab_size,
         SALT_SAMPLE,
     )
@@ -158,7 +160,7 @@ def test_custom_processor_before_penalties_takes_the_unfused_path(
     for backend in ("torch", "triton"):
         config = _config(rows, vocab, backend, logits_processors=[TargetTokenLogitsProcessor])
         sampler = Sampler(config, kernel_device)
-        assert sampler._triton is None or not sampler._triton.fused
+        assert not getattr(sampler.pipeline, "fused", False)
         params = [
             SP(seed=1, extra_args={"target_token": 17}),
             SP(seed=2, top_k=5, frequency_penalty=0.5),
@@ -252,8 +254,8 @@ def test_argmax_invariant_custom_processor_sees_min_p_applied(
         )  # fmt: skip
         sampler = Sampler(config, kernel_device)
         if backend == "triton":
-            assert sampler._triton is not None
-            assert sampler._triton.fused and not sampler._triton.fold_min_p
+            assert isinstance(sampler.pipeline, TritonPipeline)
+            assert sampler.pipeline.fused and not sampler.pipeline.fold_min_p
         sampler.update_state(
             BatchUpdate(rows, added=[(r, p, [1, 2], []) for r, p in enumerate(params)])
         )

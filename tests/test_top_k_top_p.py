@@ -1,4 +1,4 @@
-"""top-k / top-p filtering (graphsafe_sampler.ops.top_k_top_p) against a float64 sort reference.
+"""top-k / top-p filtering (graphsafe_sampler.stages.top_k_top_p) against a float64 sort reference.
 
 Every test draws fresh inputs from a new seed, printed so that a failure can be replayed.
 top-k must match the reference exactly. top-p sums float32 masses where the reference sums
@@ -15,7 +15,7 @@ import random
 import pytest
 import torch
 
-from graphsafe_sampler.ops.top_k_top_p import (
+from graphsafe_sampler.stages.top_k_top_p import (
     apply_top_k_top_p,
     top_k_threshold,
     top_p_threshold,

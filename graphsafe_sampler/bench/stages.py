@@ -7,15 +7,15 @@ some (a `Sampler` holding one request per row supplies the slot tables):
     stage        ours                                       vllm-style
     penalties    PenaltyState.apply (device counts,         apply_penalties, rebuilt from
                  prompt bitmask)                            the host lists every call
-    bias         LogitBiasLogitsProcessor.apply             LogitBias.apply (index lists)
-    min_p        MinPLogitsProcessor.apply (log space)      apply_min_p (softmax + bool mask)
-    top_k,       ops.top_k_top_p.apply_top_k_top_p          apply_top_k_top_p (full sort;
+    bias         LogitBiasLogitsProcessor.apply_slots       LogitBias.apply (index lists)
+    min_p        MinPLogitsProcessor.apply_slots (log space) apply_min_p (softmax + bool mask)
+    top_k,       stages/top_k_top_p.py                      apply_top_k_top_p (full sort;
     top_p,       (radix threshold search, no sort)          top-k alone: topk)
     top_k_top_p
     greedy       argmax                                     argmax
-    sampling     ops.rng.gumbel_noise + argmax              softmax + a torch.Generator
+    sampling     SamplingState.race (rng.gumbel_noise)      softmax + a torch.Generator
                  (every row seeded)                         per request
-    logprobs     Sampler._logprobs (K = 5, raw)             gather_logprobs (log_softmax + topk)
+    logprobs     stages/logprobs.py (K = 5, raw)            gather_logprobs (log_softmax + topk)
 
 FlashInfer's sampling functions join on CUDA when `flashinfer` imports (top_k, top_p,
 top_k_top_p, min_p, sampling; their semantics differ in details: they sample or renormalise
@@ -39,10 +39,9 @@ from graphsafe_sampler.batch_update import BatchUpdate
 from graphsafe_sampler.bench import vllm_style
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.kernels.constants import SALT_SAMPLE
-from graphsafe_sampler.ops.rng import gumbel_noise
-from graphsafe_sampler.ops.top_k_top_p import apply_top_k_top_p
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.sampler import Sampler
+from graphsafe_sampler.stages.logprobs import compute_logprobs
 
 STAGES = (
     "penalties",
@@ -143,31 +142,28 @@ class StageCase:
     def ours(self) -> StageFn:
         """Our stage as a function of the logits (eager; `torch.compile` it for the compiled
         provider)."""
-        sampler, rows, vocab = self.sampler, self.rows, self.vocab
-        slots = sampler.batch_state.slots(rows)
-        top_k = sampler.sampling.top_k.device[slots]
-        top_p = sampler.sampling.top_p.device[slots]
+        stages, rows = self.sampler.stages, self.rows
+        slots = self.sampler.batch_state.slots(rows)
         tokens = self.tokens
         stage = self.stage
+        k = self.sampler.config.max_num_logprobs
 
         def run(logits: torch.Tensor) -> object:
             x = logits.to(torch.float32)
             if stage == "penalties":
-                return sampler.penalties.apply(x, slots)
+                return stages.penalties.apply(x, slots)
             if stage == "bias":
-                return sampler.logit_bias.apply(x)
+                return stages.logit_bias.apply_slots(x, slots)
             if stage == "min_p":
-                return sampler.min_p.apply(x)
+                return stages.min_p.apply_slots(x, slots)
             if stage in ("top_k", "top_p", "top_k_top_p"):
-                return apply_top_k_top_p(x, top_k, top_p)
+                return stages.top_k_top_p.apply(x, slots)
             if stage == "greedy":
                 return x.argmax(dim=-1)
             if stage == "sampling":
-                seeds = sampler.sampling.seed.device[slots]
-                positions = sampler.sampling.positions(slots)
-                noise = gumbel_noise(seeds, positions, vocab, SALT_SAMPLE)
-                return (x + noise).argmax(dim=-1)
-            return sampler._logprobs(logits, x, tokens)  # logprobs
+                positions = stages.sampling.positions(slots)
+                return stages.sampling.race(x, slots, positions, SALT_SAMPLE)
+            return compute_logprobs(x, tokens, k, subtract_lse=True)  # logprobs
 
         return run
 

@@ -68,8 +68,7 @@ class TargetTokenLogitsProcessor(SlotLogitsProcessor):
         target = (params.extra_args or {}).get("target_token")
         self.target.write(slot, _NO_TARGET if target is None else target)
 
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        slots = self.batch_state.slots(logits.shape[0])
+    def apply_slots(self, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         target = self.target.device[slots].long()[:, None]  # [num_rows, 1]
         keep = (target == _NO_TARGET) | (self.token_ids == target)  # [num_rows, V]
         return logits.masked_fill_(~keep, float("-inf"))

@@ -82,6 +82,19 @@ class LogitsProcessor(abc.ABC):
         """logits: [num_rows, vocab_size] float32, row i = batch row i. Returns the result
         (in place where possible)."""
 
+    def apply_slots(self, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """`apply` on rows that read their request's state from `slots` ([num_rows] int64):
+        row i need not be batch row i (a speculative step lays a request's S + 1 positions
+        over S + 1 rows). The pipelines call this. The default is `apply`, right only
+        where row i is batch row i; `SlotLogitsProcessor`s override it."""
+        return self.apply(logits)
+
+    @property
+    def reads_rows_by_slot(self) -> bool:
+        """Whether `apply_slots` reads the rows' state from its `slots` argument (any row
+        layout) rather than by batch row."""
+        return type(self).apply_slots is not LogitsProcessor.apply_slots
+
     @abc.abstractmethod
     def is_argmax_invariant(self) -> bool:
         """True if `apply` never changes which token is the argmax (then greedy rows skip it)."""
@@ -119,9 +132,9 @@ class SlotLogitsProcessor(LogitsProcessor, SlotTables):
 
     Subclasses allocate their tables in `init_tables` with `self.staged(name, row_shape,
     dtype, fill=neutral)` (shape `[config.num_slots, *row_shape]`; the padding slot keeps
-    the neutral value), write a new request's row in `add_request` and read their rows in
-    `apply` through `self.batch_state.slots(num_rows)`. Moves in the batch then cost nothing
-    here.
+    the neutral value), write a new request's row in `add_request` and implement
+    `apply_slots(logits, slots)`, reading each row's state at `slots[row]`. Moves in the
+    batch then cost nothing here. `apply(logits)` is `apply_slots` on the batch rows' slots.
 
     Inside a Sampler the processor shares the Sampler's BatchState (passed as
     `batch_state=`), which calls `add_request`/`flush`/`commit`; used alone it owns one and
@@ -143,8 +156,16 @@ class SlotLogitsProcessor(LogitsProcessor, SlotTables):
         if batch_state is None:
             batch_state = BatchState(config, self.device, pin_memory=is_pin_memory)
         SlotTables.__init__(self, batch_state)
+        if type(self).apply is SlotLogitsProcessor.apply and not self.reads_rows_by_slot:
+            # each default calls the other
+            raise TypeError(f"{type(self).__name__} must implement apply_slots(logits, slots)")
         self.init_tables()
         batch_state.register(self)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """`apply_slots` on the slots of batch rows 0..num_rows-1. (A processor that
+        overrides `apply` instead reads batch rows and cannot serve a speculative step.)"""
+        return self.apply_slots(logits, self.batch_state.slots(logits.shape[0]))
 
     def init_tables(self) -> None:
         """Allocate this processor's tables with `self.staged(...)` (called once)."""

@@ -207,7 +207,7 @@ def _custom_processors(target: Any) -> list[Any]:
     if isinstance(target, LogitsProcessor):
         return [target]
     owner = getattr(target, "sampler", target)
-    return list(getattr(owner, "custom", ()))
+    return list(getattr(getattr(owner, "stages", None), "custom", ()))
 
 
 class _ExtraArgsDriver:

@@ -1,4 +1,4 @@
-"""The per-step structured-output bitmask (xgrammar's format), staged by batch row.
+"""Structured output: the per-step grammar bitmask (xgrammar's format), staged by batch row.
 
 The engine stages the bitmask rows of the requests that have a grammar before each step
 (`Sampler.stage_grammar_bitmask`); every other row is all-ones (unconstrained). The mask
@@ -118,10 +118,18 @@ class GrammarBitmask:
         self.bitmask.flush()
         self.active.flush()
 
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits: [num_rows * P, V], row r * P + j = batch row r at position j."""
-        num_rows = logits.shape[0] // self.num_positions
-        # [num_rows, P, W] -> [num_rows * P, W]: the logits' row order.
-        rows = self.bitmask.device[:num_rows].reshape(num_rows * self.num_positions, self.words)
-        allowed = self.unpacker.unpack(rows)
+    def bitmask_rows(self, num_logits_rows: int) -> torch.Tensor:
+        """[num_logits_rows, ceil(V/32)] int32, a view of the device table: the mask of each
+        logits row of a step laid out as [num_rows * P, V] (row r * P + j = batch row r at
+        position j)."""
+        num_rows = num_logits_rows // self.num_positions
+        return self.bitmask.device[:num_rows].reshape(num_logits_rows, self.words)
+
+    def apply(
+        self,
+        logits: torch.Tensor,  # [num_rows, V] float32, updated in place
+        bitmask: torch.Tensor,  # [num_rows, ceil(V/32)] int32, e.g. `bitmask_rows(num_rows)`
+    ) -> torch.Tensor:
+        """Tokens whose bit is clear become -inf."""
+        allowed = self.unpacker.unpack(bitmask)  # [num_rows, V] bool
         return logits.masked_fill_(~allowed, float("-inf"))

@@ -45,7 +45,6 @@ class AllowedTokenIdsLogitsProcessor(SlotLogitsProcessor):
                 slot, pack_token_ids(params.allowed_token_ids, self.config.vocab_size)
             )
 
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        slots = self.batch_state.slots(logits.shape[0])
+    def apply_slots(self, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         allowed = self.unpacker.unpack(self.allowed.device[slots])  # [num_rows, V] bool
         return logits.masked_fill_(~allowed, float("-inf"))

@@ -40,8 +40,7 @@ class LogitBiasLogitsProcessor(SlotLogitsProcessor):
         self.bias_ids.write(slot, ids)
         self.bias_values.write(slot, values)
 
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        slots = self.batch_state.slots(logits.shape[0])  # [num_rows]
+    def apply_slots(self, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         ids = self.bias_ids.device[slots].long()  # [num_rows, C]
         values = self.bias_values.device[slots]  # [num_rows, C]
         # Keys are unique per request and unused entries add +0.0, so the sum is exact in

@@ -38,7 +38,6 @@ class MinPLogitsProcessor(SlotLogitsProcessor):
     ) -> None:
         self.min_p.write(slot, params.min_p)
 
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        slots = self.batch_state.slots(logits.shape[0])
+    def apply_slots(self, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         threshold = min_p_threshold(logits, self.min_p.device[slots])
         return logits.masked_fill_(logits < threshold, float("-inf"))

@@ -1,9 +1,15 @@
-"""Per-slot sampling parameters and the counter-based RNG's inputs.
+"""Sampling (step 9): the race that draws each random row's token, and its inputs.
 
-temperature, top_k, top_p: staged `[num_slots]`; seed: staged `[num_slots]` int64 (a
-request's own seed, or one drawn on the host at add time from a `random.Random` seeded by
-`SamplerConfig.seed`); prompt_len: staged `[num_slots]` int64, so that a row's token
-position is `prompt_len + num_generated` on the device.
+Randomness is counter-based (`rng.py`): the noise of token t in a row is a pure function of
+(the request's seed, the token's position, t, the stream's salt), so a request's tokens do
+not depend on its row, its neighbours, the batch size or padding, and a replayed graph draws
+fresh numbers as positions advance on the device. `argmax(logits + Gumbel noise)` samples
+softmax(logits) exactly; -inf tokens never win.
+
+Tables: seed, staged `[num_slots]` int64 (a request's own seed, or one drawn on the host at
+add time from a `random.Random` seeded by `SamplerConfig.seed`); prompt_len, staged
+`[num_slots]` int64, so that a row's token position is `prompt_len + num_generated` on the
+device.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ import torch
 
 from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.config import SamplerConfig
+from graphsafe_sampler.kernels.constants import SALT_SAMPLE
 from graphsafe_sampler.params import SamplingParams
+from graphsafe_sampler.rng import gumbel_noise
 from graphsafe_sampler.slot_tables import SlotTables
 
 _UINT64 = 2**64
@@ -29,15 +37,11 @@ def _as_int64(seed: int) -> int:
 
 
 class SamplingState(SlotTables):
-    """Slot state for temperature, top-k, top-p, seeds and positions."""
+    """Slot state for seeds and positions (see the module docstring)."""
 
     def __init__(self, config: SamplerConfig, batch_state: BatchState) -> None:
         super().__init__(batch_state)
         self.config = config
-        # The padding slot is greedy: padded rows cost an argmax and return a valid id.
-        self.temperature = self.staged("temperature", (), torch.float32, fill=0.0)
-        self.top_k = self.staged("top_k", (), torch.int32)
-        self.top_p = self.staged("top_p", (), torch.float32, fill=1.0)
         self.seed = self.staged("seed", (), torch.int64)
         self.prompt_len = self.staged("prompt_len", (), torch.int64)
         self.host_rng = random.Random(config.seed)
@@ -50,10 +54,6 @@ class SamplingState(SlotTables):
         prompt_tok_ids: Sequence[int] | None,
         output_tok_ids: Sequence[int],
     ) -> None:
-        self.temperature.write(slot, params.temperature)
-        top_k = params.top_k if 0 < params.top_k < self.config.vocab_size else 0
-        self.top_k.write(slot, top_k)
-        self.top_p.write(slot, params.top_p)
         seed = params.seed if params.seed is not None else self.host_rng.getrandbits(64)
         self.seed.write(slot, _as_int64(seed))
         self.prompt_len.write(slot, len(prompt_tok_ids or ()))
@@ -62,3 +62,15 @@ class SamplingState(SlotTables):
         """[num_rows] int64 position of the token each row samples now."""
         generated = self.batch_state.num_generated.device[slots].long()
         return self.prompt_len.device[slots] + generated
+
+    def race(
+        self,
+        logits: torch.Tensor,  # [num_rows, V] float32, processed and filtered
+        slots: torch.Tensor,  # [num_rows] int64
+        positions: torch.Tensor,  # [num_rows] int64
+        salt: int = SALT_SAMPLE,
+    ) -> torch.Tensor:
+        """[num_rows] int64: each row's token drawn from softmax(logits) by the Gumbel-max
+        race on the stream `salt` at the rows' positions (lowest index on exact ties)."""
+        noise = gumbel_noise(self.seed.device[slots], positions, logits.shape[1], salt)
+        return (logits + noise).argmax(dim=-1)

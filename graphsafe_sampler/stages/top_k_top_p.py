@@ -1,4 +1,4 @@
-"""top-k and top-p filtering (DESIGN §4 step 8), exact, without sorting the vocabulary.
+"""top-k and top-p filtering (step 8), exact, without sorting the vocabulary.
 
 Semantics, per row:
 - top-k (`top_k` <= 0 or >= V is off): keep every token whose logit is >= the k-th largest
@@ -49,9 +49,13 @@ logits are neither counted nor masked; rows holding them are outside these seman
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
+
+from graphsafe_sampler.batch_state import BatchState
+from graphsafe_sampler.params import SamplingParams
+from graphsafe_sampler.slot_tables import SlotTables
 
 _BITS_PER_PASS = 2
 _INT32_MIN = -(2**31)
@@ -159,3 +163,35 @@ def apply_top_k_top_p(
     """Set the logits that top-k, then top-p, remove to -inf, in place; returns `logits`."""
     threshold = top_p_threshold(logits, top_p, top_k_threshold(logits, top_k))
     return logits.masked_fill_(logits < threshold, float("-inf"))
+
+
+class TopKTopPState(SlotTables):
+    """Tables: top_k, staged [num_slots] int32 (0 = off); top_p, staged [num_slots] float32
+    (1 = off)."""
+
+    def __init__(self, batch_state: BatchState) -> None:
+        super().__init__(batch_state)
+        self.vocab_size = batch_state.config.vocab_size
+        self.top_k = self.staged("top_k", (), torch.int32)
+        self.top_p = self.staged("top_p", (), torch.float32, fill=1.0)
+        batch_state.register(self)
+
+    def add_request(
+        self,
+        slot: int,
+        params: SamplingParams,
+        prompt_tok_ids: Sequence[int] | None,
+        output_tok_ids: Sequence[int],
+    ) -> None:
+        # -1 and k >= V are off, as 0 is: one value, so that off rows skip alike
+        top_k = params.top_k if 0 < params.top_k < self.vocab_size else 0
+        self.top_k.write(slot, top_k)
+        self.top_p.write(slot, params.top_p)
+
+    def apply(
+        self,
+        logits: torch.Tensor,  # [num_rows, V] float32, updated in place
+        slots: torch.Tensor,  # [num_rows] int64
+    ) -> torch.Tensor:
+        """`apply_top_k_top_p` with each row's request parameters."""
+        return apply_top_k_top_p(logits, self.top_k.device[slots], self.top_p.device[slots])

@@ -51,14 +51,14 @@ class MinTokensLogitsProcessor(SlotLogitsProcessor):
         self.min_tokens.write(slot, params.min_tokens)
         self.stop_ids.write(slot, row)
 
-    def apply(
+    def apply_slots(
         self,
         logits: torch.Tensor,  # [num_rows, V] float32, updated in place
+        slots: torch.Tensor,  # [num_rows] int64
         num_preceding: torch.Tensor | None = None,  # [num_rows] int64
     ) -> torch.Tensor:
         """num_preceding: tokens that precede each row's position within this step and
         count as generated (the speculative drafts before it); default none."""
-        slots = self.batch_state.slots(logits.shape[0])  # [num_rows]
         generated = self.batch_state.num_generated.device[slots]
         if num_preceding is not None:
             generated = generated + num_preceding

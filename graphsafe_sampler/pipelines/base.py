@@ -1,0 +1,95 @@
+"""The pipeline protocol: what `Sampler.forward` and `RejectionSampler.forward` call, in
+order. Two siblings implement it on the same `Stages`: `TorchPipeline` (PyTorch ops) and
+`TritonPipeline` (the kernels of kernels/). Neither holds a sampler; the backend is chosen
+once, when the sampler is built (`make_pipeline`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from graphsafe_sampler.output import LogprobsTensors
+from graphsafe_sampler.stages import Stages
+
+
+@dataclass(frozen=True)
+class Processed:
+    """Processed logits and what sampling needs of them.
+
+    logits: [num_rows, V] float32, after temperature, min_p and top-k/top-p; the top-k/top-p
+        mask is written unless `cut` holds it.
+    cut: [num_rows] float32 or None: tokens below it are masked, though still in `logits`
+        (the Triton pipeline samples with the cut rather than write the mask).
+    greedy: [num_rows] int64, each row's argmax before temperature (read for greedy rows),
+        or None where the pipeline's `sample` finds it itself: a greedy row keeps its
+        logits through temperature, and min_p and top-k/top-p keep its maximum, so its
+        argmax is the same after them (`greedy_tokens`).
+    is_greedy: [num_rows] bool.
+    """
+
+    logits: torch.Tensor
+    cut: torch.Tensor | None
+    greedy: torch.Tensor | None
+    is_greedy: torch.Tensor
+
+    def greedy_tokens(self) -> torch.Tensor:
+        """[num_rows] int64, each row's greedy token (an argmax pass where not at hand)."""
+        if self.greedy is not None:
+            return self.greedy
+        if self.cut is not None:
+            raise ValueError("greedy tokens of unmasked logits: process with write_mask=True")
+        return self.logits.argmax(dim=-1)
+
+
+class Pipeline(Protocol):
+    """The sampling step's device side; every method is graph-safe."""
+
+    stages: Stages
+
+    def process(
+        self,
+        logits: torch.Tensor,  # [num_rows, V] float32, a fresh copy: updated in place
+        slots: torch.Tensor,  # [num_rows] int64, the slot of each row's request
+        grammar: torch.Tensor,  # [num_rows, ceil(V/32)] int32, each row's bitmask
+        drafts: torch.Tensor | None = None,  # [num_rows, S] int64 ids in [0, V)
+        num_preceding: torch.Tensor | None = None,  # [num_rows] int64 in [0, S]
+        *,
+        write_mask: bool = True,
+    ) -> Processed:
+        """Steps 2-8 on rows that read their request state from `slots`. With `drafts`, the
+        first `num_preceding[r]` of row r's drafts precede it in the step and count as output
+        tokens (penalties, bad words, min_tokens). `write_mask=False` lets a pipeline keep the
+        top-k/top-p mask as `Processed.cut` instead of writing it."""
+        ...
+
+    def sample(self, processed: Processed, slots: torch.Tensor) -> torch.Tensor:
+        """[num_rows] int64: greedy rows their argmax, random rows the race on the
+        SALT_SAMPLE stream at their positions."""
+        ...
+
+    def race_emitted(
+        self,
+        bonus_scores: torch.Tensor,  # [num_rows, V] float32 log-weights (-inf = never)
+        recovered_scores: torch.Tensor,  # [num_rows, V] float32 log-weights
+        is_bonus: torch.Tensor,  # [num_rows] bool: which of the two each row emits
+        slots: torch.Tensor,  # [num_rows] int64
+        positions: torch.Tensor,  # [num_rows] int64, the emitted token's position
+    ) -> torch.Tensor:
+        """Speculative decoding's emitted token: [num_rows] int64, a draw from
+        softmax(bonus_scores) on the SALT_BONUS stream where `is_bonus`, else from
+        softmax(recovered_scores) on SALT_RECOVER, for every row (the caller replaces greedy
+        rows' tokens)."""
+        ...
+
+    def logprobs(
+        self, source: torch.Tensor, tokens: torch.Tensor, subtract_lse: bool
+    ) -> LogprobsTensors:
+        """Step 10 on source [num_rows, V] (raw or processed logits) for tokens [num_rows]."""
+        ...
+
+    def commit(self, slots: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor | None) -> None:
+        """Append one token per batch row to the rows' history. slots, tokens [num_rows]
+        int64 (ids in [0, V)); keep [num_rows] bool or None (every row)."""
+        ...

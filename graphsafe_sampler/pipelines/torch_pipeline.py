@@ -1,0 +1,99 @@
+"""The PyTorch backend: every stage's PyTorch apply, in the order of docs/design.md.
+
+Branch-free on request state, so it runs eagerly, under `torch.compile(fullgraph=True)` and
+in a CUDA graph alike. Eagerly the exact top-k/top-p search is dozens of full-size ops:
+compile it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from graphsafe_sampler.kernels.constants import SALT_BONUS, SALT_RECOVER, SALT_SAMPLE
+from graphsafe_sampler.output import LogprobsTensors
+from graphsafe_sampler.pipelines.base import Processed
+from graphsafe_sampler.rng import exponentials_from_hashes, hash_tokens, row_keys
+from graphsafe_sampler.stages import Stages
+from graphsafe_sampler.stages.logprobs import compute_logprobs
+
+
+class TorchPipeline:
+    """`Pipeline` through the stages' PyTorch applies."""
+
+    def __init__(self, stages: Stages) -> None:
+        self.stages = stages
+        self.k = stages.batch_state.config.max_num_logprobs
+
+    def process(
+        self,
+        logits: torch.Tensor,
+        slots: torch.Tensor,
+        grammar: torch.Tensor,
+        drafts: torch.Tensor | None = None,
+        num_preceding: torch.Tensor | None = None,
+        *,
+        write_mask: bool = True,
+    ) -> Processed:
+        if (drafts is None) != (num_preceding is None):
+            raise ValueError("drafts and num_preceding come together")
+        s = self.stages
+        x = logits
+        # Steps 2-3 are -inf masks and finite additive biases, which commute: the sparse
+        # updates go first, in place on the fresh copy, then the dense masks. Bad words'
+        # scatter_reduce_ (amin over duplicate tokens) falls back to aten in inductor, which
+        # mutates a copy of its input: first, it mutates the fresh copy itself.
+        x = s.bad_words.apply(x, slots, drafts, num_preceding)
+        x = s.logit_bias.apply_slots(x, slots)
+        x = s.min_tokens.apply_slots(x, slots, num_preceding)
+        x = s.allowed.apply_slots(x, slots)
+        x = s.grammar.apply(x, grammar)
+        for proc in s.custom:
+            if not proc.is_argmax_invariant():
+                x = proc.apply_slots(x, slots)
+        if drafts is None or num_preceding is None:
+            x = s.penalties.apply(x, slots)
+        else:
+            columns = torch.arange(drafts.shape[1], device=drafts.device)
+            preceding = columns[None, :] < num_preceding[:, None]  # [rows, S]
+            x = s.penalties.apply(x, slots, extra_tokens=drafts, extra_mask=preceding)
+        greedy = x.argmax(dim=-1)  # [rows]; lowest index on ties
+        x, is_greedy = s.temperature.apply(x, slots)
+        x = s.min_p.apply_slots(x, slots)
+        for proc in s.custom:
+            if proc.is_argmax_invariant():
+                x = proc.apply_slots(x, slots)
+        x = s.top_k_top_p.apply(x, slots)
+        return Processed(x, None, greedy, is_greedy)
+
+    def sample(self, processed: Processed, slots: torch.Tensor) -> torch.Tensor:
+        sampling = self.stages.sampling
+        random = sampling.race(processed.logits, slots, sampling.positions(slots), SALT_SAMPLE)
+        return torch.where(processed.is_greedy, processed.greedy_tokens(), random)
+
+    def race_emitted(
+        self,
+        bonus_scores: torch.Tensor,
+        recovered_scores: torch.Tensor,
+        is_bonus: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> torch.Tensor:
+        # one race over the row's own scores and stream: one [num_rows, V] noise pass
+        seeds = self.stages.sampling.seed.device[slots]
+        keys = torch.where(
+            is_bonus,
+            row_keys(seeds, positions, SALT_BONUS),
+            row_keys(seeds, positions, SALT_RECOVER),
+        )
+        scores = torch.where(is_bonus[:, None], bonus_scores, recovered_scores)
+        token_ids = torch.arange(scores.shape[1], device=scores.device)
+        gumbel = exponentials_from_hashes(hash_tokens(keys, token_ids)).log_().neg_()
+        return (scores + gumbel).argmax(dim=-1)
+
+    def logprobs(
+        self, source: torch.Tensor, tokens: torch.Tensor, subtract_lse: bool
+    ) -> LogprobsTensors:
+        return compute_logprobs(source.to(torch.float32), tokens, self.k, subtract_lse)
+
+    def commit(self, slots: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor | None) -> None:
+        self.stages.batch_state.commit(tokens, keep)

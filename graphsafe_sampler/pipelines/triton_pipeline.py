@@ -1,0 +1,190 @@
+"""The Triton backend: the step through the kernels of kernels/ (their `torch.library`
+ops), on the same stage tables as the PyTorch backend.
+
+Per step, on a fresh float32 copy `x` of the logits ([num_rows, V]):
+
+1. bad words: the PyTorch scatter of `stages/bad_words.py` (sparse: a few tokens a row);
+2. `process_logits`: logit bias, min_tokens, allowed ids, the grammar bitmask, penalties and
+   temperature in one pass, in place (1 read + 1 write of `x`);
+3. min_p: folded into step 4's cut (its statistics pass has the row max), so never written;
+   with custom argmax-invariant processors, which must see min_p's mask, `apply_min_p` in
+   place (2 reads + 1 write), then those processors (PyTorch);
+4. top-k/top-p: `top_k_top_p_threshold` writes each row's cut ([num_rows] float32) without
+   touching `x` (1 read when its 128-logit candidate buffer settles the row, else the
+   search's passes too); only where the caller asks for the mask (the `processed_*`
+   logprobs modes, speculative decoding) does `apply_top_k_top_p` write it;
+5. `sample_tokens`: greedy argmax or the Gumbel-max race on `rng.py`'s uniforms, the cut
+   applied on the fly (1 read);
+6. logprobs: `compute_logprobs` (1 read of the source, no [num_rows, V] log-softmax);
+7. the commit: `commit_history` (counts with their overflow table, the bad-words ring,
+   `num_generated`) when no other slot state needs a commit hook, else `BatchState.commit`.
+
+Same semantics as the PyTorch backend, tested side by side: greedy tokens and the uniforms
+are bit-identical, processed logits equal to float32 rounding, and random tokens equal
+except where two candidates' perturbed logits tie within the Gumbel transform's last-bit
+rounding (the kernel's log1p is a few ulp from libm's).
+
+Custom processors that are not argmax-invariant run between logit bias and the penalties, in
+the middle of the fused pass: with any of them configured, steps 1-4 run the PyTorch
+pipeline's `process` and only sampling, logprobs and the commit use kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from graphsafe_sampler.kernels.constants import SALT_BONUS, SALT_RECOVER, SALT_SAMPLE
+from graphsafe_sampler.kernels.history import commit_history
+from graphsafe_sampler.kernels.logits_processing import process_logits
+from graphsafe_sampler.kernels.logprobs import compute_logprobs
+from graphsafe_sampler.kernels.min_p import apply_min_p
+from graphsafe_sampler.kernels.sampling import sample_tokens
+from graphsafe_sampler.kernels.top_k_top_p import apply_top_k_top_p, top_k_top_p_threshold
+from graphsafe_sampler.output import LogprobsTensors
+from graphsafe_sampler.pipelines.base import Processed
+from graphsafe_sampler.pipelines.torch_pipeline import TorchPipeline
+from graphsafe_sampler.slot_tables import SlotTables
+from graphsafe_sampler.stages import Stages
+
+
+class TritonPipeline:
+    """`Pipeline` through the kernels (module docstring)."""
+
+    def __init__(self, stages: Stages) -> None:
+        self.stages = stages
+        self.k = stages.batch_state.config.max_num_logprobs
+        self.fused = all(p.is_argmax_invariant() for p in stages.custom)
+        # the unfused path processes with the PyTorch stages (a sibling, on the same stages)
+        self.unfused = TorchPipeline(stages)
+        # min_p's cut is folded into the top-k/top-p kernel (never written) unless custom
+        # argmax-invariant processors, which run between the two, must see it applied
+        self.fold_min_p = not stages.custom
+        # commit_history covers BatchState's own counter and these two states; any other
+        # slot state with a commit hook (a custom processor's history) needs the PyTorch commit
+        hooks = [
+            state
+            for state in stages.batch_state.slot_states
+            if type(state).commit is not SlotTables.commit
+            and state is not stages.penalties
+            and state is not stages.bad_words
+        ]
+        self.commit_kernel = not hooks
+
+    def process(
+        self,
+        logits: torch.Tensor,
+        slots: torch.Tensor,
+        grammar: torch.Tensor,
+        drafts: torch.Tensor | None = None,
+        num_preceding: torch.Tensor | None = None,
+        *,
+        write_mask: bool = True,
+    ) -> Processed:
+        if not self.fused:
+            done = self.unfused.process(logits, slots, grammar, drafts, num_preceding)
+            # the sampling kernel finds the greedy rows' argmax itself
+            return Processed(done.logits.contiguous(), None, None, done.is_greedy)
+        s = self.stages
+        x = s.bad_words.apply(logits, slots, drafts, num_preceding)
+        process_logits(
+            x,
+            slots,
+            s.logit_bias.bias_ids.device,
+            s.logit_bias.bias_values.device,
+            s.min_tokens.min_tokens.device,
+            s.batch_state.num_generated.device,
+            s.min_tokens.stop_ids.device,
+            s.allowed.allowed.device,
+            grammar,
+            s.penalties.counts,
+            s.penalties.overflow_token.device,
+            s.penalties.overflow_excess.device,
+            s.penalties.prompt_mask.device,
+            s.penalties.repetition.device,
+            s.penalties.frequency.device,
+            s.penalties.presence.device,
+            s.temperature.temperature.device,
+            drafts,
+            num_preceding,
+        )
+        if not self.fold_min_p:
+            apply_min_p(x, slots, s.min_p.min_p.device)
+        for proc in s.custom:  # all argmax-invariant on the fused path
+            x = proc.apply_slots(x, slots)
+        cut = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+        top_k, top_p = s.top_k_top_p.top_k.device, s.top_k_top_p.top_p.device
+        min_p = s.min_p.min_p.device if self.fold_min_p else None
+        op = apply_top_k_top_p if write_mask else top_k_top_p_threshold
+        op(x, slots, top_k, top_p, cut, min_p)
+        return Processed(x, None if write_mask else cut, None, s.temperature.is_greedy(slots))
+
+    def sample(self, processed: Processed, slots: torch.Tensor) -> torch.Tensor:
+        return self._race(
+            processed.logits, slots, self.stages.sampling.positions(slots), SALT_SAMPLE,
+            processed.cut,
+        )  # fmt: skip
+
+    def _race(
+        self,
+        scores: torch.Tensor,  # [num_rows, V] float32
+        slots: torch.Tensor,  # [num_rows] int64
+        positions: torch.Tensor,  # [num_rows] int64
+        salt: int,
+        cut: torch.Tensor | None = None,  # [num_rows] float32
+    ) -> torch.Tensor:
+        """[num_rows] int64: greedy rows' argmax, other rows' race on stream `salt`."""
+        tokens = torch.empty(scores.shape[0], dtype=torch.int64, device=scores.device)
+        sample_tokens(
+            scores,
+            slots,
+            self.stages.temperature.temperature.device,
+            self.stages.sampling.seed.device,
+            positions,
+            cut,
+            tokens,
+            salt,
+        )
+        return tokens
+
+    def race_emitted(
+        self,
+        bonus_scores: torch.Tensor,
+        recovered_scores: torch.Tensor,
+        is_bonus: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> torch.Tensor:
+        # the stream is a launch constant: one race per stream, merged per row
+        bonus = self._race(bonus_scores.contiguous(), slots, positions, SALT_BONUS)
+        recovered = self._race(recovered_scores.contiguous(), slots, positions, SALT_RECOVER)
+        return torch.where(is_bonus, bonus, recovered)
+
+    def logprobs(
+        self, source: torch.Tensor, tokens: torch.Tensor, subtract_lse: bool
+    ) -> LogprobsTensors:
+        num_rows, device = source.shape[0], source.device
+        token_ids = torch.empty(num_rows, self.k + 1, dtype=torch.int32, device=device)
+        values = torch.empty(num_rows, self.k + 1, dtype=torch.float32, device=device)
+        ranks = torch.empty(num_rows, dtype=torch.int32, device=device)
+        lse = torch.empty(num_rows, dtype=torch.float32, device=device)
+        compute_logprobs(source, tokens, token_ids, values, ranks, lse, subtract_lse)
+        return LogprobsTensors(token_ids, values, ranks)
+
+    def commit(self, slots: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor | None) -> None:
+        s = self.stages
+        if not self.commit_kernel:
+            s.batch_state.commit(tokens, keep)
+            return
+        if keep is None:
+            keep = torch.ones_like(tokens, dtype=torch.bool)
+        commit_history(
+            slots,
+            tokens,
+            keep,
+            s.batch_state.num_generated.device,
+            s.penalties.counts,
+            s.penalties.overflow_token.device,
+            s.penalties.overflow_excess.device,
+            s.bad_words.window.device,
+            s.batch_state.config.padding_slot,
+        )

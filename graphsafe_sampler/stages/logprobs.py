@@ -1,0 +1,38 @@
+"""Logprobs (step 10): column 0 the sampled token, columns 1..K the top K in descending
+order, and the sampled token's rank, from the raw or the processed logits.
+
+The top K and the sampled value are taken on the logits, then shifted by the row's
+logsumexp in the *_logprobs modes: log_softmax only shifts a row, so the order is the same
+and no [num_rows, V] logprobs tensor is written. Ranks compare logprobs, as vLLM does (the
+shift can merge neighbouring logits). A row with every token masked has logsumexp -inf: its
+logprobs stay -inf, never NaN.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from graphsafe_sampler.output import LogprobsTensors
+
+
+def compute_logprobs(
+    source: torch.Tensor,  # [num_rows, V] float32, raw or processed logits
+    tokens: torch.Tensor,  # [num_rows] int64, the sampled tokens
+    k: int,  # K = max_num_logprobs >= 1
+    subtract_lse: bool,  # the *_logprobs modes (else *_logits)
+) -> LogprobsTensors:
+    top_values, top_ids = source.topk(k, dim=-1)  # [num_rows, K]
+    sampled = source.gather(1, tokens[:, None])  # [num_rows, 1]
+    values = torch.cat([sampled, top_values], dim=1)  # [num_rows, K + 1]
+    if subtract_lse:
+        lse = source.logsumexp(dim=-1, keepdim=True)  # [num_rows, 1]
+        lse = torch.where(lse.isfinite(), lse, 0.0)
+        values = values - lse
+        ranks = (source - lse >= values[:, :1]).sum(dim=-1)
+    else:
+        ranks = (source >= sampled).sum(dim=-1)  # [num_rows]
+    return LogprobsTensors(
+        torch.cat([tokens[:, None], top_ids], dim=1).to(torch.int32),
+        values,
+        ranks.to(torch.int32),
+    )
