@@ -1,7 +1,7 @@
 """`SamplerConfig`: sizes and capacities fixed for the life of a sampler.
 
 Everything here decides a buffer's shape, so it is chosen once: the state tensors are
-preallocated from it and never grow (DESIGN §1). The capacities are per request.
+preallocated from it and never grow (docs/design.md §1). The capacities are per request.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class SamplerConfig:
 
     max_num_reqs: int
     vocab_size: int
-    # DESIGN §3: everything after vocab_size is keyword-only.
+    # docs/design.md §3: everything after vocab_size is keyword-only.
     _: KW_ONLY
     max_num_logprobs: int = 0
     logprobs_mode: LogprobsMode = "raw_logprobs"

@@ -8,7 +8,7 @@ import torch
 
 
 class LogprobsTensors(NamedTuple):
-    """Per-row logprobs (DESIGN §4, step 10); K = SamplerConfig.max_num_logprobs.
+    """Per-row logprobs (docs/design.md §4, step 10); K = SamplerConfig.max_num_logprobs.
 
     logprob_token_ids: [num_rows, K + 1] int32; column 0 is the sampled token, columns
         1..K the top-K tokens in descending order.

@@ -75,7 +75,7 @@ def _check_logit_bias(logit_bias: object) -> dict[int, float]:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """What a request asks of the sampler (DESIGN §3; vLLM's names and meanings).
+    """What a request asks of the sampler (docs/design.md §3; vLLM's names and meanings).
 
     `top_k` 0 or -1 and `top_p` 1.0 switch those filters off; `temperature` below 1e-5 is
     greedy. `logit_bias` maps token id -> additive bias; `allowed_token_ids` restricts the

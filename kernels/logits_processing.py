@@ -1,4 +1,4 @@
-"""DESIGN §4 steps 2-6 in Triton, one program per row, in place: logit bias, min_tokens, the
+"""docs/design.md §4 steps 2-6 in Triton, one program per row, in place: logit bias, min_tokens, the
 allowed-token and grammar bitmasks, repetition/frequency/presence penalties, temperature.
 
 Per row r with slot s = slots[r], in the PyTorch backend's order (graphsafe_sampler/sampler.py,

@@ -1,4 +1,4 @@
-"""Logprobs in Triton (DESIGN §4 step 10), one program per row, without a [num_rows, V]
+"""Logprobs in Triton (docs/design.md §4 step 10), one program per row, without a [num_rows, V]
 log-softmax: the row's top K values and ids, the sampled token's value and rank, and the
 logsumexp, in one pass over the row (`Sampler._logprobs` in graphsafe_sampler/sampler.py is
 the reference).

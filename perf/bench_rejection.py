@@ -10,7 +10,7 @@ about a third of the rows and half the rows seeded. Features this case leaves of
 bias, allowed ids, bad words, min_tokens, grammar) cost the RejectionSampler their fixed
 per-row work either way.
 
-Providers, side by side in one process on the same inputs (DESIGN §6):
+Providers, side by side in one process on the same inputs (docs/design.md §6):
 - `clone`: `target_logits.clone()`, one pass over the target logits, the floor;
 - `rejection-compiled`: `torch.compile(RejectionSampler(...), fullgraph=True)`, compiled and
   warmed up untimed; it commits each row's tokens to the device-side history in the step;

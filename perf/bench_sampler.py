@@ -8,7 +8,7 @@ on 4, half the rows seeded; logprobs K = 5 in `raw_logprobs` mode. A static batc
 churning decode step is `bench_suite.py`'s `step`. With `--gs-json` its cases are stage
 `step-static`.
 
-Providers, side by side in one process on the same inputs (DESIGN §6):
+Providers, side by side in one process on the same inputs (docs/design.md §6):
 - `clone`: `logits.clone()`, one pass over the logits, the floor;
 - `sampler-eager`: `Sampler.forward`, eager;
 - `sampler-compiled`: `torch.compile(sampler.forward, fullgraph=True)`, compiled and warmed

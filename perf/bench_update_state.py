@@ -5,7 +5,7 @@ finishes with probability 0.1 per step and every freed row is refilled at once (
 server with a waiting queue), plus up to 3 swaps a step. Updates are generated before the
 timed region; one round times one `update(batch_update)` call: validation, slot
 bookkeeping, every registered processor's `add_request` and the flush of all staged tensors
-(on a CPU device the flush is a plain copy; DESIGN §6: absolute times only mean something
+(on a CPU device the flush is a plain copy; docs/design.md §6: absolute times only mean something
 on the machine that produced them, compare variants of the same run).
 
 Run: python -m pytest perf/bench_update_state.py --benchmark-only

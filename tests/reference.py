@@ -1,4 +1,4 @@
-"""Dict-based float64 reference models of the built-in processors (DESIGN §4).
+"""Dict-based float64 reference models of the built-in processors (docs/design.md §4).
 
 Each takes one row's logits (float64 numpy) and the request that owns the row (or None for
 an empty or padded row) and returns the processed row. They share nothing with the
@@ -111,7 +111,7 @@ def top_k_top_p(row: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
 def pipeline(
     row: np.ndarray, req: DriverRequest | None, config: SamplerConfig
 ) -> tuple[np.ndarray, int, bool]:
-    """DESIGN §4 steps 2-8 for one row: (processed logits, greedy token, is greedy)."""
+    """docs/design.md §4 steps 2-8 for one row: (processed logits, greedy token, is greedy)."""
     if req is None:
         return row, int(np.argmax(row)), True
     x = allowed_token_ids(row, req)

@@ -211,7 +211,7 @@ def test_get_and_reset_collects_removed_added_moved() -> None:
     assert sorted(update.removed) == [0, 2]
     assert list(update.added) == [(3, params, None, output)]
     assert list(update.moved) == [(3, 0, UNI), (1, 2, SWAP)]
-    # output_tok_ids stays a live reference to the request's list (DESIGN §3).
+    # output_tok_ids stays a live reference to the request's list (docs/design.md §3).
     assert update.added[0][3] is output
 
 

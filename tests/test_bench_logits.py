@@ -49,7 +49,7 @@ def test_each_row_is_a_permutation_of_the_zipf_profile() -> None:
 
 
 def test_not_flat_like_randn() -> None:
-    # DESIGN §6: top-p must keep few tokens. At the default, top-p 0.9 keeps a few dozen.
+    # docs/design.md §6: top-p must keep few tokens. At the default, top-p 0.9 keeps a few dozen.
     probs = llm_like_logits(4, 32_000).softmax(dim=-1).sort(dim=-1, descending=True).values
     kept = (probs.cumsum(dim=-1) < 0.9).sum(dim=-1) + 1
     assert int(kept.max()) < 200

@@ -36,7 +36,7 @@ def test_defaults() -> None:
     assert config.logits_processors == ()
     assert config.seed is None
     assert config.pin_memory is None
-    # DESIGN §3: at least 1024 logit-bias entries, 128 stop ids, 1024 bad-word tokens.
+    # docs/design.md §3: at least 1024 logit-bias entries, 128 stop ids, 1024 bad-word tokens.
     assert config.max_logit_bias_tokens >= 1024
     assert config.max_stop_token_ids >= 128
     assert config.max_bad_words_tokens >= 1024

@@ -1,4 +1,4 @@
-"""The harness on every built-in, and negative examples that must fail it (DESIGN §5)."""
+"""The harness on every built-in, and negative examples that must fail it (docs/design.md §5)."""
 
 from __future__ import annotations
 

@@ -194,7 +194,7 @@ def _float64_reference(
     grammar: torch.Tensor | None,
     full_counts: torch.Tensor | None = None,
 ) -> np.ndarray:
-    """DESIGN §4 steps 2-6, token by token in float64, from the exact counts (or
+    """docs/design.md §4 steps 2-6, token by token in float64, from the exact counts (or
     `full_counts` [num_slots, V] in their place). Reads host copies of every table: one
     device-to-host copy each, not one per element read."""
     counts = (state.full_counts if full_counts is None else full_counts).cpu()

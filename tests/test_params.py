@@ -1,4 +1,4 @@
-"""SamplingParams: range checks at construction, and `check_against(config)` (DESIGN §3-4)."""
+"""SamplingParams: range checks at construction, and `check_against(config)` (docs/design.md §3-4)."""
 
 from __future__ import annotations
 
@@ -453,7 +453,7 @@ def test_check_against_accepts_values_at_each_capacity(
 
 
 def test_check_against_default_capacities() -> None:
-    # DESIGN §3: defaults hold at least 1024 logit-bias entries, 128 stop ids, 1024 bad-word
+    # docs/design.md §3: defaults hold at least 1024 logit-bias entries, 128 stop ids, 1024 bad-word
     # tokens in total, and allowed_token_ids up to vocab_size.
     vocab = 4096
     config = _config(vocab_size=vocab)

@@ -137,7 +137,8 @@ def test_resumed_request_replaces_the_slot_history() -> None:
 
 
 def test_state_is_under_half_of_int32_counts() -> None:
-    """Issue 6's memory target, at vocab 151,936 and 1,024 slots (device bytes per slot)."""
+    """The penalty state stays under half of vLLM's int32 counts, at vocab 151,936 and 1,024
+    slots (device bytes per slot)."""
     vocab = 151_936
     config = SamplerConfig(8, vocab)
     batch = BatchState(config, "cpu")

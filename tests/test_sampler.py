@@ -1,4 +1,4 @@
-"""Sampler: the DESIGN §4 pipeline against the float64 reference, seeded determinism across
+"""Sampler: the docs/design.md §4 pipeline against the float64 reference, seeded determinism across
 layouts, sampling statistics, graph safety, bad input. Tests taking `backend` run on both
 backends, each on its device (tests/backends.py: the Triton backend on CUDA in a GPU run);
 the others on the PyTorch backend, on the CPU."""

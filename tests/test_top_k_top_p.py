@@ -79,7 +79,7 @@ def random_top_p(num_rows: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def reference_keep(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """DESIGN §4 step 8 for one [V] row, in float64 with a full sort: the kept tokens."""
+    """docs/design.md §4 step 8 for one [V] row, in float64 with a full sort: the kept tokens."""
     x = logits.double()
     vocab_size = x.shape[0]
     keep = torch.ones(vocab_size, dtype=torch.bool)

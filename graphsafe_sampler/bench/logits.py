@@ -1,6 +1,6 @@
 """LLM-like benchmark logits: a few tokens hold most of the mass, then a long, heavy tail.
 
-DESIGN §6: top-k/top-p cost depends on the shape of the distribution (how many tokens a
+docs/design.md §6: top-k/top-p cost depends on the shape of the distribution (how many tokens a
 nucleus holds, how far apart the top logits are), so benchmarks must not feed `randn` rows,
 whose softmax is nearly flat over the whole vocabulary.
 

@@ -3,7 +3,7 @@
 A `Bench` is what the timer needs: `setup()` (untimed, returns the call's arguments) and
 `run(*args)` (timed). Providers, by name:
 
-- `clone`: `logits.clone()`, one pass over the logits: the floor (DESIGN §6);
+- `clone`: `logits.clone()`, one pass over the logits: the floor (docs/design.md §6);
 - `sampler-eager`: this package, eager;
 - `sampler-compiled`: this package under `torch.compile(fullgraph=True)`, compiled and
   warmed up before timing (the compile time goes into the case's `extra`);

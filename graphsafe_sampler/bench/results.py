@@ -13,7 +13,7 @@ A case is one provider timed on one shape: `name` is `stage/provider/R{rows}-V{v
 and is what `compare` matches across runs. Times are microseconds per call. `gbps` is the
 logits' bytes (rows * vocab * element size, one read) divided by the median time: how fast a
 provider gets through its input, comparable with the floor's. `ratio_to_floor` is the median
-over the median of the floor provider (`clone`, one pass over the logits, DESIGN §6) on the
+over the median of the floor provider (`clone`, one pass over the logits, docs/design.md §6) on the
 same rows, vocab and dtype in the same run; `ratio_to_vllm_style` the median over the
 `vllm-style` provider's on the same stage and shape (below 1: faster than the peer). Either is
 null when that provider was not run.

@@ -1,4 +1,4 @@
-"""Stage-alone benchmark cases: one step of DESIGN §4's pipeline, ours beside the peers'.
+"""Stage-alone benchmark cases: one step of docs/design.md §4's pipeline, ours beside the peers'.
 
 Each stage is timed on the same LLM-like logits and the same per-row parameters in every
 provider. Ours are the package's real stage functions, with their state where they keep

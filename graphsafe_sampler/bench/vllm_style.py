@@ -1,6 +1,6 @@
-"""A vLLM-V1-style eager sampler: the peer baseline of the benchmarks (DESIGN §6).
+"""A vLLM-V1-style eager sampler: the peer baseline of the benchmarks (docs/design.md §6).
 
-Same semantics as `graphsafe_sampler.Sampler` (DESIGN §4), written the way vLLM V1's
+Same semantics as `graphsafe_sampler.Sampler` (docs/design.md §4), written the way vLLM V1's
 `Sampler` (`vllm/v1/sample/sampler.py`), its built-in logits processors and its persistent
 `InputBatch` do the work, so that the benchmark compares designs rather than effort:
 
@@ -25,9 +25,9 @@ Same semantics as `graphsafe_sampler.Sampler` (DESIGN §4), written the way vLLM
 It is a fair baseline: no per-token Python, every per-row loop is the one vLLM has, and the
 work is batched wherever vLLM batches it. It differs from vLLM only where the semantics
 demand it: top-p keeps ties at the boundary (one extra gather; vLLM's sort order decides
-them), the repetition penalty divides (`l / r`, DESIGN §4; vLLM multiplies by `1 / r`),
+them), the repetition penalty divides (`l / r`, docs/design.md §4; vLLM multiplies by `1 / r`),
 greedy rows keep their filter parameters (vLLM's `SamplingParams` resets them), EOS is
-masked by min_tokens as DESIGN §4 says, and an update is applied in DESIGN's order (vLLM's
+masked by min_tokens as docs/design.md §4 says, and an update is applied in the order of docs/design.md §3 (vLLM's
 processors apply adds before removals, which its builder makes equivalent).
 
 Tokens come from the same distribution as the Sampler's, not the same tokens: the random
@@ -86,7 +86,7 @@ def _apply_dict_updates(
     batch_update: BatchUpdate | None,
     new_entry: Callable[[SamplingParams, Sequence[int], Sequence[int]], T | None],
 ) -> bool:
-    """vLLM's `process_dict_updates`, in DESIGN's order; returns whether anything changed."""
+    """vLLM's `process_dict_updates`, in the order of docs/design.md §3; returns whether anything changed."""
     if batch_update is None:
         return False
     changed = False
@@ -463,7 +463,7 @@ class VllmStyleSampler:
     __call__ = forward
 
     def _process(self, logits: torch.Tensor, meta: _Metadata) -> torch.Tensor:
-        """DESIGN §4 steps 2-4 (vLLM's `apply_logits_processors`), in place."""
+        """docs/design.md §4 steps 2-4 (vLLM's `apply_logits_processors`), in place."""
         if meta.allowed_mask is not None:
             logits.masked_fill_(meta.allowed_mask, float("-inf"))
         outputs = None
@@ -486,7 +486,7 @@ class VllmStyleSampler:
         return logits
 
     def _filter(self, logits: torch.Tensor, meta: _Metadata) -> torch.Tensor:
-        """DESIGN §4 steps 6-8: temperature (greedy rows: 1), min_p, top-k, top-p."""
+        """docs/design.md §4 steps 6-8: temperature (greedy rows: 1), min_p, top-k, top-p."""
         temperature = meta.temperature
         if not meta.all_random:
             temperature = torch.where(temperature < GREEDY_TEMPERATURE, 1.0, temperature)
@@ -517,7 +517,7 @@ class VllmStyleSampler:
         return sampled, processed
 
     def processed_logits(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """For checks: (logits after DESIGN §4 steps 2-8, greedy tokens); reads `logits` only."""
+        """For checks: (logits after docs/design.md §4 steps 2-8, greedy tokens); reads `logits` only."""
         meta = self.meta
         x = self._process(logits.to(torch.float32, copy=True), meta)
         greedy = x.argmax(dim=-1)

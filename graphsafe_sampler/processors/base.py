@@ -1,6 +1,6 @@
 """`LogitsProcessor` (vLLM's shape) and `SlotLogitsProcessor` (its graph-safe form).
 
-The graph-safety contract for `apply` (DESIGN §5), which `graphsafe_sampler.testing`
+The graph-safety contract for `apply` (docs/design.md §5), which `graphsafe_sampler.testing`
 checks:
 
 1. no host synchronisation and no data-dependent shapes: no `.item()`, `.tolist()`,

@@ -1,4 +1,4 @@
-"""Bad words (DESIGN §4, step 2): a token that would complete a banned sequence is -inf.
+"""Bad words (docs/design.md §4, step 2): a token that would complete a banned sequence is -inf.
 
 A bad word `w` of n tokens bans `w[n-1]` when the request's last n-1 *output* tokens equal
 `w[:n-1]` (vLLM's rule; one-token words are always banned).

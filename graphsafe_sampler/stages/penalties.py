@@ -1,4 +1,4 @@
-"""Repetition, frequency and presence penalties (DESIGN §4, step 4), vLLM's definitions.
+"""Repetition, frequency and presence penalties (docs/design.md §4, step 4), vLLM's definitions.
 
 Repetition applies to tokens seen in the prompt or the output: `l / r` if `l > 0` else
 `l * r`. Frequency and presence apply to output tokens only: `l -= f * count`,

@@ -1,5 +1,5 @@
 """`SyncOpDetector`: a TorchDispatchMode that fails on ops that sync with the host or give
-data-dependent shapes (DESIGN §5, rule 1).
+data-dependent shapes (docs/design.md §5, rule 1).
 
 On a CPU-only machine no device-to-host copy is visible, so the detector flags the ops
 themselves: whatever would sync or allocate by value on a GPU is flagged on the CPU too.
