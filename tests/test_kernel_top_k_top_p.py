@@ -35,7 +35,8 @@ def _kernel(
 
 
 def _sorted_reference(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """float64, sort-based: [V] bool kept mask of one row (docs/design.md §4 step 8), on the host."""
+    """float64, sort-based: [V] bool kept mask of one row (docs/design.md §4 step 8), on the
+    host."""
     x = logits.double().cpu()
     values = x.sort(descending=True).values
     vocab = x.shape[0]

@@ -1,4 +1,5 @@
-"""SamplingParams: range checks at construction, and `check_against(config)` (docs/design.md §3-4)."""
+"""SamplingParams: range checks at construction, and `check_against(config)` (docs/design.md
+§3-4)."""
 
 from __future__ import annotations
 

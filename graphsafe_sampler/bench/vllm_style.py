@@ -27,8 +27,9 @@ work is batched wherever vLLM batches it. It differs from vLLM only where the se
 demand it: top-p keeps ties at the boundary (one extra gather; vLLM's sort order decides
 them), the repetition penalty divides (`l / r`, docs/design.md §4; vLLM multiplies by `1 / r`),
 greedy rows keep their filter parameters (vLLM's `SamplingParams` resets them), EOS is
-masked by min_tokens as docs/design.md §4 says, and an update is applied in the order of docs/design.md §3 (vLLM's
-processors apply adds before removals, which its builder makes equivalent).
+masked by min_tokens as docs/design.md §4 says, and an update is applied in the order of
+docs/design.md §3 (vLLM's processors apply adds before removals, which its builder makes
+equivalent).
 
 Tokens come from the same distribution as the Sampler's, not the same tokens: the random
 numbers differ (torch's generators here, a counter-based hash there). Greedy rows and the raw
@@ -86,7 +87,8 @@ def _apply_dict_updates(
     batch_update: BatchUpdate | None,
     new_entry: Callable[[SamplingParams, Sequence[int], Sequence[int]], T | None],
 ) -> bool:
-    """vLLM's `process_dict_updates`, in the order of docs/design.md §3; returns whether anything changed."""
+    """vLLM's `process_dict_updates`, in the order of docs/design.md §3 (removed, added,
+    moved); returns whether anything changed."""
     if batch_update is None:
         return False
     changed = False
@@ -517,7 +519,8 @@ class VllmStyleSampler:
         return sampled, processed
 
     def processed_logits(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """For checks: (logits after docs/design.md §4 steps 2-8, greedy tokens); reads `logits` only."""
+        """For checks: (logits after docs/design.md §4 steps 2-8, greedy tokens); reads
+        `logits` only."""
         meta = self.meta
         x = self._process(logits.to(torch.float32, copy=True), meta)
         greedy = x.argmax(dim=-1)
