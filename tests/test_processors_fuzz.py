@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-import reference
 from graphsafe_sampler import BatchState, SamplerConfig
 from graphsafe_sampler.stages import (
     AllowedTokenIdsLogitsProcessor,
@@ -17,7 +16,7 @@ from graphsafe_sampler.stages import (
     MinPLogitsProcessor,
     MinTokensLogitsProcessor,
 )
-from graphsafe_sampler.testing import BatchDriver
+from graphsafe_sampler.testing import BatchDriver, reference
 
 CONFIG = SamplerConfig(
     max_num_reqs=64,

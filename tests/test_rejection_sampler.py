@@ -19,12 +19,11 @@ from backends import BACKENDS, backend_device, interpreted
 from scipy import stats
 
 import graphsafe_sampler as gs
-import reference
 from graphsafe_sampler import BatchUpdate, MoveDirectionality, RejectionSampler, Sampler, rng
 from graphsafe_sampler import SamplingParams as SP
 from graphsafe_sampler.batch_update import AddedRequest
 from graphsafe_sampler.bitmask import num_words, pack_token_ids
-from graphsafe_sampler.testing import BatchDriver, DriverRequest, check_graph_safety
+from graphsafe_sampler.testing import BatchDriver, DriverRequest, check_graph_safety, reference
 
 V = 111
 S = 3

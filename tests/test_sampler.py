@@ -16,10 +16,9 @@ from backends import BACKENDS, backend_device, interpreted
 from scipy import stats
 
 import graphsafe_sampler as gs
-import reference
 from graphsafe_sampler import BatchUpdate, MoveDirectionality, Sampler, SamplerConfig
 from graphsafe_sampler import SamplingParams as SP
-from graphsafe_sampler.testing import BatchDriver, check_graph_safety
+from graphsafe_sampler.testing import BatchDriver, check_graph_safety, reference
 
 V = 111
 

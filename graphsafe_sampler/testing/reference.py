@@ -1,8 +1,9 @@
-"""Dict-based float64 reference models of the built-in processors (docs/design.md §4).
+"""Float64 reference models of the stages (docs/design.md §4), importable so that users can
+test their own processors and engines against them.
 
-Each takes one row's logits (float64 numpy) and the request that owns the row (or None for
-an empty or padded row) and returns the processed row. They share nothing with the
-implementation: plain Python over plain data.
+Each takes one row's logits (float64 numpy) and the request that owns the row (a
+`DriverRequest`, or None for an empty or padded row) and returns the processed row. They
+share nothing with the implementation: plain Python over plain data, dicts and sorts.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 import numpy as np
 
 from graphsafe_sampler.config import SamplerConfig
-from graphsafe_sampler.testing import DriverRequest
+from graphsafe_sampler.testing.batch_driver import DriverRequest
 
 
 def allowed_token_ids(row: np.ndarray, req: DriverRequest | None) -> np.ndarray:
