@@ -28,8 +28,9 @@ from typing import Any
 
 import torch
 
+from graphsafe_sampler.bench.flashinfer import flashinfer_available, flashinfer_call
 from graphsafe_sampler.bench.logits import llm_like_logits
-from graphsafe_sampler.bench.stages import STAGES, StageCase, flashinfer_available
+from graphsafe_sampler.bench.stages import STAGES, StageCase
 from graphsafe_sampler.bench.timing import Setup
 from graphsafe_sampler.bench.vllm_style import VllmStyleSampler
 from graphsafe_sampler.bench.workload import decode_driver
@@ -158,13 +159,14 @@ def _stage_bench(spec: CaseSpec, provider: str) -> Bench:
         return Bench(compiled, setup, {"compile_s": round(compile_s, 1)})
     if provider == "vllm-style":
         return Bench(case.vllm_style(), setup)
-    fn = case.flashinfer()
-    if fn is None:
+    call = flashinfer_call(spec.stage, spec.rows, spec.device)
+    if call is None:
         where = "not installed" if spec.device.type == "cuda" else "CUDA only"
         if flashinfer_available(spec.device):
             where = f"no {spec.stage} function"
         raise ProviderUnavailable(f"flashinfer: {where}")
-    return Bench(fn, setup)
+    name, fn = call
+    return Bench(fn, setup, {"flashinfer_function": name})
 
 
 def _record(driver: Any, out: SamplerOutput) -> torch.Tensor:

@@ -17,9 +17,9 @@ some (a `Sampler` holding one request per row supplies the slot tables):
                  (every row seeded)                         per request
     logprobs     stages/logprobs.py (K = 5, raw)            gather_logprobs (log_softmax + topk)
 
-FlashInfer's sampling functions join on CUDA when `flashinfer` imports (top_k, top_p,
-top_k_top_p, min_p, sampling; their semantics differ in details: they sample or renormalise
-rather than mask, so read those rows as a cost reference, not as the same work).
+FlashInfer's sampling functions join on CUDA when `flashinfer` imports, per the one table of
+`bench/flashinfer.py` (top_k, top_p, top_k_top_p, min_p, sampling; they sample or
+renormalise rather than mask, so read those rows as a cost reference, not the same work).
 
 Every stage starts from the logits in the case's dtype and converts them to float32 (as the
 Sampler does once per step), so bfloat16 cases include that conversion.
@@ -28,7 +28,6 @@ Sampler does once per step), so bfloat16 cases include that conversion.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +58,8 @@ STAGES = (
 TOP_K = 50
 TOP_P = 0.9
 MIN_P = 0.05
+TEMPERATURE = 0.8
+"""The temperature of the cases that run every feature at once (the GPU check's "all")."""
 MAX_NUM_LOGPROBS = 5
 BIAS_ENTRIES = 32
 PROMPT_LEN = 512
@@ -202,30 +203,3 @@ class StageCase:
             )
 
         return run
-
-    # ------------------------------------------------------------- flashinfer
-
-    def flashinfer(self) -> StageFn | None:
-        """FlashInfer's function for the stage, or None (no CUDA, not installed, no such
-        stage in FlashInfer)."""
-        if not flashinfer_available(self.device):
-            return None
-        from flashinfer import sampling as fi
-
-        rows, device, stage = self.rows, self.device, self.stage
-        top_k = torch.full((rows,), TOP_K, dtype=torch.int32, device=device)
-        top_p = torch.full((rows,), TOP_P, dtype=torch.float32, device=device)
-        min_p = torch.full((rows,), MIN_P, dtype=torch.float32, device=device)
-        calls: dict[str, StageFn] = {
-            "top_k": lambda x: fi.top_k_mask_logits(x.float(), top_k),
-            "top_p": lambda x: fi.top_p_renorm_probs(x.float().softmax(dim=-1), top_p),
-            "top_k_top_p": lambda x: fi.top_k_top_p_sampling_from_logits(x.float(), top_k, top_p),
-            "min_p": lambda x: fi.min_p_sampling_from_probs(x.float().softmax(dim=-1), min_p),
-            "sampling": lambda x: fi.sampling_from_logits(x.float()),
-        }
-        return calls.get(stage)
-
-
-def flashinfer_available(device: torch.device) -> bool:
-    """FlashInfer runs on CUDA only, and only when installed."""
-    return device.type == "cuda" and importlib.util.find_spec("flashinfer") is not None
