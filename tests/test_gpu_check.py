@@ -17,8 +17,21 @@ from perf_scripts import load_perf_script
 
 from graphsafe_sampler import RejectionSampler, Sampler
 from graphsafe_sampler.bench.results import CaseResult, Results, fill_ratios
+from graphsafe_sampler.testing import MakeFxReplayer
 
-gpu_check = load_perf_script("gpu_check")
+gpu_check = load_perf_script("gpu_check")  # puts perf/ on sys.path: its package gpu/
+from gpu import (  # noqa: E402
+    bench_part,
+    book,
+    options,
+    processes,
+    spec_part,
+    targets,
+    tests_part,
+)
+from gpu import cases as bench_cases  # noqa: E402
+from gpu import replay_check as replay  # noqa: E402
+
 CUDA = torch.cuda.is_available()
 
 
@@ -75,7 +88,7 @@ def test_cpu_smoke_run_writes_every_result(tmp_path: Path) -> None:
             check = graph["checks"][name]
             assert check["status"] == "passed" and check["replay"] == "make_fx", name
             assert check["steps_run"] == check["steps_requested"] == 8
-            assert check["backend"] == backend and check["max_spec_len"] == gpu_check.SPEC_LEN
+            assert check["backend"] == backend and check["max_spec_len"] == bench_cases.SPEC_LEN
             assert check["draft_probs"] is (drafts == "draft_probs")
             assert check["accepted_drafts"] > 0 and check["failures"] == []
             for counter in ("token_mismatches", "state_mismatches", "address_changes"):
@@ -88,19 +101,19 @@ def test_cpu_smoke_run_writes_every_result(tmp_path: Path) -> None:
     # The speculative step's floors: requests x (S + 1) target-logits rows.
     assert floors == {(1, 1000), (3, 1000), (5, 1000), (15, 1000)}
     eager = {(c.stage, c.rows) for c in results.cases if c.provider == "sampler-eager"}
-    spec = {(gpu_check.SPEC_STAGE, rows) for rows in (5, 15)}
-    assert eager == {(case, rows) for case in gpu_check.BENCH_CASES for rows in (1, 3)} | spec
-    verify = [c for c in results.cases if c.stage == gpu_check.SPEC_STAGE]
+    spec = {(bench_cases.SPEC_STAGE, rows) for rows in (5, 15)}
+    assert eager == {(case, rows) for case in bench_cases.BENCH_CASES for rows in (1, 3)} | spec
+    verify = [c for c in results.cases if c.stage == bench_cases.SPEC_STAGE]
     assert {(c.extra["requests"], c.extra["max_spec_len"]) for c in verify} == {(1, 4), (3, 4)}
     assert all(c.extra["draft_probs"] and c.extra["first_call_s"] >= 0 for c in verify)
     for case in results.cases:
         assert case.median_us > 0 and case.ratio_to_floor is not None and case.gbps
         if case.provider == "sampler-eager":
-            assert case.extra["max_num_logprobs"] == gpu_check.case_logprobs(case.stage)
+            assert case.extra["max_num_logprobs"] == bench_cases.case_logprobs(case.stage)
     md = (out / "bench.md").read_text(encoding="utf-8")
     assert "| case | rows | vocab | floor µs | sampler-eager µs (x floor) |" in md
     # the top-k/top-p kernel with and without its candidate buffer, once on the interpreter
-    kernel = [c for c in results.cases if c.provider.startswith(gpu_check.CANDIDATES_PROVIDER)]
+    kernel = [c for c in results.cases if c.provider.startswith(bench_cases.CANDIDATES_PROVIDER)]
     assert {(c.stage, c.rows, c.extra["candidates"]) for c in kernel} == {
         ("all", 1, 64),
         ("all", 1, 0),
@@ -113,28 +126,28 @@ def test_cpu_smoke_run_writes_every_result(tmp_path: Path) -> None:
 
 
 def _tiny_options(**kwargs: object) -> object:
-    ns = gpu_check.build_parser().parse_args(
+    ns = options.build_parser().parse_args(
         ["unused", "--cpu-smoke", *map(str, kwargs.get("argv", []))]
     )
-    return gpu_check.options_from_args(ns)
+    return options.options_from_args(ns)
 
 
 def test_replay_check_catches_a_value_baked_into_the_trace() -> None:
     # A step that reads host state (the batch size) bakes it into the make_fx trace, as a
     # CUDA graph would; eager reads it fresh. The comparison must notice once it changes.
     opts = _tiny_options()
-    config = gpu_check.graph_config(opts, "torch", "raw_logprobs")
+    config = targets.graph_config(opts, "torch", "raw_logprobs")
 
-    def leaky(sampler: Sampler) -> gpu_check.StepFn:
+    def leaky(sampler: Sampler) -> replay.StepFn:
         def step(logits: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
             size = torch.full((1,), sampler.batch_state.batch_size)
-            return (*gpu_check.flatten_output(sampler(logits, mask)), size)
+            return (*replay.flatten_output(sampler(logits, mask)), size)
 
         return step
 
-    check = gpu_check.replay_check(
+    check = replay.replay_check(
         lambda: Sampler(config, "cpu"),
-        gpu_check.MakeFxReplayer,
+        MakeFxReplayer,
         steps=10,
         seed=3,
         deadline=time.monotonic() + 300,
@@ -149,9 +162,9 @@ def test_replay_check_catches_a_value_baked_into_the_trace() -> None:
 def test_spec_replay_check_catches_a_value_baked_into_the_trace() -> None:
     # The same for the speculative step: a draft count capped by the host's batch size is
     # baked into the trace; the tokens, num_accepted and the history must all notice.
-    config = gpu_check.spec_config(_tiny_options(), "torch")
+    config = targets.spec_config(_tiny_options(), "torch")
 
-    def leaky(rejection: RejectionSampler) -> gpu_check.StepFn:
+    def leaky(rejection: RejectionSampler) -> replay.StepFn:
         def step(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
             logits, drafts, num, probs, mask = inputs
             cap = max(rejection.sampler.batch_state.batch_size - 3, 0)
@@ -160,27 +173,27 @@ def test_spec_replay_check_catches_a_value_baked_into_the_trace() -> None:
 
         return step
 
-    check = gpu_check.replay_check(
-        lambda: RejectionSampler(Sampler(config, "cpu"), gpu_check.SPEC_LEN),
-        gpu_check.MakeFxReplayer,
+    check = replay.replay_check(
+        lambda: RejectionSampler(Sampler(config, "cpu"), bench_cases.SPEC_LEN),
+        MakeFxReplayer,
         steps=8,
         seed=3,
         deadline=time.monotonic() + 300,
         step_fn=leaky,
-        make_inputs=gpu_check.SpecInputs,
-        record=gpu_check.record_accepted,
-        output_names=gpu_check.SPEC_OUTPUT_NAMES,
+        make_inputs=spec_part.SpecInputs,
+        record=spec_part.record_accepted,
+        output_names=replay.SPEC_OUTPUT_NAMES,
     )
     assert check["status"] == "failed" and check["steps_run"] == 8
     assert check["token_mismatches"] > 0 and check["state_mismatches"] > 0
-    assert check["logprob_mismatches"] == 0 and check["max_spec_len"] == gpu_check.SPEC_LEN
+    assert check["logprob_mismatches"] == 0 and check["max_spec_len"] == bench_cases.SPEC_LEN
     assert any(f.split(": ")[1] == "num_accepted" for f in check["failures"])
 
 
 def test_replay_check_stops_at_its_deadline() -> None:
-    config = gpu_check.graph_config(_tiny_options(), "torch", "raw_logprobs")
-    check = gpu_check.replay_check(
-        lambda: Sampler(config, "cpu"), gpu_check.MakeFxReplayer, steps=5, seed=0, deadline=0.0
+    config = targets.graph_config(_tiny_options(), "torch", "raw_logprobs")
+    check = replay.replay_check(
+        lambda: Sampler(config, "cpu"), MakeFxReplayer, steps=5, seed=0, deadline=0.0
     )
     assert check["status"] == "incomplete" and check["steps_run"] == 0
 
@@ -192,43 +205,39 @@ def test_diff_outputs_rules() -> None:
     values = torch.tensor([[-0.5, -0.5, -1.0, -1.0], [-0.1, -0.1, -inf, -inf]])
     ranks = torch.tensor([1, 1], dtype=torch.int32)
     want = (tokens, ids, values, ranks)
-    assert gpu_check.diff_outputs(want, tuple(t.clone() for t in want)) == []
+    assert replay.diff_outputs(want, tuple(t.clone() for t in want)) == []
     # Tied (row 0, columns 2-3) and -inf (row 1) columns may name any of the tied ids.
     swapped = ids.clone()
     swapped[0, 2:] = torch.tensor([9, 7])
     swapped[1, 2:] = torch.tensor([5, 6])
-    assert gpu_check.diff_outputs(want, (tokens, swapped, values, ranks)) == []
+    assert replay.diff_outputs(want, (tokens, swapped, values, ranks)) == []
     # Column 0 (the sampled token) never may; logprobs within tolerance; NaN == NaN.
     wrong = ids.clone()
     wrong[1, 0] = 5
-    assert gpu_check.diff_outputs(want, (tokens, wrong, values, ranks))[0].startswith(
+    assert replay.diff_outputs(want, (tokens, wrong, values, ranks))[0].startswith(
         "logprob_token_ids: 1 elements differ, rows [1]"
     )
     nan_values = values.clone()
     nan_values[0, 0] = float("nan")
     close = nan_values + 1e-7
-    assert (
-        gpu_check.diff_outputs((tokens, ids, nan_values, ranks), (tokens, ids, close, ranks)) == []
-    )
+    assert replay.diff_outputs((tokens, ids, nan_values, ranks), (tokens, ids, close, ranks)) == []
     far = values.clone()
     far[1, 1] += 1e-3
-    assert gpu_check.diff_outputs(want, (tokens, ids, far, ranks))[0].startswith(
+    assert replay.diff_outputs(want, (tokens, ids, far, ranks))[0].startswith(
         "logprobs: 1 elements"
     )
     other = tokens.clone()
     other[0, 0] = 8
-    assert gpu_check.diff_outputs(want, (other, ids, values, ranks))[0].startswith(
-        "sampled_token_ids"
-    )
-    assert gpu_check.diff_outputs(want, want[:1]) == ["outputs: 1 tensors, eager gave 4"]
+    assert replay.diff_outputs(want, (other, ids, values, ranks))[0].startswith("sampled_token_ids")
+    assert replay.diff_outputs(want, want[:1]) == ["outputs: 1 tensors, eager gave 4"]
 
 
 def test_spec_inputs_and_output_names() -> None:
     # The speculative step's inputs: every awkward value on its step, the right shapes.
-    config = gpu_check.spec_config(_tiny_options(), "torch")
+    config = targets.spec_config(_tiny_options(), "torch")
     assert config.max_num_logprobs == 0 and config.logits_processors
-    rows, spec, vocab = config.max_num_reqs, gpu_check.SPEC_LEN, config.vocab_size
-    inputs = gpu_check.SpecInputs(config, torch.device("cpu"), seed=0)
+    rows, spec, vocab = config.max_num_reqs, bench_cases.SPEC_LEN, config.vocab_size
+    inputs = spec_part.SpecInputs(config, torch.device("cpu"), seed=0)
     for step in range(7):
         logits, drafts, num, probs, mask = inputs(step)
         assert logits.shape == (rows, spec + 1, vocab) and probs.shape == (rows, spec, vocab)
@@ -237,67 +246,67 @@ def test_spec_inputs_and_output_names() -> None:
         assert torch.allclose(probs.sum(dim=-1), torch.ones(rows, spec))
         assert logits.isnan().any() == (step == 4) and (num > spec).any() == (step == 5)
         assert ((drafts < 0) | (drafts >= vocab)).any() == (step == 6)
-    ngram = gpu_check.SpecInputs(config, torch.device("cpu"), seed=0, with_probs=False)(0)
+    ngram = spec_part.SpecInputs(config, torch.device("cpu"), seed=0, with_probs=False)(0)
     assert [t.dim() for t in ngram] == [3, 2, 1, 1]
 
     # Both outputs of the verification step are tokens: a difference is a token mismatch.
     tokens = torch.tensor([[5, 6, -1], [7, -1, -1]], dtype=torch.int32)
     accepted = torch.tensor([1, 0], dtype=torch.int32)
-    names = gpu_check.SPEC_OUTPUT_NAMES
-    assert gpu_check.diff_outputs((tokens, accepted), (tokens, accepted.clone()), names) == []
+    names = replay.SPEC_OUTPUT_NAMES
+    assert replay.diff_outputs((tokens, accepted), (tokens, accepted.clone()), names) == []
     other = accepted.clone()
     other[1] = 1
-    (problem,) = gpu_check.diff_outputs((tokens, accepted), (tokens, other), names)
+    (problem,) = replay.diff_outputs((tokens, accepted), (tokens, other), names)
     assert problem.startswith("num_accepted: 1 elements differ, rows [1]")
-    assert problem.split(":")[0] in gpu_check.TOKEN_OUTPUTS
+    assert problem.split(":")[0] in replay.TOKEN_OUTPUTS
 
 
 def test_case_grid_runs_big_shapes_last() -> None:
     rows, vocabs = (1024, 1, 256, 64), (151_936, 128_256)
-    grid = gpu_check.case_grid(rows, vocabs, gpu_check.BENCH_CASES)
+    grid = bench_cases.case_grid(rows, vocabs, bench_cases.BENCH_CASES)
     assert len(grid) == 4 * 2 * 10 and len(set(grid)) == len(grid)
     sizes = [r * v for r, v, _ in grid]
     assert sizes == sorted(sizes)
     assert grid[0] == (1, 128_256, "penalties") and grid[-1] == (1024, 151_936, "all")
-    assert [c for r, v, c in grid if (r, v) == (64, 151_936)] == list(gpu_check.BENCH_CASES)
-    assert gpu_check.case_grid((2,), (8,), ("all", "greedy")) == [(2, 8, "greedy"), (2, 8, "all")]
+    assert [c for r, v, c in grid if (r, v) == (64, 151_936)] == list(bench_cases.BENCH_CASES)
+    assert bench_cases.case_grid((2,), (8,), ("all", "greedy")) == [(2, 8, "greedy"), (2, 8, "all")]
     with pytest.raises(ValueError, match="unknown cases"):
-        gpu_check.case_grid((1,), (8,), ("top_z",))
+        bench_cases.case_grid((1,), (8,), ("top_z",))
 
     # The compiled pass: one program per (vocab, K) for rows > 1, rows = 1 last.
-    order = gpu_check.compiled_order(grid)
+    order = bench_cases.compiled_order(grid)
     assert sorted(order) == sorted(grid)
-    programs = [(v, gpu_check.case_logprobs(c), r == 1) for r, v, c in order]
+    programs = [(v, bench_cases.case_logprobs(c), r == 1) for r, v, c in order]
     changes = [p for i, p in enumerate(programs) if i == 0 or p != programs[i - 1]]
     assert len(changes) == len(set(changes)) == 8
     assert all(not single for _, _, single in changes[:4])
-    assert [gpu_check.case_logprobs(c) for c in ("logprobs", "all", "greedy")] == [5, 5, 0]
+    assert [bench_cases.case_logprobs(c) for c in ("logprobs", "all", "greedy")] == [5, 5, 0]
 
 
 def test_budget_shares_and_skip_reasons() -> None:
-    parts = gpu_check.PARTS_BY_NAME
-    assert gpu_check.allot(440, parts["graph"], gpu_check.PARTS) == pytest.approx(440 * 0.16)
+    parts = options.PARTS_BY_NAME
+    assert options.allot(440, parts["graph"], options.PARTS) == pytest.approx(440 * 0.16)
     later = [parts["bench"], parts["spec"], parts["flashinfer"], parts["compiled"]]
-    assert gpu_check.allot(300, parts["bench"], later) == pytest.approx(300 * 0.34 / 0.66)
-    assert gpu_check.allot(300, parts["spec"], later[1:]) == pytest.approx(300 * 0.12 / 0.32)
-    assert gpu_check.allot(-5, parts["bench"], later) == 0.0
-    assert gpu_check.allot(90, parts["compiled"], [parts["compiled"]]) == 90
+    assert options.allot(300, parts["bench"], later) == pytest.approx(300 * 0.34 / 0.66)
+    assert options.allot(300, parts["spec"], later[1:]) == pytest.approx(300 * 0.12 / 0.32)
+    assert options.allot(-5, parts["bench"], later) == 0.0
+    assert options.allot(90, parts["compiled"], [parts["compiled"]]) == 90
     with pytest.raises(ValueError, match="not among the pending parts"):
-        gpu_check.allot(10, parts["tests"], later)
-    assert sum(p.share for p in gpu_check.PARTS) == pytest.approx(1.0)
+        options.allot(10, parts["tests"], later)
+    assert sum(p.share for p in options.PARTS) == pytest.approx(1.0)
 
-    gpu = gpu_check.Options(out_dir="x", skip=("tests",))
-    assert gpu_check.skip_reason(parts["tests"], gpu, cuda=True) == "--skip"
-    assert gpu_check.skip_reason(parts["bench"], gpu, cuda=True) is None
-    assert gpu_check.skip_reason(parts["bench"], gpu, cuda=False) == "no CUDA device"
-    smoke = gpu_check.Options(out_dir="x", cpu_smoke=True)
-    assert gpu_check.skip_reason(parts["graph"], smoke, cuda=False) is None
-    assert gpu_check.skip_reason(parts["spec"], smoke, cuda=False) is None
-    assert gpu_check.skip_reason(parts["spec"], gpu, cuda=False) == "no CUDA device"
-    assert gpu_check.skip_reason(parts["flashinfer"], smoke, cuda=False) == "no CUDA device"
-    assert "--smoke-compile" in gpu_check.skip_reason(parts["compiled"], smoke, cuda=False)
+    gpu = options.Options(out_dir="x", skip=("tests",))
+    assert options.skip_reason(parts["tests"], gpu, cuda=True) == "--skip"
+    assert options.skip_reason(parts["bench"], gpu, cuda=True) is None
+    assert options.skip_reason(parts["bench"], gpu, cuda=False) == "no CUDA device"
+    smoke = options.Options(out_dir="x", cpu_smoke=True)
+    assert options.skip_reason(parts["graph"], smoke, cuda=False) is None
+    assert options.skip_reason(parts["spec"], smoke, cuda=False) is None
+    assert options.skip_reason(parts["spec"], gpu, cuda=False) == "no CUDA device"
+    assert options.skip_reason(parts["flashinfer"], smoke, cuda=False) == "no CUDA device"
+    assert "--smoke-compile" in options.skip_reason(parts["compiled"], smoke, cuda=False)
     smoke.smoke_compile = True
-    assert gpu_check.skip_reason(parts["compiled"], smoke, cuda=False) is None
+    assert options.skip_reason(parts["compiled"], smoke, cuda=False) is None
 
 
 def test_a_spent_budget_skips_every_part(tmp_path: Path) -> None:
@@ -312,18 +321,18 @@ def test_a_spent_budget_skips_every_part(tmp_path: Path) -> None:
 
 
 def test_options_defaults_and_round_trip() -> None:
-    gpu = gpu_check.options_from_args(gpu_check.build_parser().parse_args(["o"]))
+    gpu = options.options_from_args(options.build_parser().parse_args(["o"]))
     assert gpu.rows == (1, 64, 256, 1024) and gpu.vocabs == (128_256, 151_936)
-    assert gpu.steps >= 100 and gpu.cases == gpu_check.BENCH_CASES and gpu.budget_s == 450
-    # The speculative benchmark: the 64 requests first, then the other grid rows.
-    assert gpu.spec_rows == () and gpu_check.spec_bench_rows(gpu.rows) == [64, 1, 256, 1024]
-    assert gpu_check.spec_bench_rows((3, 2)) == [2, 3]
+    assert gpu.steps >= 100 and gpu.cases == bench_cases.BENCH_CASES and gpu.budget_s == 450
+    # The speculative benchmark: the headline 64 requests first, then the other grid rows.
+    assert gpu.spec_rows == () and spec_part.spec_bench_rows(gpu.rows) == [64, 1, 256, 1024]
+    assert spec_part.spec_bench_rows((3, 2)) == [2, 3]
     smoke = _tiny_options(argv=["--rows", "2", "--skip", "tests", "bench"])
     assert smoke.rows == (2,) and smoke.vocabs == (1000,) and smoke.skip == ("tests", "bench")
     assert smoke.spec_rows == (1, 3)
-    assert gpu_check.Options.from_json(json.loads(json.dumps(smoke.to_json()))) == smoke
+    assert options.Options.from_json(json.loads(json.dumps(smoke.to_json()))) == smoke
     with pytest.raises(SystemExit, match="--steps must be >= 1"):
-        gpu_check.options_from_args(gpu_check.build_parser().parse_args(["o", "--steps", "0"]))
+        options.options_from_args(options.build_parser().parse_args(["o", "--steps", "0"]))
 
 
 def test_junit_summary_names_failures_and_cpu_tensor_kernels(tmp_path: Path) -> None:
@@ -340,7 +349,7 @@ def test_junit_summary_names_failures_and_cpu_tensor_kernels(tmp_path: Path) -> 
         "</testsuite></testsuites>",
         encoding="utf-8",
     )
-    got = gpu_check.summarize_junit(xml)
+    got = tests_part.summarize_junit(xml)
     assert {k: got[k] for k in ("tests", "passed", "failures", "errors", "skipped")} == {
         "tests": 4, "passed": 1, "failures": 1, "errors": 1, "skipped": 1,
     }  # fmt: skip
@@ -351,10 +360,10 @@ def test_junit_summary_names_failures_and_cpu_tensor_kernels(tmp_path: Path) -> 
 def test_subprocess_is_killed_at_its_timeout(tmp_path: Path) -> None:
     log = tmp_path / "sleep.log"
     cmd = [sys.executable, "-c", "print('hi', flush=True); import time; time.sleep(60)"]
-    status, rc, seconds = gpu_check.run_subprocess(cmd, 2.0, log)
+    status, rc, seconds = processes.run_subprocess(cmd, 2.0, log)
     assert (status, rc) == ("timeout", None) and seconds < 20
     assert "hi" in log.read_text()
-    assert gpu_check.run_subprocess([sys.executable, "-c", "raise SystemExit(3)"], 30, log)[:2] == (
+    assert processes.run_subprocess([sys.executable, "-c", "raise SystemExit(3)"], 30, log)[:2] == (
         "failed",
         3,
     )
@@ -376,10 +385,10 @@ def test_markdown_table_ratios_to_floor_and_flashinfer() -> None:
         _case("greedy", "sampler-graph", 15.0),
     ]
     fill_ratios(cases)
-    gpu_check.fill_flashinfer_ratios(cases)
+    book.fill_flashinfer_ratios(cases)
     assert cases[1].extra == {"ratio_to_flashinfer": 2.0, "flashinfer_ref": "top_k_top_p"}
     assert cases[4].extra["ratio_to_flashinfer"] == 1.5  # against FlashInfer's top-k/top-p
-    md = gpu_check.format_markdown(Results({"device_name": "H200", "notes": ["a note"]}, cases))
+    md = book.format_markdown(Results({"device_name": "H200", "notes": ["a note"]}, cases))
     assert "| 64 | 128256 | 32.8 | 10.0 |" in md  # the floor: MB, µs
     row = "| top_k_top_p | 64 | 128256 | 10.0 | 40.0 (4.00) | 80.0 (8.00) | 1.00 | 20.0 | fi_fn |"
     assert row + " 2.00 |" in md
@@ -395,7 +404,7 @@ def test_compiled_bench_pass_compiles_once_for_every_rows_above_one(tmp_path: Pa
     argv = ["--smoke-compile", "--rows", "2", "3", "--cases", "top_k", "--backends", "torch"]
     opts = _tiny_options(argv=argv)
     opts.out_dir = str(tmp_path)
-    result = gpu_check.run_bench_part(opts, time.monotonic() + 900)
+    result = bench_part.run_bench_part(opts, time.monotonic() + 900)
     assert result["status"] == "passed"
     cases = Results.read(tmp_path / "bench.json").cases
     compiled = [c for c in cases if c.provider == "sampler-compiled"]
@@ -410,15 +419,15 @@ def test_a_triton_backend_that_fails_to_build_is_a_failure(monkeypatch: pytest.M
     config = SamplerConfig(2, 50, backend="triton")
     cpu = torch.device("cpu")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert isinstance(gpu_check._sampler_or_reason(config, cpu), Sampler)
+    assert isinstance(targets.sampler_or_reason(config, cpu), Sampler)
 
     def broken(*args: object, **kwargs: object) -> Sampler:
         raise RuntimeError("the Triton backend is broken")
 
-    monkeypatch.setattr(gpu_check, "Sampler", broken)
+    monkeypatch.setattr(targets, "Sampler", broken)
     with pytest.raises(RuntimeError, match="is broken"):
-        gpu_check._sampler_or_reason(config, cpu)
+        targets.sampler_or_reason(config, cpu)
     # only a device the kernels cannot run on is a skip, with its reason
     monkeypatch.delenv("TRITON_INTERPRET")
-    reason = gpu_check._sampler_or_reason(config, cpu)
+    reason = targets.sampler_or_reason(config, cpu)
     assert isinstance(reason, str) and "needs CUDA or TRITON_INTERPRET=1" in reason

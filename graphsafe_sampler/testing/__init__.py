@@ -1,7 +1,10 @@
-"""Graph-safety checks (DESIGN §5) that anyone can point at a processor or a sampler.
+"""Graph-safety checks (docs/design.md §5) that anyone can point at a processor or a sampler.
 
 from graphsafe_sampler.testing import check_graph_safety
 report = check_graph_safety(MyProcessor(config, device, False), num_steps=50)
+
+`StateTensors`, `MakeFxReplayer` and `CudaGraphReplayer` (replay.py) are the one state
+snapshot and the replayers of a step captured once; `perf/gpu_check.py` uses them too.
 """
 
 from graphsafe_sampler.testing.batch_driver import (
@@ -15,6 +18,7 @@ from graphsafe_sampler.testing.graph_safety import (
     default_logits,
     state_fingerprint,
 )
+from graphsafe_sampler.testing.replay import CudaGraphReplayer, MakeFxReplayer, StateTensors
 from graphsafe_sampler.testing.sync_detector import (
     SYNC_OP_PACKETS,
     GraphSafetyError,
@@ -25,9 +29,12 @@ from graphsafe_sampler.testing.sync_detector import (
 __all__ = [
     "SYNC_OP_PACKETS",
     "BatchDriver",
+    "CudaGraphReplayer",
     "DriverRequest",
     "GraphSafetyError",
     "GraphSafetyReport",
+    "MakeFxReplayer",
+    "StateTensors",
     "SyncOpDetector",
     "assert_no_sync",
     "check_graph_safety",

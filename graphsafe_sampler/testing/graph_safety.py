@@ -1,4 +1,4 @@
-"""`check_graph_safety`: the proof of DESIGN §5 for any processor (and, later, the Sampler).
+"""`check_graph_safety`: the proof of docs/design.md §5 for any processor or sampler.
 
 One call runs five checks over a random sequence of persistent-batch states:
 
@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.testing.batch_driver import BatchDriver, MakeParams, random_sampling_params
+from graphsafe_sampler.testing.replay import CudaGraphReplayer, MakeFxReplayer, StateTensors
 from graphsafe_sampler.testing.sync_detector import GraphSafetyError, SyncOpDetector
 
 MakeLogits = Callable[[int, torch.Generator], torch.Tensor]
@@ -107,35 +107,19 @@ def default_logits(config: SamplerConfig, device: torch.device) -> MakeLogits:
     return make
 
 
-class _StateTensors:
-    def __init__(self, target: Any) -> None:
-        if not hasattr(target, "state_tensors"):
-            raise TypeError(f"{type(target).__name__} has no state_tensors() to check")
-        self.target = target
-        self.tensors: dict[str, torch.Tensor] = dict(target.state_tensors())
-        self.ptrs = {name: t.data_ptr() for name, t in self.tensors.items()}
-
-    def check_addresses(self, step: int) -> None:
-        now = dict(self.target.state_tensors())
-        if now.keys() != self.tensors.keys():
-            added = sorted(now.keys() - self.tensors.keys())
-            gone = sorted(self.tensors.keys() - now.keys())
-            raise GraphSafetyError(
-                f"step {step}: the set of state tensors changed (new {added}, gone {gone})"
-            )
-        for name, tensor in now.items():
-            if tensor.data_ptr() != self.ptrs[name] or tensor is not self.tensors[name]:
-                raise GraphSafetyError(
-                    f"step {step}: state tensor {name!r} was reallocated by update_state "
-                    "(update state in place; a captured graph keeps the old address)"
-                )
-
-    def snapshot(self) -> dict[str, torch.Tensor]:
-        return {name: t.clone() for name, t in self.tensors.items()}
-
-    def restore(self, snap: dict[str, torch.Tensor]) -> None:
-        for name, t in self.tensors.items():
-            t.copy_(snap[name])
+def _check_addresses(state: StateTensors, step: int) -> None:
+    """Rule 2: update_state kept every state tensor where it was."""
+    changes = state.address_changes()
+    if changes.added or changes.gone:
+        raise GraphSafetyError(
+            f"step {step}: the set of state tensors changed (new {changes.added}, "
+            f"gone {changes.gone})"
+        )
+    if changes.reallocated:
+        raise GraphSafetyError(
+            f"step {step}: state tensor {changes.reallocated[0]!r} was reallocated by "
+            "update_state (update state in place; a captured graph keeps the old address)"
+        )
 
 
 def _default_fn(target: Any) -> Callable[[torch.Tensor], Any]:
@@ -283,7 +267,7 @@ def check_graph_safety(
     driver = BatchDriver(config, seed=seed, make_params=extra_args)
 
     target.update_state(driver.next_update())
-    state = _StateTensors(target)
+    state = StateTensors(target)
     # The same logits every step: rule 5 compares fn's output on them across batch states.
     probe = make_logits(num_rows, torch.Generator().manual_seed(seed + 1))
     last_probe: tuple[dict[str, torch.Tensor], Any] | None = None
@@ -298,10 +282,9 @@ def check_graph_safety(
         run(fn, first)
     state.restore(before)
     try:
-        traced = make_fx(lambda x: fn(x))(make_logits(num_rows, gen))
+        traced = MakeFxReplayer(lambda x: fn(x), (make_logits(num_rows, gen),), state)
     except Exception as exc:
         raise GraphSafetyError(f"make_fx could not trace fn: {exc}") from exc
-    state.restore(before)
 
     compiled = None
     counter = None
@@ -316,12 +299,12 @@ def check_graph_safety(
     if cuda_graph is None:
         cuda_graph = device.type == "cuda"
     if cuda_graph:
-        graph = _CudaGraphRunner(fn, state, make_logits(num_rows, gen))
+        graph = CudaGraphReplayer(fn, (make_logits(num_rows, gen),), state)
 
     for step in range(num_steps):
         if step:
             target.update_state(driver.next_update())
-        state.check_addresses(step)
+        _check_addresses(state, step)
         logits = make_logits(num_rows, gen)
         before = state.snapshot()
         with SyncOpDetector(f"step {step}"), _cuda_sync_errors(device):
@@ -335,7 +318,7 @@ def check_graph_safety(
         last_probe = (before, probe_out)
 
         state.restore(before)
-        _compare(f"step {step}: make_fx replay", eager, run(traced, logits), exact=True)
+        _compare(f"step {step}: make_fx replay", eager, traced(logits), exact=True)
         _compare_state(f"step {step}: make_fx replay", after, state.snapshot(), exact=True)
 
         if compiled is not None:
@@ -351,7 +334,7 @@ def check_graph_safety(
             _compare_state(f"step {step}: torch.compile", after, state.snapshot(), exact=False)
         if graph is not None:
             state.restore(before)
-            _compare(f"step {step}: CUDA graph replay", eager, graph.replay(logits), exact=True)
+            _compare(f"step {step}: CUDA graph replay", eager, graph(logits), exact=True)
             _compare_state(f"step {step}: CUDA graph replay", after, state.snapshot(), exact=True)
         state.restore(after)
         if advance is not None:
@@ -415,35 +398,6 @@ def _cuda_sync_errors(device: torch.device) -> Iterator[None]:
         raise GraphSafetyError(f"a CUDA op synchronised with the host: {exc}") from exc
     finally:
         torch.cuda.set_sync_debug_mode(previous)
-
-
-class _CudaGraphRunner:
-    """A real CUDA graph of `fn` on a static input, replayed under sync debug mode "error"."""
-
-    def __init__(
-        self, fn: Callable[[torch.Tensor], Any], state: _StateTensors, example: torch.Tensor
-    ) -> None:
-        self.static_input = example.clone()
-        snap = state.snapshot()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up: lazy inits and allocator pools outside the capture
-                fn(self.static_input.clone())
-                state.restore(snap)
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.static_output = fn(self.static_input)
-        state.restore(snap)
-        torch.cuda.synchronize()
-
-    def replay(self, logits: torch.Tensor) -> Any:
-        self.static_input.copy_(logits)
-        self.graph.replay()
-        return pytree.tree_map(
-            lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self.static_output
-        )
 
 
 def state_fingerprint(targets: Sequence[Any]) -> dict[str, torch.Tensor]:

@@ -1,0 +1,216 @@
+"""bench.json and bench.md: the benchmark table, rewritten after every case, with the ratios
+to the floor and to FlashInfer."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from graphsafe_sampler.bench.results import (
+    FLOOR_PROVIDER,
+    CaseResult,
+    Results,
+    fill_ratios,
+    logits_gbps,
+)
+
+from .cases import BENCH_CASES, CANDIDATES_PROVIDER, FLASHINFER, SAMPLER_PROVIDERS, SPEC_STAGE
+from .options import Options
+from .report import BENCH_JSON, BENCH_MD, error_text, say, write_json
+
+
+class BenchBook:
+    """bench.json and bench.md, rewritten after every case (a killed run keeps its cases)."""
+
+    def __init__(self, opts: Options, context: dict[str, Any]) -> None:
+        self.path = opts.out / BENCH_JSON
+        self.md_path = opts.out / BENCH_MD
+        existing = None
+        if self.path.exists():
+            with contextlib.suppress(ValueError, OSError):
+                existing = Results.read(self.path)
+        if existing is not None:
+            self.results = existing
+            self.results.context.update(
+                {k: v for k, v in context.items() if k not in existing.context}
+            )
+        else:
+            self.results = Results(context, [])
+        self.results.context.setdefault("notes", [])
+        self.results.context.setdefault("errors", [])
+
+    def has(self, name: str) -> bool:
+        return any(c.name == name for c in self.results.cases)
+
+    def floor_of(self, rows: int, vocab: int) -> bool:
+        return any(
+            c.provider == FLOOR_PROVIDER and (c.rows, c.vocab) == (rows, vocab)
+            for c in self.results.cases
+        )
+
+    def note(self, text: str) -> None:
+        if text not in self.results.context["notes"]:
+            self.results.context["notes"].append(text)
+            say(text)
+        self.write()
+
+    def error(self, what: str, exc: BaseException) -> None:
+        self.results.context["errors"].append(f"{what}: {error_text(exc, 800)}")
+        say(f"{what}: {error_text(exc, 300)}")
+        self.write()
+
+    def add(self, case: CaseResult) -> None:
+        self.results.cases.append(case)
+        self.write()
+
+    def write(self) -> None:
+        fill_ratios(self.results.cases)
+        fill_flashinfer_ratios(self.results.cases)
+        write_json(self.path, self.results.to_json())
+        tmp = self.md_path.with_name(self.md_path.name + ".tmp")
+        tmp.write_text(format_markdown(self.results), encoding="utf-8")
+        os.replace(tmp, self.md_path)
+
+
+def fill_flashinfer_ratios(cases: Sequence[CaseResult]) -> None:
+    """extra["ratio_to_flashinfer"]: a case's median over FlashInfer's on the same case and
+    shape, or over FlashInfer's top-k/top-p sampling when FlashInfer has nothing for the
+    case (extra["flashinfer_ref"] names which)."""
+    peer = {
+        (c.stage, c.rows, c.vocab, c.dtype): c.median_us for c in cases if c.provider == FLASHINFER
+    }
+    for c in cases:
+        c.extra.pop("ratio_to_flashinfer", None)
+        c.extra.pop("flashinfer_ref", None)
+        if c.provider in (FLASHINFER, FLOOR_PROVIDER):
+            continue
+        for stage in (c.stage, "top_k_top_p"):
+            ref = peer.get((stage, c.rows, c.vocab, c.dtype))
+            if ref:
+                c.extra["ratio_to_flashinfer"] = round(c.median_us / ref, 4)
+                c.extra["flashinfer_ref"] = stage
+                break
+
+
+def _us(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.1f}" if value < 100 else f"{value:.0f}"
+
+
+def _ratio(value: float | None) -> str:
+    return "–" if value is None else (f"{value:.2f}" if value < 100 else f"{value:.0f}")
+
+
+def format_markdown(results: Results) -> str:
+    """bench.md: the floor per shape, then one line per case and shape with every provider's
+    µs (and ratio to the floor), the headline provider's GB/s and its ratio to FlashInfer."""
+    ctx = results.context
+    cases = results.cases
+    by_key = {(c.stage, c.provider, c.rows, c.vocab): c for c in cases}
+    floors = {(c.rows, c.vocab): c for c in cases if c.provider == FLOOR_PROVIDER}
+    present = [p for p in SAMPLER_PROVIDERS if any(c.provider == p for c in cases)]
+    lines = [
+        "# gpu_check benchmarks",
+        "",
+        f"{ctx.get('device_name', '?')} · torch {ctx.get('torch', '?')} · triton "
+        f"{ctx.get('triton', '?')} · FlashInfer {ctx.get('flashinfer') or '–'} · timer "
+        f"{ctx.get('timer', '?')} · {ctx.get('created', '')} · commit {ctx.get('commit')}",
+        "",
+        "Times are µs per call (median); `x floor` is over the floor of the same shape "
+        "(one captured copy of the logits); `x FI` is the headline Sampler provider over "
+        "FlashInfer on the same case († over FlashInfer's top-k/top-p sampling, where "
+        "FlashInfer has nothing for the case). float32 logits.",
+        *(
+            [
+                "",
+                f"`{SPEC_STAGE}`: speculative decoding's verification step (`RejectionSampler`, "
+                "draft probabilities given); its rows are requests x (S + 1) target-logits rows "
+                "(extra: requests, max_spec_len), so its floor is a copy of the target logits.",
+            ]
+            if any(c.stage == SPEC_STAGE for c in cases)
+            else []
+        ),
+        "",
+        "## Floor",
+        "",
+        "| rows | vocab | MB | µs | read GB/s | copy GB/s |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for (rows, vocab), f in sorted(floors.items()):
+        mb = rows * vocab * 4 / 1e6
+        copy = f.extra.get("copy_gbps")
+        lines.append(
+            f"| {rows} | {vocab} | {mb:.3g} | {_us(f.median_us)} | {_ratio(f.gbps)} | "
+            f"{_ratio(copy)} |"
+        )
+    shapes = sorted({(c.rows, c.vocab, c.stage) for c in cases if c.provider != FLOOR_PROVIDER},
+                    key=lambda s: (s[0] * s[1], s[1], BENCH_CASES.index(s[2])
+                                   if s[2] in BENCH_CASES else 99))  # fmt: skip
+    head = ["case", "rows", "vocab", "floor µs"]
+    head += [f"{p} µs (x floor)" for p in present]
+    head += ["GB/s", "FlashInfer µs", "FlashInfer function", "x FI"]
+    lines += ["", "## Cases", "", "| " + " | ".join(head) + " |",
+              "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]  # fmt: skip
+    for rows, vocab, stage in shapes:
+        floor = floors.get((rows, vocab))
+        cells = [stage, str(rows), str(vocab), _us(floor.median_us if floor else None)]
+        headline = None
+        for p in present:
+            c = by_key.get((stage, p, rows, vocab))
+            cells.append("–" if c is None else f"{_us(c.median_us)} ({_ratio(c.ratio_to_floor)})")
+            headline = headline or c
+        fi = by_key.get((stage, FLASHINFER, rows, vocab))
+        ratio = headline.extra.get("ratio_to_flashinfer") if headline else None
+        dagger = (
+            " †" if headline and headline.extra.get("flashinfer_ref") not in (None, stage) else ""
+        )
+        cells += [
+            _ratio(headline.gbps if headline else None),
+            _us(fi.median_us if fi else None),
+            fi.extra.get("function", "") if fi else "",
+            _ratio(ratio) + dagger if ratio is not None else "–",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    kernel_cases = [c for c in cases if c.provider.startswith(CANDIDATES_PROVIDER)]
+    if kernel_cases:
+        lines += ["", "## top-k/top-p kernel: candidate buffer vs search alone", "",
+                  "| case | rows | vocab | candidates | µs (x floor) | mean reads of a row |",
+                  "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for c in sorted(kernel_cases, key=lambda c: (c.rows * c.vocab, c.stage, c.provider)):
+            lines.append(
+                f"| {c.stage} | {c.rows} | {c.vocab} | {c.extra.get('candidates')} | "
+                f"{_us(c.median_us)} ({_ratio(c.ratio_to_floor)}) | {c.extra.get('mean_reads')} |"
+            )
+    for title, key in (("Notes", "notes"), ("Errors", "errors")):
+        if ctx.get(key):
+            lines += ["", f"## {title}", ""] + [f"- {n}" for n in ctx[key]]
+    return "\n".join(lines) + "\n"
+
+
+def case_result(
+    stage: str,
+    provider: str,
+    rows: int,
+    vocab: int,
+    timed: tuple[tuple[float, float, float], int, dict[str, Any]],
+    extra: dict[str, Any],
+) -> CaseResult:
+    (median, p20, p80), rounds, notes = timed
+    return CaseResult(
+        stage=stage,
+        provider=provider,
+        rows=rows,
+        vocab=vocab,
+        dtype="float32",
+        median_us=median,
+        p20_us=p20,
+        p80_us=p80,
+        gbps=logits_gbps(rows, vocab, torch.float32, median),
+        rounds=rounds,
+        extra={**notes, **extra},
+    )

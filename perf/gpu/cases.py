@@ -1,0 +1,132 @@
+"""The benchmark grid: its cases (each feature alone, then all together; the speculative
+step), shapes in run order, the requests of each case, and the providers' names."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from graphsafe_sampler import SamplingParams
+from graphsafe_sampler.bench import stages
+from graphsafe_sampler.bench.workload import DECODE_RECIPES
+
+BENCH_CASES: tuple[str, ...] = (*stages.STAGES, "all")
+"""Each feature alone (bench.stages' stage names), then every feature at once."""
+LOGPROBS_CASES = ("logprobs", "all")
+BENCH_K = stages.MAX_NUM_LOGPROBS
+PROMPT_LEN = 512
+OUTPUT_LEN = 128
+BIAS_ENTRIES = 32
+
+
+SPEC_LEN = 4
+"""S = max_spec_len of the speculative step (the headline case)."""
+SPEC_STAGE = "rejection"
+"""The verification step's stage name in bench.json (as perf/bench_rejection.py names it)."""
+
+
+FLASHINFER = "flashinfer"
+
+
+CANDIDATE_CASES = ("top_k_top_p", "all")
+CANDIDATES_PROVIDER = "kernel-top-k-top-p"
+"""The top-k/top-p kernel alone, with its candidate buffer and without (provider
+`kernel-top-k-top-p-c<candidates>`): which default is faster on this GPU."""
+
+
+SAMPLER_PROVIDERS = (
+    "sampler-compiled-graph",
+    "sampler-graph",
+    "sampler-triton-graph",
+    "sampler-compiled",
+    "sampler-eager",
+    "sampler-triton",
+)
+"""Column order in bench.md: the first present is the headline provider."""
+
+
+def case_logprobs(case: str) -> int:
+    """max_num_logprobs of the Sampler a case runs on: logprobs are a config-level feature,
+    so only the cases that ask for them pay for them."""
+    return BENCH_K if case in LOGPROBS_CASES else 0
+
+
+def case_grid(
+    rows: Sequence[int], vocabs: Sequence[int], cases: Sequence[str]
+) -> list[tuple[int, int, str]]:
+    """(rows, vocab, case) in run order: smaller shapes (rows x vocab) first, so that a run
+    cut short loses the biggest; a shape's cases together, in BENCH_CASES order."""
+    order = {c: i for i, c in enumerate(BENCH_CASES)}
+    unknown = sorted(set(cases) - order.keys())
+    if unknown:
+        raise ValueError(f"unknown cases {unknown}; choose from {BENCH_CASES}")
+    shapes = sorted({(r, v) for r in rows for v in vocabs}, key=lambda s: (s[0] * s[1], s[1]))
+    ordered = sorted(set(cases), key=order.__getitem__)
+    return [(r, v, c) for r, v in shapes for c in ordered]
+
+
+def compiled_order(grid: Sequence[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    """The compiled pass: grouped by compiled program, cheapest coverage first. One compile
+    (rows marked dynamic) serves every rows > 1 of a (vocab, max_num_logprobs); rows = 1
+    compiles again (Dynamo specialises sizes 0 and 1), so those come last."""
+    order = {c: i for i, c in enumerate(BENCH_CASES)}
+    return sorted(grid, key=lambda g: (g[0] == 1, g[1], case_logprobs(g[2]), g[0], order[g[2]]))
+
+
+def bench_params(case: str, row: int, vocab: int, gen: torch.Generator) -> SamplingParams:
+    """A request of `case`: bench.stages' parameters for one feature alone, or for "all"
+    every per-request feature at once (penalties, bias, stop ids under min_tokens, bad
+    words, min_p, top-k, top-p, seed, logprobs; not allowed_token_ids, whose host lists
+    would dominate the update); `spec_params` for the speculative step."""
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(vocab, (n,), generator=gen).tolist()
+
+    if case == SPEC_STAGE:
+        return spec_params(row)
+    if case == "all":
+        return SamplingParams(
+            temperature=0.8,
+            top_k=stages.TOP_K,
+            top_p=stages.TOP_P,
+            min_p=stages.MIN_P,
+            repetition_penalty=1.1,
+            frequency_penalty=0.3,
+            presence_penalty=0.5,
+            seed=1000 + row,
+            logit_bias=dict.fromkeys(ids(BIAS_ENTRIES), 1.5),
+            stop_token_ids=ids(4),
+            min_tokens=1000,
+            bad_words_token_ids=[ids(2), ids(1)],
+            logprobs=BENCH_K,
+        )
+    params = stages.stage_params(case, row)
+    if case == "bias":
+        params = dataclasses.replace(params, logit_bias=dict.fromkeys(ids(BIAS_ENTRIES), 1.5))
+    return params
+
+
+def spec_params(row: int) -> SamplingParams:
+    """A request of the speculative step's benchmark, mixed as perf/bench_rejection.py mixes
+    them: the decode recipes in turn (greedy, temperature, top-k, top-p, min_p and their
+    combinations; 2 rows in 8 greedy), penalties on every third row, a seed on every other."""
+    _, recipe = DECODE_RECIPES[row % len(DECODE_RECIPES)]
+    kwargs: dict[str, Any] = dict(recipe)
+    if row % 3 == 1:
+        kwargs.update(repetition_penalty=1.1, frequency_penalty=0.3, presence_penalty=0.5)
+    if row % 2 == 1:
+        kwargs["seed"] = 1000 + row
+    return SamplingParams(**kwargs)
+
+
+def provider_name(kind: str, device: torch.device) -> str:
+    """kind: "sampler", "sampler-compiled" or "sampler-triton"; on CUDA every one of them
+    is timed on graph replay, hence the "-graph" suffix."""
+    return (
+        f"{kind}-graph"
+        if device.type == "cuda"
+        else (kind if kind != "sampler" else "sampler-eager")
+    )
