@@ -1,17 +1,15 @@
 """The flashinfer part: FlashInfer's sampling functions on the benchmark grid, appended to
-bench.json beside the Sampler (a cost reference: they sample rather than mask)."""
+bench.json beside the Sampler (a cost reference: they sample rather than mask). Which
+function stands beside which case is `graphsafe_sampler.bench.flashinfer`'s table."""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
 import time
-from collections.abc import Callable
 from typing import Any
 
-import torch
-
-from graphsafe_sampler.bench import stages
+from graphsafe_sampler.bench.flashinfer import flashinfer_call
 from graphsafe_sampler.bench.results import run_context
 
 from .book import BenchBook, case_result
@@ -22,39 +20,12 @@ from .measure import LogitsCache, Timer, time_floor
 from .options import Options
 
 
-def flashinfer_call(
-    fi: Any, case: str, rows: int, device: torch.device
-) -> tuple[str, Callable[[torch.Tensor], object]] | None:
-    """FlashInfer's function for a case (name, call on float32 logits), or None where it has
-    none (penalties, bias, greedy, logprobs). They sample or renormalise rather than mask,
-    and ignore per-request seeds: a cost reference, not the same work."""
-    top_k = torch.full((rows,), stages.TOP_K, dtype=torch.int32, device=device)
-    top_p = torch.full((rows,), stages.TOP_P, dtype=torch.float32, device=device)
-    min_p = torch.full((rows,), stages.MIN_P, dtype=torch.float32, device=device)
-    calls: dict[str, tuple[str, Callable[[torch.Tensor], object]]] = {
-        "top_k": ("top_k_sampling_from_probs",
-                  lambda x: fi.top_k_sampling_from_probs(torch.softmax(x, dim=-1), top_k)),
-        "top_p": ("top_p_sampling_from_probs",
-                  lambda x: fi.top_p_sampling_from_probs(torch.softmax(x, dim=-1), top_p)),
-        "top_k_top_p": ("top_k_top_p_sampling_from_logits",
-                        lambda x: fi.top_k_top_p_sampling_from_logits(x, top_k, top_p)),
-        "min_p": ("min_p_sampling_from_probs",
-                  lambda x: fi.min_p_sampling_from_probs(torch.softmax(x, dim=-1), min_p)),
-        "sampling": ("sampling_from_logits", lambda x: fi.sampling_from_logits(x)),
-        "all": ("top_k_top_p_sampling_from_logits",
-                lambda x: fi.top_k_top_p_sampling_from_logits(x / 0.8, top_k, top_p)),
-    }  # fmt: skip
-    return calls.get(case)
-
-
 def run_flashinfer_part(opts: Options, deadline: float) -> dict[str, Any]:
     """FlashInfer on the benchmark grid, appended to bench.json (floors timed where the
     bench part left none). The first call of each function is untimed (FlashInfer may
     JIT-compile it)."""
     if importlib.util.find_spec("flashinfer") is None:
         return {"status": "skipped", "reason": "flashinfer is not installed"}
-    from flashinfer import sampling as fi
-
     device = opts.device()
     timer = Timer(device, opts.rep_ms, opts.cpu_rounds)
     context = run_context(device, suite="perf/gpu_check.py", timer=timer.name, rep_ms=opts.rep_ms,
@@ -73,7 +44,7 @@ def run_flashinfer_part(opts: Options, deadline: float) -> dict[str, Any]:
         try:
             if not book.floor_of(rows, vocab):
                 time_floor(book, timer, x)
-            call = flashinfer_call(fi, case, rows, device)
+            call = flashinfer_call(case, rows, device, step=True)
             if call is None or book.has(f"{case}/{FLASHINFER}/R{rows}-V{vocab}-float32"):
                 continue
             function, fn = call
