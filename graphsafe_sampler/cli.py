@@ -3,7 +3,7 @@
     graphsafe-sampler bench                  # a short decode loop, table + JSON
     graphsafe-sampler bench --full           # every stage over the whole grid
     graphsafe-sampler compare BASE.json HEAD.json [--threshold 0.10]
-    graphsafe-sampler demo ...               # see graphsafe_sampler/demo.py
+    graphsafe-sampler demo ...               # see graphsafe_sampler/demo/
 
 `main(argv)` returns the exit status: 0 fine, 1 a regression (compare), 2 bad usage or input.
 """
@@ -289,7 +289,7 @@ def _run_compare(args: argparse.Namespace) -> int:
 
 
 def _add_demo_command(subparsers: argparse._SubParsersAction) -> None:
-    help_text = "an end-to-end decode demo (graphsafe_sampler/demo.py)"
+    help_text = "an end-to-end decode demo (graphsafe_sampler/demo/)"
     try:
         # Another part of the package, built separately: the CLI must work without it.
         demo = importlib.import_module("graphsafe_sampler.demo")

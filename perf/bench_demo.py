@@ -1,6 +1,6 @@
 """The demo's continuous-batching loop as a benchmark: model + sampler, eager against compiled.
 
-Case: the `graphsafe-sampler demo` defaults (`graphsafe_sampler/demo.py`): a tiny random-weight
+Case: the `graphsafe-sampler demo` defaults (`graphsafe_sampler/demo/`): a tiny random-weight
 decoder (2 layers, width 64, vocab 4,099) and a `Sampler` serving a stream of requests with
 mixed parameters (greedy, temperature, top-k, top-p, min_p, penalties, logit bias, stop ids
 with min_tokens, EOS, bad words, ignore_eos; half of the sampled ones seeded) that arrive
@@ -8,7 +8,7 @@ and finish over `NUM_STEPS` decode steps in a persistent batch of 16 rows, padde
 2/4/8/16. One round serves the whole stream: host bookkeeping, prefill, `update_state`, the
 decode step, reading the tokens.
 
-Providers, side by side in one process on the same stream (DESIGN §6):
+Providers, side by side in one process on the same stream (docs/design.md, performance):
 - `eager`: `decode_step` (model forward + `Sampler.forward`) eagerly;
 - `compiled`: the same function under `torch.compile(fullgraph=True)`, the batch dimension
   marked dynamic so one compile serves every bucket; compiled and warmed up untimed.
