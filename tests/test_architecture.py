@@ -178,3 +178,13 @@ def test_kernels_import_nothing_from_the_package() -> None:
 )
 def test_the_cycle_finder_finds_cycles(graph: dict[str, set[str]], cyclic: list[list[str]]) -> None:
     assert _cycles(graph) == cyclic
+
+
+def test_no_module_over_600_lines_outside_tests() -> None:
+    long = {}
+    for base in ("graphsafe_sampler", "kernels", "perf"):
+        for path in (ROOT / base).rglob("*.py"):
+            lines = len(path.read_text(encoding="utf-8").splitlines())
+            if lines > 600:
+                long[str(path.relative_to(ROOT))] = lines
+    assert long == {}
