@@ -14,7 +14,8 @@ Providers, side by side in one process on the same inputs (docs/design.md §6):
 - `clone`: `target_logits.clone()`, one pass over the target logits, the floor;
 - `rejection-compiled`: `torch.compile(RejectionSampler(...), fullgraph=True)`, compiled and
   warmed up untimed; it commits each row's tokens to the device-side history in the step;
-- `vllm-style`: `VllmStyleRejectionSampler` below, the way vLLM V1 does it, eager: penalty
+- `vllm-style`: `graphsafe_sampler.bench.vllm_style.VllmStyleRejectionSampler`, the way vLLM
+  V1 does it, eager: penalty
   tensors rebuilt every step from the host-side output lists (each position's list extended
   by the drafts before it), sort-based top-k/top-p, softmax target probabilities for every
   position, uniforms and exponentials drawn through a per-request `torch.Generator` loop for
@@ -56,7 +57,9 @@ from graphsafe_sampler import (
     SamplingParams,
 )
 from graphsafe_sampler.bench.logits import llm_like_logits
+from graphsafe_sampler.bench.vllm_style import VllmStyleRejectionSampler
 from graphsafe_sampler.bench.workload import DECODE_RECIPES
+from graphsafe_sampler.kernels.constants import GREEDY_TEMPERATURE
 from graphsafe_sampler.testing import DriverRequest
 
 NUM_ROWS = 64
@@ -66,7 +69,6 @@ PEAKEDNESS = 1.1
 DRAFT_NOISE = 1.0
 NUM_INPUTS = 2
 CHECK_STEPS = 2
-GREEDY_TEMPERATURE = 1e-5
 PROVIDERS = ("clone", "rejection-compiled", "vllm-style")
 ROUNDS = {  # (warm-up rounds, timed rounds)
     "clone": (3, 30),
@@ -138,161 +140,6 @@ def record_tokens(requests: list[DriverRequest], out: RejectionSamplerOutput) ->
     tokens, accepted = out.output_token_ids.tolist(), out.num_accepted.tolist()
     for req, row, count in zip(requests, tokens, accepted, strict=True):
         req.output_tok_ids.extend(row[: count + 1])
-
-
-# ----------------------------------------------------------------- the vLLM-style peer
-
-
-def _apply_top_k_top_p_sorted(
-    logits: torch.Tensor,  # [n, V] float32
-    top_k: torch.Tensor,  # [n] int64, V = off
-    top_p: torch.Tensor,  # [n] float32, 1 = off
-) -> torch.Tensor:
-    """vLLM V1's sort-based top-k then top-p (ascending sort, cumulative softmax)."""
-    sorted_logits, order = logits.sort(dim=-1, descending=False)
-    vocab = logits.shape[1]
-    kth = sorted_logits.gather(1, (vocab - top_k).clamp(0, vocab - 1)[:, None])
-    sorted_logits.masked_fill_(sorted_logits < kth, float("-inf"))
-    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-    drop = cumulative <= 1 - top_p[:, None]
-    drop[:, -1] = False  # the largest always stays
-    sorted_logits.masked_fill_(drop, float("-inf"))
-    return logits.scatter_(1, order, sorted_logits)
-
-
-class VllmStyleRejectionSampler:
-    """The same rule, written the way vLLM V1 runs it (eager; see the module docstring)."""
-
-    def __init__(self, requests: list[DriverRequest], vocab_size: int, max_spec_len: int) -> None:
-        self.requests = requests  # live: the engine appends to output_tok_ids
-        self.vocab_size = vocab_size
-        self.max_spec_len = max_spec_len
-        params = [r.params for r in requests]
-        self.temperature = torch.tensor([p.temperature for p in params])
-        self.is_greedy = self.temperature < GREEDY_TEMPERATURE
-        self.top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab_size for p in params])
-        self.top_p = torch.tensor([p.top_p for p in params])
-        self.min_p = torch.tensor([p.min_p for p in params])
-        self.repetition = torch.tensor([p.repetition_penalty for p in params])
-        self.frequency = torch.tensor([p.frequency_penalty for p in params])
-        self.presence = torch.tensor([p.presence_penalty for p in params])
-        self.any_penalty = any(
-            p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty for p in params
-        )
-        # vLLM keeps one generator per seeded request, advanced by every draw.
-        self.generators = {
-            row: torch.Generator().manual_seed(p.seed)
-            for row, p in enumerate(params)
-            if p.seed is not None and not p.temperature < GREEDY_TEMPERATURE
-        }
-
-    def _penalties(self, logits: torch.Tensor, drafts: list[list[int]]) -> torch.Tensor:
-        """Rebuilt from the host lists every step; position j adds the drafts before it."""
-        positions, vocab = self.max_spec_len + 1, self.vocab_size
-        outputs = [
-            req.output_tok_ids + drafts[row][:j]
-            for row, req in enumerate(self.requests)
-            for j in range(positions)
-        ]
-        prompts = [req.prompt_tok_ids or [] for req in self.requests for _ in range(positions)]
-
-        def padded(lists: list[list[int]]) -> torch.Tensor:
-            width = max(map(len, lists), default=0)
-            return torch.tensor([lst + [vocab] * (width - len(lst)) for lst in lists])
-
-        n = logits.shape[0]
-        counts = torch.zeros(n, vocab + 1, dtype=torch.int64)
-        out_ids = padded(outputs)
-        counts.scatter_add_(1, out_ids, torch.ones_like(out_ids))
-        counts = counts[:, :vocab]
-        in_prompt = torch.zeros(n, vocab + 1, dtype=torch.bool)
-        in_prompt.scatter_(1, padded(prompts), True)
-        in_prompt = in_prompt[:, :vocab]
-        rep = self.repetition.repeat_interleave(positions)[:, None]
-        seen = in_prompt | (counts > 0)
-        logits = torch.where(seen & (logits > 0), logits / rep, logits)
-        logits = torch.where(seen & (logits <= 0), logits * rep, logits)
-        logits -= self.frequency.repeat_interleave(positions)[:, None] * counts
-        logits -= self.presence.repeat_interleave(positions)[:, None] * (counts > 0)
-        return logits
-
-    def _exponentials(self, shape: tuple[int, ...]) -> torch.Tensor:
-        """Exp(1) draws [rows, ...]: global generator, then one loop over seeded requests."""
-        draws = torch.empty(shape).exponential_()
-        for row, gen in self.generators.items():
-            draws[row].exponential_(generator=gen)
-        return draws
-
-    def processed_logits(
-        self, target_logits: torch.Tensor, drafts: list[list[int]]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (filtered logits [rows * (S + 1), V], greedy tokens [rows * (S + 1)])."""
-        positions = self.max_spec_len + 1
-        logits = target_logits.reshape(-1, self.vocab_size)
-        if self.any_penalty:
-            logits = self._penalties(logits, drafts)
-        greedy = logits.argmax(dim=-1)
-        temperature = torch.where(self.is_greedy, 1.0, self.temperature)
-        logits = logits / temperature.repeat_interleave(positions)[:, None]
-        probs = logits.softmax(dim=-1)
-        min_p = self.min_p.repeat_interleave(positions)[:, None]
-        logits.masked_fill_(probs < min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
-        logits = _apply_top_k_top_p_sorted(
-            logits,
-            self.top_k.repeat_interleave(positions),
-            self.top_p.repeat_interleave(positions),
-        )
-        return logits, greedy
-
-    def __call__(
-        self,
-        target_logits: torch.Tensor,  # [rows, S + 1, V]
-        draft_token_ids: torch.Tensor,  # [rows, S]
-        num_draft_tokens: torch.Tensor,  # [rows]
-        draft_probs: torch.Tensor,  # [rows, S, V]
-    ) -> RejectionSamplerOutput:
-        rows, positions, vocab = target_logits.shape
-        spec = self.max_spec_len
-        drafts_host = draft_token_ids.tolist()
-        num_host = num_draft_tokens.tolist()
-        logits, greedy = self.processed_logits(target_logits, drafts_host)
-        target_probs = logits.softmax(dim=-1).view(rows, positions, vocab)
-        greedy = greedy.view(rows, positions)
-
-        # Uniforms for acceptance: global generator, then the seeded requests' own.
-        uniforms = torch.rand(rows, spec)
-        for row, gen in self.generators.items():
-            uniforms[row] = torch.rand(spec, generator=gen)
-        index = draft_token_ids[:, :, None]
-        p_target = target_probs[:, :spec].gather(2, index)[:, :, 0]
-        p_draft = draft_probs.gather(2, index)[:, :, 0]
-        accept_random = (p_draft > 0) & (p_target / p_draft >= uniforms)
-        accept_greedy = draft_token_ids == greedy[:, :spec]
-        accept = torch.where(self.is_greedy[:, None], accept_greedy, accept_random)
-
-        # Recovered tokens at every draft position, and the bonus token, sampled up front.
-        residual = (target_probs[:, :spec] - draft_probs).clamp_(min=0.0)
-        recovered = residual.div_(self._exponentials((rows, spec, vocab))).argmax(dim=-1)
-        recovered = torch.where(self.is_greedy[:, None], greedy[:, :spec], recovered)
-        bonus_at = num_draft_tokens[:, None, None].expand(rows, 1, vocab)
-        bonus_probs = target_probs.gather(1, bonus_at)[:, 0]
-        bonus = bonus_probs.div_(self._exponentials((rows, vocab))).argmax(dim=-1)
-        bonus = torch.where(
-            self.is_greedy, greedy.gather(1, num_draft_tokens[:, None])[:, 0], bonus
-        )
-
-        output = torch.full((rows, positions), -1, dtype=torch.int32)
-        accepted_counts = []
-        accept_host, recovered_host = accept.tolist(), recovered.tolist()
-        for row in range(rows):  # vLLM's reference path walks each request's drafts
-            count = 0
-            while count < num_host[row] and accept_host[row][count]:
-                output[row, count] = drafts_host[row][count]
-                count += 1
-            last = bonus[row] if count == num_host[row] else recovered_host[row][count]
-            output[row, count] = int(last)
-            accepted_counts.append(count)
-        return RejectionSamplerOutput(output, torch.tensor(accepted_counts, dtype=torch.int32))
 
 
 # ----------------------------------------------------------------- case and agreement
