@@ -1,54 +1,14 @@
 """`RejectionSampler`: speculative decoding's verification step, graph-safe, on both backends.
 
-A draft model (or an n-gram lookup) proposes up to S = `max_spec_len` tokens per request;
-the target model scores all of them at once, giving `[num_rows, S + 1, V]` logits where
-position j is the target's distribution after the first j drafts (position
-`num_draft_tokens[row]` is the bonus position). The rule (the standard speculative-sampling
-one, whose output has exactly the target's distribution):
-
-- greedy rows (temperature < 1e-5): accept drafts while each equals the target argmax; the
-  first mismatch emits the target argmax, and a row that accepts every draft emits the argmax
-  at its bonus position;
-- random rows: accept draft x with probability min(1, p_target(x) / p_draft(x)); at the first
-  rejection emit a token drawn from normalize(max(p_target - p_draft, 0)); when every draft
-  is accepted, emit a bonus token drawn from the target at the bonus position. Without draft
-  probabilities (n-gram drafts) p_draft is one-hot at the drafted token: x is accepted with
-  probability p_target(x), and the recovered distribution is p_target without x.
-
-p_target at every position is the Sampler's whole pipeline for that request (its
-`pipeline.process`): allowed ids, bad words, the grammar mask of that position, min_tokens,
-logit bias, custom processors, penalties, temperature, min_p, top-k/top-p. The drafts before
-position j count as output tokens there: for penalties, for the bad-words window and for the
-min_tokens count.
-
-Randomness is counter-based (`rng.py`), a pure function of (request seed, token
-position, salt): the acceptance uniform of draft j at position `start + j` (SALT_ACCEPT),
-the recovered token at the rejected position (SALT_RECOVER) and the bonus token at the bonus
-position (SALT_BONUS), `start` being the request's position before the step. A request's
-tokens therefore do not depend on its row, its neighbours, the batch size or padding. The
-recovered and bonus draws are Gumbel-max over the vocabulary, `argmax(log q + g)` (q = 0 is
--inf), computed only at each row's one emitted position: one [num_rows, V] noise pass.
-
-Backends: the Sampler's pipeline. On the Triton backend the S + 1 positions go through the
-kernels (the logits-processing kernel counts the preceding drafts, then min_p and the
-top-k/top-p mask), and the emitted token's race is `sample_tokens`, once per stream; the
-acceptance test ([num_rows, S] values) and the residual are PyTorch ops on both backends.
-The kernels' uniforms are bit-identical to the PyTorch backend's and the processed logits
-equal up to top-p's float32 rounding (a mask may differ where some kept
-mass is within rounding of top_p times the total), so both backends emit the same tokens
-except there and where two candidates' perturbed scores tie within the Gumbel transform's
-last-bit rounding (kernels/sampling.py).
-
-By default `forward` commits each row's accepted drafts and its emitted token to the request's
-device-side history (`Sampler.commit_tokens` with num_accepted + 1 tokens), inside the graph.
-
-Device values that are out of range cannot be checked without a host sync, so `forward`
-makes them harmless on the device: `num_draft_tokens` is clamped to [0, S]; a draft id
-outside [0, V) is never accepted (it is a draft the target gives probability 0; with draft
-probabilities the recovered distribution does not depend on the id, without them it is the
-whole target distribution); a NaN or negative draft probability reads as 0, so no value in
-`draft_probs` can emit a token the target gives probability 0. `validate=True` checks all
-three on the host first (eager only) and raises ValueError.
+A draft model (or an n-gram lookup) proposes up to S = `max_spec_len` tokens per request; the
+target scores them all at once, giving `[num_rows, S + 1, V]` logits where position j is its
+distribution after the first j drafts. The key idea: every position goes through the
+Sampler's own pipeline, the drafts before it counted as output, then the standard
+speculative-sampling rule keeps the target's distribution exactly. Draws are counter-based
+per (request seed, position, salt), so a request's tokens do not depend on its row, its
+neighbours, the batch size or padding; out-of-range device values are made harmless on the
+device, never read. The rule, its draws, the backends' agreement and the out-of-range cases:
+docs/kernels.md, the speculative rule.
 """
 
 from __future__ import annotations
@@ -265,11 +225,12 @@ class RejectionSampler(nn.Module):
         draft_probs: optional [num_rows, S, V] float, the draft model's probabilities at
             each draft position; None for n-gram drafts (probability 1 for the drafted id).
         commit: append each row's accepted drafts and emitted token to its request's
-            device-side history (default); False leaves the history alone.
+            device-side history (default: `Sampler.commit_tokens` with num_accepted + 1
+            tokens, inside the graph); False leaves the history alone.
         commit_mask: optional [num_rows] bool device tensor; rows with False commit nothing.
         validate: first read num_draft_tokens, draft_token_ids and draft_probs on the host
             and raise ValueError for values out of range (a sync: eager only). Without it
-            they are made harmless on the device (see the module docstring).
+            they are made harmless on the device (docs/kernels.md, the speculative rule).
         """
         self._check_inputs(
             target_logits, draft_token_ids, num_draft_tokens, draft_probs, commit_mask

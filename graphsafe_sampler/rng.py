@@ -3,60 +3,12 @@
 No `torch.Generator`, no global state, no host reads: a row's numbers depend only on its
 request's seed and token position, never on its batch row, its neighbours or the batch size,
 and replaying a captured graph draws fresh numbers because the positions advance on the device.
-
-The algorithm (all arithmetic is on unsigned 32-bit words: `*` and `+` wrap mod 2**32, `>>`
-is a logical shift). A Triton kernel re-implements it with `tl.uint32` and must match the
-hashes and uniforms bit for bit (`tests/test_rng.py` holds known-answer vectors).
-
-    fmix32(x):                      # MurmurHash3's 32-bit finaliser, a bijection
-        x ^= x >> 16;  x *= 0x85EBCA6B
-        x ^= x >> 13;  x *= 0xC2B2AE35
-        x ^= x >> 16
-
-    Row key, from seed (64-bit) and position (64-bit) split into low/high words, and salt:
-        words  = [seed_lo, seed_hi, pos_lo, pos_hi, salt]
-        A      = [0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F, 0x165667B1]  # xxHash32 primes
-        B      = [A[1], A[2], A[3], A[4], A[0]]
-        t[i]   = fmix32(words[i])
-        offset = fmix32(0x243F6A88 + sum(A[i] * t[i]))  # IVs: first 64 bits of pi's fraction
-        mult   = fmix32(0x85A308D3 + sum(B[i] * t[i])) | 1   # odd: token -> counter is 1:1
-        key (int64) = bits of the uint64 (mult << 32) | offset
-
-    Token hash, for token id t (uint32; t = 0xFFFFFFFF is the per-row draw):
-        h = fmix32(t * mult + offset)
-
-    Uniform (23 bits, exact in fp32, strictly inside (0, 1)):
-        u = float(h >> 9) * 2**-23 + 2**-24          # in [2**-24, 1 - 2**-24]
-
-    Exponential (the full 32 bits; see `exponential`):
-        f = clamp(float_rn(h), 0.5, 2**32 - 256)     # fp32, round to nearest even
-        e = -log1p(-f * 2**-32)                      # in [2**-33, 16.64], never 0 or inf
-
-Why these choices:
-- The row key carries 63 bits (offset and an odd multiplier): two unrelated (seed, position,
-  salt) triples give identical token rows only if both words match (about 2**-63), and rows
-  shifted by a few token ids at about 2**-45, where a single 32-bit key would make whole rows
-  collide at 2**-32 (a long request covers 2**20 positions, enough for birthday collisions).
-  Each word is mixed on its own, then the lanes take different odd-weighted sums: inputs that
-  differ in one word (the next position, another salt) always get a different offset, and
-  inputs that differ in several collide in both lanes with probability about 2**-60. The
-  words are mixed side by side, not chained: a chain of five fmix32 compiles ~20 s slower
-  (inductor inlines every reuse of x in x ^ (x >> 16), so nested mixers blow up its codegen).
-  7 fmix32 per row, nothing per token.
-- Per token the counter `t * mult + offset` is a Weyl sequence through fmix32 (SplitMix-style):
-  a multiply, an add and fmix32's 8 = 10 uint32 ops in Triton; here, emulated in int64 with
-  a mask after each multiply and add, 13 integer ops, then 4 for the uniform (shift, convert,
-  multiply, add): 17 elementwise ops per token, fused by torch.compile into one loop.
-- `((h >> 8) + 0.5) * 2**-24` is NOT exact in fp32: above 2**23 the `+ 0.5` rounds (to even),
-  and h >> 8 = 2**24 - 1 gives exactly 1.0. Odd multiples of 2**-24 are the largest grid that
-  fp32 holds exactly, is symmetric about 1/2 (u and 1 - u are both exact) and excludes 0 and 1.
-- Emulating uint32 in int64: every value is kept in [0, 2**32) (masked), so the arithmetic
-  right shift of int64 equals the logical one. Multipliers >= 2**31 are applied as their
-  negative two's complement twin (C - 2**32): the product stays inside int64 (no signed
-  overflow, which is undefined behaviour in the C++ that eager and inductor run) and its low
-  32 bits are the same.
-
 The streams (salts) keep the consumers of one (seed, position) independent of one another.
+The key idea: a 63-bit row key, mixed once per row from the seed, position and salt words,
+then a multiply, an add and MurmurHash3's finaliser per token, on uint32 words (emulated here
+in int64). The sampling kernel re-implements it with `tl.uint32` and must match the hashes
+and uniforms bit for bit (`tests/test_rng.py` holds known-answer vectors). The specification
+and the reasons for each choice: docs/kernels.md, the RNG.
 """
 
 from __future__ import annotations
@@ -87,6 +39,7 @@ _FMIX_C2 = 0xC2B2AE35
 
 def _as_int64_multiplier(c: int) -> int:
     # why: x * (c - 2**32) for x in [0, 2**32) stays inside int64 and has the same low 32 bits
+    # (signed overflow is undefined behaviour in the C++ that eager and inductor run)
     return c - 2**32 if c >= 2**31 else c
 
 
@@ -95,7 +48,11 @@ _FMIX_C2_I64 = _as_int64_multiplier(_FMIX_C2)
 
 
 def _fmix32_(x: torch.Tensor) -> torch.Tensor:
-    """x: int64 words in [0, 2**32), mixed in place (MurmurHash3 fmix32); returns x."""
+    """x: int64 words in [0, 2**32), mixed in place (MurmurHash3 fmix32); returns x.
+
+    uint32 emulated in int64: every value is kept in [0, 2**32) (masked), so the arithmetic
+    right shift of int64 equals the logical one.
+    """
     x.bitwise_xor_(x >> 16)
     x.mul_(_FMIX_C1_I64).bitwise_and_(_MASK32)
     x.bitwise_xor_(x >> 13)
@@ -169,6 +126,7 @@ def row_keys(seeds: torch.Tensor, positions: torch.Tensor, salt: int) -> torch.T
         positions & _MASK32,
         (positions >> 32) & _MASK32,
     )
+    # each word mixed on its own, side by side: a chain of five fmix32 compiles ~20 s slower
     mixed = [_fmix32_(w) for w in words]
     salt_mixed = _fmix32_int(salt)  # one constant for every row: folded on the host
     offset = _lane(mixed, _LANE_WEIGHTS[0], _OFFSET_IV, salt_mixed)

@@ -1,28 +1,12 @@
 """The commit in Triton: one kernel appends each row's token to its request's device-side
 history, as `BatchState.commit` does with the package's slot states, one program per row.
 
-Per row r with slot s = slots[r] and token t = token_ids[r], when keep[r] and s is not the
-padding slot (rows must have distinct slots, except the padding slot):
-1. penalties (graphsafe_sampler/stages/penalties.py, `PenaltyState.commit`): the byte
-   counts[s, t] goes up by one and stays at SATURATED = 255 past it; the commit that takes
-   it from 254 to 255 writes t into the next free overflow entry (the number of used
-   entries, so column E, the spare, when the table is full), and a commit at 255 adds 1 to
-   the excess of t's first entry (none found: nothing, the spare again);
-2. bad words (graphsafe_sampler/bad_words.py, `BadWordsState.commit`, the flat layout with
-   the ring `recent_tokens` [num_slots, L]): t goes to window[s, num_generated[s] % L], the
-   position read before step 3;
-3. num_generated[s] += 1.
-Every row that does not write an overflow entry stores -1 into its slot's spare column, as
-the PyTorch commit does (its branch-free index_put_ targets the spare): every state tensor
-equals the PyTorch commit's bit for bit, the spare column included.
-
-Only a row whose byte was 254 or 255 (a token output that often) walks its slot's E
-overflow entries; every other row touches 1 byte of counts, 4 of num_generated, 4 of the
-ring and 4 of the spare.
-
-Traffic: no [num_rows, V] tensor is read or written; per committing row one element of
-counts [num_slots, V] (read and written), and E entries of the overflow table only at a
-saturated token.
+It advances the penalty count bytes (with their overflow table past 255), the bad-words ring
+of recent outputs and `num_generated`, leaving every state tensor equal to the PyTorch
+commit's bit for bit. The key idea: a commit is a few scalar stores per row; only a row whose
+byte was 254 or 255 walks its slot's overflow entries, and no [num_rows, V] tensor is read
+or written. The per-row steps are `_commit_history_kernel`'s docstring; the traffic:
+docs/kernels.md, the commit.
 """
 
 from __future__ import annotations
@@ -52,6 +36,23 @@ def _commit_history_kernel(
     SATURATED: tl.constexpr,
     OVERFLOW_BLOCK: tl.constexpr,
 ):
+    """Per row r with slot s = slots[r] and token t = token_ids[r], when keep[r] and s is not
+    the padding slot (rows must have distinct slots, except the padding slot):
+
+    1. penalties (graphsafe_sampler/stages/penalties.py, `PenaltyState.commit`): the byte
+       counts[s, t] goes up by one and stays at SATURATED = 255 past it; the commit that
+       takes it from 254 to 255 writes t into the next free overflow entry (the number of
+       used entries, so column E, the spare, when the table is full), and a commit at 255
+       adds 1 to the excess of t's first entry (none found: nothing, the spare again);
+    2. bad words (graphsafe_sampler/stages/bad_words.py, `BadWordsState.commit`, the flat
+       layout with the ring `recent_tokens` [num_slots, L]): t goes to
+       window[s, num_generated[s] % L], the position read before step 3;
+    3. num_generated[s] += 1.
+
+    Every row that does not write an overflow entry stores -1 into its slot's spare column,
+    as the PyTorch commit does (its branch-free index_put_ targets the spare): every state
+    tensor equals the PyTorch commit's bit for bit, the spare column included.
+    """
     row = tl.program_id(0)
     slot = tl.load(slots_ptr + row)
     token = tl.load(token_ids_ptr + row)

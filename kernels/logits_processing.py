@@ -1,58 +1,14 @@
 """docs/design.md §4 steps 2-6 in Triton, one program per row, in place: logit bias, min_tokens, the
 allowed-token and grammar bitmasks, repetition/frequency/presence penalties, temperature.
 
-Per row r with slot s = slots[r], in the PyTorch backend's order (graphsafe_sampler/sampler.py,
-`process_logits`; bad words and custom processors are not here):
-1. logit bias: `l[t] += bias` for the slot's sparse (bias_ids, bias_values) table; unused
-   entries are (token 0, +0.0) and are skipped (adding +0.0 changes nothing but the sign of
-   a -0.0 logit, which compares equal);
-2. min_tokens: while num_generated[s] (+ num_preceding[r] with drafts) < min_tokens[s], the
-   slot's stop ids (EOS included) become -inf; unused entries repeat the first id, so
-   duplicate stores carry one value;
-3. allowed_token_ids: tokens whose bit is clear in allowed[s] become -inf;
-4. grammar: tokens whose bit is clear in grammar[r] (row-indexed, per step) become -inf;
-5. penalties in graphsafe_sampler/stages/penalties.py's layout: the byte `counts[s, t]` is the
-   output count below 255 and 255 for a saturated token, whose exact count is
-   255 + overflow_excess[s, e] at the entry e with overflow_token[s, e] == t. The dense
-   pass applies `apply_penalties` with the byte (repetition `l / r` if l > 0 else `l * r`
-   over prompt ∪ output tokens, `l -= frequency * count`, `l -= presence * (count > 0)`;
-   `count > 0` is exact from the byte). With speculative drafts, the row's first
-   num_preceding[r] drafts[r, :] count as output tokens on top of the byte (the PyTorch
-   backend's `PenaltyState.apply(extra_tokens=...)`): a D-step compare per tile;
-6. temperature: `l / T`, except greedy rows (T < GREEDY_TEMPERATURE) and T = 1, which keep l.
-7. the excess: a short loop over the slot's used overflow entries (filled in order from
-   entry 0, so the first -1 ends it) applies `l -= frequency * excess` to the saturated
-   tokens, then their temperature, which the dense pass left out for bytes of 255.
-
-Steps 1-2 are sparse stores into the row, done first (masks and finite biases commute); the
-dense pass (steps 3-6) then reads and writes each element once. A row's elements are spread
-over the program's threads, so a barrier ends each phase whose stores the next one reads or
-overwrites: step 1 (a stop id with a bias must end -inf), step 2 (the dense pass reads it),
-the dense pass (step 7 reads it) and, with a full overflow table, step 7 (the last pass
-divides what it stored). No tile compares its tokens against the E overflow entries
-(E = ceil(max_model_len / 255), 514 by default): the byte says which tokens are saturated,
-and only those few are visited again.
-
-Why step 7 may skip the dense pass's temperature exactly at bytes of 255: while a slot's
-table has a free entry, every token at 255 holds an entry (the commit that saturates a token
-takes the next free one; add_request lists every resumed token past 254). A full table
-(reachable only by outputs past max_model_len, outside the contract) may leave tokens at 255
-without an entry: then step 7 applies the excess alone and one more pass over the row divides
-every byte of 255 by T, so the row stays exact there too. A row whose frequency is 0 skips
-step 7: `l + -(0 * excess)` is l bit for bit, so the dense pass finishes those tokens.
-
-All arithmetic is float32 with IEEE division (`div_rn`) and no fused multiply-add, so the row
-equals the PyTorch backend's (apply_penalties with the byte counts, the scatter_add of
-`-frequency * excess`, the division by T) bit for bit. Against a float64 model of the
-exact count it is a tolerance match: float32 charges a saturated token `f * 255` and
-`f * excess` in two roundings where float64 charges `f * (255 + excess)` in one.
-
-Traffic per row ([num_rows, V] float32 logits): one read and one write (the dense pass),
-plus at most max_logit_bias_tokens + max_stop_token_ids elements before it and 2 per used
-overflow entry after it (one more read and write of the row only with a full overflow table).
-Other reads per row: the counts row (V bytes) when a penalty is on, the allowed, prompt and
-grammar bitmasks (V/8 bytes each), the sparse tables, and the used overflow entries (up to
-the first unused one) when frequency is not 0.
+The key idea: the sparse stores (the bias table, min_tokens' stop ids) go first, then one
+dense pass reads and writes each element once; only the few saturated tokens (penalty count
+byte 255, the excess in the slot's overflow table) are visited again, for their excess and
+then their temperature, so no tile compares its tokens against the overflow table. All
+arithmetic is float32 with IEEE division and no fused multiply-add, so the row equals the
+PyTorch backend's bit for bit. Bad words and custom processors are not here. The step order,
+why the excess step may skip the dense pass's temperature, the exactness and the traffic per
+row: docs/kernels.md, logits processing.
 """
 
 from __future__ import annotations
@@ -108,6 +64,8 @@ def _process_logits_kernel(
     BLOCK_SIZE: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr,
 ):
+    """Steps 1-7 of docs/kernels.md, logits processing (the comments carry their numbers),
+    with a barrier after each phase whose stores the next one reads or overwrites."""
     row = tl.program_id(0)
     slot = tl.load(slots_ptr + row)
     row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
@@ -186,7 +144,7 @@ def _process_logits_kernel(
         # step 7 reads what other threads of this program stored in the dense pass
         tl.debug_barrier()
         table_row = slot.to(tl.int64) * (num_overflow + 1)
-        # the table fills in order: a used last entry means it is full (see the docstring)
+        # the table fills in order: a used last entry means it is full (docs/kernels.md)
         full = tl.load(overflow_token_ptr + table_row + num_overflow - 1) >= 0
         scale_here = scale_on & ~full
         index = 0
@@ -302,7 +260,7 @@ def process_logits(
     num_preceding: torch.Tensor | None = None,
 ) -> None:
     """Logit bias, min_tokens, allowed and grammar bitmasks, penalties and temperature on
-    logits [num_rows, V] float32, in place, in one pass (the module docstring).
+    logits [num_rows, V] float32, in place, in one pass (docs/kernels.md, logits processing).
 
     Per slot ([num_slots, ...]): bias_ids int32 / bias_values float32 [C]; min_tokens,
     num_generated int32; stop_ids int32 [S]; allowed, prompt_mask int32 [ceil(V/32)];

@@ -1,34 +1,12 @@
 """Logprobs in Triton (docs/design.md §4 step 10), one program per row, without a [num_rows, V]
-log-softmax: the row's top K values and ids, the sampled token's value and rank, and the
-logsumexp, in one pass over the row (`Sampler._logprobs` in graphsafe_sampler/sampler.py is
-the reference).
+log-softmax (`compute_logprobs` in graphsafe_sampler/stages/logprobs.py is the reference).
 
-Per row r with sampled token t = tokens[r], over the source row x (raw or processed logits,
-as the logprobs mode says; float32, float16 or bfloat16, read as float32):
-- lse = log(sum(exp(x))), online (running max and rescaled sum); written to lse[r], with 0
-  where it is not finite (a row with every token at -inf), the shift `_logprobs` applies;
-- the top K values in descending order: a running top-K (K_BLOCK registers) merged with a
-  tile only when the tile can change it (its max beats the K-th value), by K selections
-  of the largest value left, lowest index first among equal values;
-- the rank: `_logprobs` counts tokens with `x - lse >= x[t] - lse` in float32 (logprobs
-  modes; the shift can merge neighbours) or `x >= x[t]` (logits modes). Rounding is
-  monotone, so every token with x >= x[t] counts either way, and the pass counts those and
-  keeps the largest value below x[t]. Only if that value merges with x[t] after the shift
-  does a second pass over the row count the merged tokens (rare: they must sit within an
-  ulp of the shifted value).
-Outputs: token_ids[r] = [t, top ids...] int32, logprobs[r] = [x[t], top values...] minus
-lse in the logprobs modes (SUBTRACT_LSE), ranks[r] int32.
-
-Against `_logprobs`: ids, logits-mode values and logits-mode ranks are exact. In the
-logprobs modes lse is summed in another order than torch's logsumexp (a few ulp apart),
-so the logprobs match to float32 tolerance and a rank can differ from torch's only where a
-token sits within an ulp of the sampled value after the shift; the rank is exact for the
-lse the kernel wrote. Ties: among equal values the lower index comes first (what a stable
-descending sort gives; torch.topk documents no order for ties). NaN logits are never
-picked into the top K (torch.topk puts NaN first); a row holding NaN gets lse 0 as in torch.
-
-Traffic per row: one read of the source row ([num_rows, V], 2 or 4 bytes an element), a
-second only in the rare merge case above; writes 2 * (K + 1) + 2 scalars.
+The key idea: one pass over the row gives its top K values and ids, the sampled token's value
+and rank, and the logsumexp (online: a running max and a rescaled sum), and only those K + 1
+values are shifted by it; a second pass runs only in the rare case where tokens below the
+sampled value merge with it after the shift. The per-row rule is `_logprobs_kernel`'s
+docstring; its match with the reference (ties, NaN, ulps) and its traffic: docs/kernels.md,
+logprobs.
 """
 
 from __future__ import annotations
@@ -58,6 +36,27 @@ def _logprobs_kernel(
     BLOCK_SIZE: tl.constexpr,
     NO_TOKEN: tl.constexpr,
 ):
+    """Per row r with sampled token t = tokens[r], over the source row x (raw or processed
+    logits, as the logprobs mode says; float32, float16 or bfloat16, read as float32):
+
+    - lse = log(sum(exp(x))), online (running max and rescaled sum); written to lse[r], with
+      0 where it is not finite (a row with every token at -inf), the shift the reference
+      applies;
+    - the top K values in descending order: a running top-K (K_BLOCK registers) merged with
+      a tile only when the tile can change it (its max beats the K-th value), by K
+      selections of the largest value left, lowest index first among equal values (what a
+      stable descending sort gives; torch.topk documents no order for ties); NaN is never
+      picked;
+    - the rank: the reference counts tokens with `x - lse >= x[t] - lse` in float32
+      (logprobs modes; the shift can merge neighbours) or `x >= x[t]` (logits modes).
+      Rounding is monotone, so every token with x >= x[t] counts either way, and the pass
+      counts those and keeps the largest value below x[t]. Only if that value merges with
+      x[t] after the shift does a second pass over the row count the merged tokens (rare:
+      they must sit within an ulp of the shifted value).
+
+    Outputs: token_ids[r] = [t, top ids...] int32, logprobs[r] = [x[t], top values...]
+    minus lse in the logprobs modes (SUBTRACT_LSE), ranks[r] int32.
+    """
     row = tl.program_id(0)
     row_ptr = source_ptr + row.to(tl.int64) * source_stride
     token = tl.load(tokens_ptr + row)

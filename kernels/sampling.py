@@ -1,27 +1,13 @@
 """Sampling in Triton: greedy argmax and the counter-based Gumbel-max race, one program per row.
 
-Per row r with slot s = slots[r]:
-- greedy rows (temperature[s] < GREEDY_TEMPERATURE) take argmax(logits[r]), lowest index
-  on ties;
-- random rows take argmax(logits[r] + gumbel[r]), the noise being exactly the draw of
-  `graphsafe_sampler/rng.py` for (seeds[s], positions[r], token id, salt).
-Tokens below `threshold[r]` (when given: top-k/top-p/min_p fused as one per-row cut) count as
--inf, so the filters' mask need not be written. A row holding NaN returns its first NaN's
-index and a row with every token at -inf returns 0, as `torch.argmax` does in the PyTorch
-backend (see `graphsafe_sampler/sampler.py`).
-
-Why argmax of the filtered logits is the greedy token of the pre-temperature logits: a greedy
-row divides by 1 (not by its temperature), and min_p, top-k and top-p never remove a row's
-maximum or any logit tied with it, so the maximum and its lowest index are unchanged.
-
-The hash is uint32 arithmetic (multiplies wrap mod 2**32, shifts are logical), so hashes and
-uniforms are bit-identical to rng.py. The Gumbel value -log(-log1p(-u)) goes through
-`tl.log`; Triton has no portable log1p (libdevice is CUDA-only and the interpreter has none),
-so log1p(v) is Goldberg's `log(w) * v / (w - 1)` with w = 1 + v, accurate to a few ulp: the
-noise can differ from torch's libm in the last bits, which changes a token only where two
-tokens' perturbed logits are within that rounding (tests count these).
-
-Logits traffic ([num_rows, V] float32): one read per row, no write.
+Greedy rows take the argmax, random rows argmax(logits + gumbel) with the noise exactly
+`graphsafe_sampler/rng.py`'s draw: the hash is uint32 arithmetic, so hashes and uniforms are
+bit-identical. The key idea: the filters need not write their mask, since tokens below the
+row's `threshold` (when given: top-k/top-p/min_p fused as one per-row cut) count as -inf
+here, so a step reads the logits once per row and writes nothing. The per-row rule is
+`_sample_kernel`'s docstring; why greedy rows may take the argmax of the filtered logits,
+NaN and -inf rows, and where the Gumbel transform differs from torch's in the last bits:
+docs/kernels.md, sampling.
 """
 
 from __future__ import annotations
@@ -96,8 +82,10 @@ def _gumbel(h):
     f = tl.minimum(tl.maximum(h.to(tl.float32), 0.5), 4294967040.0)
     v = f * -2.3283064365386963e-10  # -f * 2**-32, exact: a power-of-two scale
     w = 1.0 + v
-    # Goldberg's log1p: the rounding error of w cancels in log(w) / (w - 1); at w == 1,
-    # log1p(v) = v to fp32 precision
+    # Goldberg's log1p, log(w) * v / (w - 1) with w = 1 + v, accurate to a few ulp: Triton
+    # has no portable log1p (libdevice is CUDA-only and the interpreter has none). The
+    # rounding error of w cancels in log(w) / (w - 1); at w == 1, log1p(v) = v to fp32
+    # precision
     log1p_v = tl.where(w == 1.0, v, tl.log(w) * (v / (w - 1.0)))
     return -tl.log(-log1p_v)
 
@@ -118,6 +106,11 @@ def _sample_kernel(
     HAS_THRESHOLD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
+    """Per row r with slot s = slots[r]: greedy rows (temperature[s] < GREEDY_BELOW) take
+    argmax(logits[r]), lowest index on ties; random rows take argmax(logits[r] + gumbel[r]),
+    the noise being rng.py's draw for (seeds[s], positions[r], token id, SALT). Tokens below
+    threshold[r] (HAS_THRESHOLD) count as -inf. A row holding NaN returns its first NaN's
+    index and a row with every token at -inf returns 0, as torch.argmax does."""
     row = tl.program_id(0)
     slot = tl.load(slots_ptr + row)
     is_random = tl.load(temperature_ptr + slot) >= GREEDY_BELOW

@@ -1,83 +1,13 @@
-"""top-k then top-p thresholds in Triton, one program per row, no sort of the row.
+"""top-k then top-p in Triton, min_p's cut folded in first: one program per row, no sort.
 
-Semantics are exactly those of `graphsafe_sampler/stages/top_k_top_p.py` (read its docstring):
-top-k (`top_k` <= 0 or >= V is off) keeps every logit >= the k-th largest, ties kept, and a
-row with fewer than k candidates loses nothing; top-p (`top_p` >= 1 is off) works on the
-top-k survivors' masses exp(l - l_max) (float32 sums) and keeps every logit >= the largest t
-whose kept mass reaches top_p times their total; the row max always survives. The kernel
-writes each row's cut to `threshold[row]` (keep `logits >= threshold`, -inf when every filter
-is off) and, with APPLY, sets the logits below it to -inf in place. Without APPLY the sampling
-kernel takes the threshold and no mask is ever written.
-
-With `min_p` ([num_slots] float32, 0 = off), min_p's cut comes first, folded in rather than
-written: `l >= l_max + ln(min_p)` (kernels/min_p.py's formula, from the statistics pass's max;
-a row holding NaN gets no min_p cut, as there). top-k then runs on the whole row and the cut
-is the larger of the two: when at least k logits pass min_p, the k-th largest of the row is
-that of the survivors; when fewer do, it lies below the min_p cut, which then keeps every
-survivor, as the -inf k-th value of the masked row does. top-p weighs only the logits at or
-above both cuts. The kept set equals min_p's mask followed by top-k/top-p, and the min_p
-kernel's read, read and write of the row are saved.
-
-Algorithm, in two stages.
-
-1. The candidate buffer (one read of the row; compiled only, see `CANDIDATES`). One streaming
-   pass takes the row's min, max and NaN count, its total mass exp(l - l_max) (accumulated
-   against the running max and rescaled as it grows, as online softmax does) and its
-   CANDIDATES (128) largest logits, as distinct int64 keys `key(x) << 31 | (2**31 - 1 - col)`
-   (by logit, then lowest index; NaN never enters): each tile's top CANDIDATES (`tl.topk`, a
-   bitonic network) merged with the buffer's by a second `tl.topk` on the two joined, and
-   a tile holding nothing above the buffer's last key skips both. From the sorted buffer:
-   - top-k with k <= CANDIDATES: the k-th largest logit is the buffer's k-th, exactly (-inf
-     when the row holds fewer than k logits, which keeps the whole row);
-   - top-p: when every survivor of the cut so far (min_p, top-k) is in the buffer (the row
-     has at most CANDIDATES logits, or the buffer's last lies below the cut), the mass at or
-     above each buffered logit ([CANDIDATES, CANDIDATES] compare-and-sum, ties included)
-     against top_p times the survivors' total gives the cut: the largest buffered logit
-     whose mass reaches the target. With no cut before top-p the total is the streamed one,
-     and any buffered logit strictly above the last has its exact mass: if one reaches the
-     target, the largest such is the cut.
-   A row the buffer settles (the usual case: k up to 128, a nucleus of up to about 127
-   tokens) is read once in all.
-2. The search, for what the buffer cannot settle (k > CANDIDATES, top-p over a wider
-   nucleus or after a cut that ties past the buffer's end): a radix search for the largest
-   threshold whose weight W(t) (count, or mass, of the logits >= t) reaches the target, on
-   the order-preserving integer image of float32,
-       key(x) = (bits ^ 0x7FFFFFFF if bits < 0 else bits) + 2**31   in [0, 2**32), int64,
-   with -0.0 mapped to +0.0 first so that keys compare exactly as the floats do. A pass
-   reads the row once and measures W at the 16 thresholds `prefix + c * 2**shift`,
-   c = 0..15, as a [BLOCK, 16] compare-and-sum (4 bits of the answer per pass); the digit is
-   how many of c = 1..15 still reach the target. The search starts at the first digit where
-   the smallest and largest candidate keys differ, and stops early once the answer's mask
-   is decided:
-   - top-k: when exactly k logits lie at or above the chosen bin's low end, that low end
-     keeps exactly the top k (no logit lies between it and the k-th largest);
-   - top-p: when the chosen bin holds a single logit, that logit is the threshold (W only
-     steps at logit values), and the bin's low end keeps the same set.
-   The mask `logits >= t` is then identical to the one at the exact k-th value; the
-   threshold written may be that low end rather than a logit.
-
-Passes over each [V] row (reads of the [rows, V] float32 logits; `reads=` counts them per
-row, for tests):
-- 1 streaming pass (the statistics, and the buffer for top-k/top-p), when any of min_p,
-  top-k, top-p is on;
-- only when the buffer does not settle the row: top-k at most 8 search passes (4 bits each
-  of the 32-bit key), top-p at most 8, the first also summing the total mass; fewer when
-  the candidate keys share leading digits or the early stop hits;
-- APPLY: one more read and one write.
-Rows whose filters (min_p, top-k, top-p) are all off read their parameters and exit.
-The search's cost: 4 bits per pass costs 16 compares and sums per element, which stays
-under the memory time on an H100-class GPU, and halves the reads of 2 bits per pass (the
-PyTorch backend's choice, where every sum is a separate fused loop). The buffer's: about
-two bitonic top-k networks per 1,024-element tile; whether that beats the search's reads
-(from L2 for small batches) is measured by `perf/gpu_check.py` (candidates 128 against 0).
-
-Exactness: top-k compares integer counts, or reads the k-th key, so its mask is exact. top-p
-sums float32 masses (tl.exp may differ from torch's exp in the last bit, and the summation
-order differs from the PyTorch backend's, and between the buffer and the search), so the
-masks can differ only where the mass of some candidate set is within float32 rounding of
-top_p * total. The sums are monotone in the threshold (float
-addition is monotone), so the digit choice is consistent. NaN logits are neither counted nor
-masked (rows holding them are outside these semantics, as in the PyTorch backend).
+Each row's cut goes to `threshold[row]` (keep `logits >= threshold`, -inf when every filter
+is off); with APPLY the logits below it become -inf in place, without it the sampling kernel
+applies the cut on the fly and no mask is ever written. The semantics are exactly the PyTorch
+stage's (graphsafe_sampler/stages/top_k_top_p.py). The key idea: one streaming pass keeps
+the row's CANDIDATES (128) largest logits in a sorted buffer, which settles the usual row (k
+up to 128, a nucleus of up to about 127 tokens) in one read; what it cannot settle falls to
+a radix search on float32's order-preserving integer image, 4 bits a pass. The buffer, the
+search, the min_p fold, the reads per row and the exactness: docs/kernels.md, top-k/top-p.
 """
 
 from __future__ import annotations
@@ -123,7 +53,11 @@ def _largest_key_reaching(
 ):
     """(the largest key t with W(t) >= target, the passes over the row it took), W(t) = count
     (or mass) of logits with key >= t; searched from the digits where lo_key and hi_key first
-    differ. See the module docstring."""
+    differ. Each pass reads the row once and measures W at prefix + c * 2**s, c = 0..15 (4
+    bits of the answer); the digit is how many of c = 1..15 still reach the target. It stops
+    early once the mask is decided: top-k when exactly k logits lie at or above the chosen
+    bin's low end, top-p when the chosen bin holds a single logit (docs/kernels.md,
+    top-k/top-p)."""
     digits = tl.arange(0, 16)
     diff = lo_key ^ hi_key
     # tensors, not Python ints: they are carried through data-dependent while loops
@@ -195,6 +129,8 @@ def _top_k_top_p_kernel(
     CANDIDATES: tl.constexpr,  # the buffer's shape: a power of two <= BLOCK_SIZE
     BLOCK_SIZE: tl.constexpr,
 ):
+    """One row's cut: stage 1, the candidate buffer; stage 2, the search, only where the
+    buffer cannot settle the row (docs/kernels.md, top-k/top-p)."""
     row = tl.program_id(0)
     slot = tl.load(slots_ptr + row)
     k = tl.load(top_k_ptr + slot)
@@ -206,6 +142,7 @@ def _top_k_top_p_kernel(
         min_p = tl.load(min_p_ptr + slot).to(tl.float32)
     threshold = tl.full((), float("-inf"), tl.float32)
     reads = tl.zeros((), tl.int32)
+    # rows whose filters (min_p, top-k, top-p) are all off read their parameters and exit
     if k_on | p_on | (min_p != 0.0):
         row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
         # The one pass every filtered row makes: min, max, NaN count and, for top-k/top-p,

@@ -1,7 +1,7 @@
 """Counter-based RNG: bit-exact known answers, purity, statistics, torch.compile parity.
 
 The known answers come from a pure-Python re-implementation of the algorithm in
-`graphsafe_sampler/rng.py`'s docstring (below, `ref_*`), never from the module itself;
+docs/kernels.md, the RNG (below, `ref_*`), never from the module `graphsafe_sampler/rng.py`;
 the frozen literals in `KNOWN_HASHES` are what a Triton kernel must reproduce.
 
 Statistical tests use fixed seeds and reject at p < 1e-3, so they are deterministic. Power:

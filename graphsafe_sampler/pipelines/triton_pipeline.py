@@ -1,32 +1,14 @@
 """The Triton backend: the step through the kernels of kernels/ (their `torch.library`
 ops), on the same stage tables as the PyTorch backend.
 
-Per step, on a fresh float32 copy `x` of the logits ([num_rows, V]):
-
-1. bad words: the PyTorch scatter of `stages/bad_words.py` (sparse: a few tokens a row);
-2. `process_logits`: logit bias, min_tokens, allowed ids, the grammar bitmask, penalties and
-   temperature in one pass, in place (1 read + 1 write of `x`);
-3. min_p: folded into step 4's cut (its statistics pass has the row max), so never written;
-   with custom argmax-invariant processors, which must see min_p's mask, `apply_min_p` in
-   place (2 reads + 1 write), then those processors (PyTorch);
-4. top-k/top-p: `top_k_top_p_threshold` writes each row's cut ([num_rows] float32) without
-   touching `x` (1 read when its 128-logit candidate buffer settles the row, else the
-   search's passes too); only where the caller asks for the mask (the `processed_*`
-   logprobs modes, speculative decoding) does `apply_top_k_top_p` write it;
-5. `sample_tokens`: greedy argmax or the Gumbel-max race on `rng.py`'s uniforms, the cut
-   applied on the fly (1 read);
-6. logprobs: `compute_logprobs` (1 read of the source, no [num_rows, V] log-softmax);
-7. the commit: `commit_history` (counts with their overflow table, the bad-words ring,
-   `num_generated`) when no other slot state needs a commit hook, else `BatchState.commit`.
-
-Same semantics as the PyTorch backend, tested side by side: greedy tokens and the uniforms
-are bit-identical, processed logits equal to float32 rounding, and random tokens equal
-except where two candidates' perturbed logits tie within the Gumbel transform's last-bit
-rounding (the kernel's log1p is a few ulp from libm's).
-
-Custom processors that are not argmax-invariant run between logit bias and the penalties, in
-the middle of the fused pass: with any of them configured, steps 1-4 run the PyTorch
-pipeline's `process` and only sampling, logprobs and the commit use kernels.
+The key idea: write as little of [num_rows, V] as possible. One kernel does logit bias,
+min_tokens, the bitmasks, penalties and temperature in one pass, in place; min_p and
+top-k/top-p become one per-row cut that the sampling kernel applies on the fly (the mask is
+written only where a caller needs it); logprobs need no log-softmax. Same semantics as the
+PyTorch backend, tested side by side. With a custom processor that is not argmax-invariant
+(it runs in the middle of the fused pass), processing is the PyTorch pipeline's and only
+sampling, logprobs and the commit use kernels. The steps with their reads and writes, and
+where the backends' results may differ: docs/kernels.md, the Triton step.
 """
 
 from __future__ import annotations

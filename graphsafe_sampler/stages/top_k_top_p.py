@@ -1,50 +1,14 @@
 """top-k and top-p filtering (step 8), exact, without sorting the vocabulary.
 
-Semantics, per row:
-- top-k (`top_k` <= 0 or >= V is off): keep every token whose logit is >= the k-th largest
-  logit, ties at the boundary included. A row with fewer finite logits than k has -inf as
-  its k-th largest value and loses nothing.
-- top-p (`top_p` >= 1 is off), on the top-k survivors renormalised: keep every token with
-  probability >= t, where t is the largest value such that the tokens with probability >= t
-  hold at least `top_p` of the mass. Ties are kept and the row's maximum always survives.
-Masked tokens become -inf.
-
-Both filters are threshold searches: find the largest float32 threshold t whose weight
-W(t) (of the tokens with logit >= t) reaches a target. For top-k, W counts tokens and the
-target is k; for top-p, W sums the unnormalised masses exp(l - l_max) of the top-k survivors
-and the target is top_p times their total. W only grows as t falls, so t can be found one
-digit at a time, most significant first, in an order-preserving integer image of float32:
-`ordered = bits if bits >= 0 else bits ^ 0x7FFFFFFF` for the float's bits read as int32, so
-that a < b as floats exactly when ordered(a) < ordered(b) as int32 (-0.0 sits just below
-+0.0), and the map is its own inverse.
-
-The algorithm: a radix search over those 32 bits, `_BITS_PER_PASS` = 2 bits per pass. A pass
-measures W at the 3 smallest thresholds with the next digit = 1, 2, 3 (3 masked sums over
-the row, fused into one loop; they compare `logits >= candidate` as floats, the candidates
-being made on [num_rows, 1] tensors, so no token is bit-cast); the digit is how many of them
-still reach the target. Branch-free: every row pays the same work whether its filters are on
-or off.
-
-Passes over [num_rows, V] under torch.compile: 16 for top-k (one of them also takes the row
-max), 16 for top-p (the first also writes the survivors' masses and sums their total), and 1
-writing the mask: 33 in all, each one fused loop. Prototypes of the alternatives, compiled on
-CPU for [64, 128256] LLM-like logits: 1 bit per pass (64 passes of one masked sum) took ~1.8x
-as long; 4 bits per pass (15 sums per pass) is compute-bound, ~2x slower and ~3x slower to
-compile; digit histograms with `scatter_add_` fall back to eager scatter in inductor (~90 ms
-per histogram alone). Eager, every masked sum is its own full-size ops, so uncompiled on CPU
-this is about as slow as a full sort: compile it.
-
-Exactness: top-k is exact (integer counts). top-p sums float32 masses, in another order than
-a float64 sort-and-cumsum reference; the two can disagree only where the mass of some
-candidate set lies within float32 rounding of `top_p * total` (either answer is then right
-up to rounding). The sums are monotone in the threshold (same order, non-negative terms), a
-threshold at the top-k boundary always reaches the target (its sum is the total itself), and
-the row max always survives, whatever top_p (even 0) and rounding do.
-
-Edges of the integer image: thresholds above +inf are NaN bit patterns, which compare false,
-so nothing reaches them (right: no token is above +inf); thresholds below -inf are clamped
-to -inf. Compared as floats, -0.0 and +0.0 are one value, as in the float references. NaN
-logits are neither counted nor masked; rows holding them are outside these semantics.
+top-k (`top_k` <= 0 or >= V is off) keeps every token whose logit is >= the k-th largest,
+ties included; top-p (`top_p` >= 1 is off), on the top-k survivors renormalised, keeps every
+token with probability >= t, t the largest value whose kept tokens hold `top_p` of the mass
+(ties kept, the row max always survives). Masked tokens become -inf. The key idea: both are
+threshold searches for the largest float32 t whose weight W(t) (count, or mass, of the
+tokens >= t) reaches a target, done as a branch-free radix search on float32's
+order-preserving integer image, 2 bits a pass, each pass masked sums that torch.compile fuses
+into one loop (uncompiled it is about as slow as a full sort: compile it). The semantics in
+full, the passes, the alternatives measured and the exactness: docs/kernels.md, top-k/top-p.
 """
 
 from __future__ import annotations
@@ -64,7 +28,11 @@ _ORDERED_NEG_INF = -0x00800000 ^ 0x7FFFFFFF
 
 
 def _ordered_int(values: torch.Tensor) -> torch.Tensor:
-    """float32 -> int32 with the same order (its own inverse: see `_ordered_value`)."""
+    """float32 -> int32 with the same order (its own inverse: see `_ordered_value`).
+
+    `ordered = bits if bits >= 0 else bits ^ 0x7FFFFFFF`: a < b as floats exactly when
+    ordered(a) < ordered(b) as int32 (-0.0 sits just below +0.0).
+    """
     bits = values.contiguous().view(torch.int32)
     return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
 
@@ -84,6 +52,12 @@ def _largest_threshold(
 
     weight_at_or_above(t [num_rows, 1] float32) -> [num_rows, 1] must not shrink as t falls.
     Where no t reaches the target, the answer is -inf's image (keep everything).
+
+    A radix search, `_BITS_PER_PASS` bits a pass from the top: a pass measures the weight at
+    the 3 smallest thresholds whose next digit is 1, 2, 3 (3 masked sums fused into one loop,
+    comparing as floats against candidates made on [num_rows, 1] tensors, so no token is
+    bit-cast); the digit is how many of them still reach the target. Branch-free: every row
+    pays the same work whether its filters are on or off.
     """
     # The answer + 2**31, in [0, 2**32), built from the top digit down; int64 so that the
     # arithmetic never wraps and each candidate converts to int32 exactly.
@@ -100,7 +74,11 @@ def _largest_threshold(
 
 
 def _offset_to_ordered(offset: torch.Tensor) -> torch.Tensor:
-    """int64 in [0, 2**32) -> int32 ordered image, negative NaNs clamped to -inf."""
+    """int64 in [0, 2**32) -> int32 ordered image, negative NaNs clamped to -inf.
+
+    Thresholds above +inf are NaN bit patterns, left as they are: they compare false, so
+    nothing reaches them (no token is above +inf). Thresholds below -inf become -inf.
+    """
     # Inlined into every one of the 33 loops, 3 times each: inductor's codegen time grows with
     # those ops (a 14-op version of this conversion took 44 s to compile instead of 33 s).
     return (offset + _INT32_MIN).clamp(min=_ORDERED_NEG_INF).to(torch.int32)
