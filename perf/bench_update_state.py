@@ -21,10 +21,10 @@ import torch
 
 from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.batch_update import BatchUpdate
-from graphsafe_sampler.bench.workload import RefillingBatchDriver
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.stages import BUILTIN_LOGITS_PROCESSORS
+from graphsafe_sampler.testing import BatchDriver, refill
 
 MAX_NUM_REQS = 256
 CHURN = 0.1
@@ -107,12 +107,14 @@ def test_update_state(
     benchmark, one_torch_thread: int, vocab_size: int, with_processors: bool
 ) -> None:
     state, processors = make_state(vocab_size, with_processors)
-    driver = RefillingBatchDriver(
+    driver = BatchDriver(
         state.config,
         seed=0,
         make_params=realistic_params,
         churn=CHURN,
         max_prompt_len=MAX_PROMPT_LEN,
+        joins=refill,
+        condense=0.0,
     )
     # Untimed: fill the empty batch to 256 requests in one update.
     state.update(driver.next_update())

@@ -6,7 +6,8 @@ requests with mixed `SamplingParams` through a continuous-batching loop, vLLM st
 - the engine (host code, outside the compiled step) admits arriving requests into free rows
   of a persistent batch, prefills their KV cache, drops finished ones (max_tokens reached,
   EOS or a stop token) and condenses the batch by moving the last rows into the holes; every
-  change goes to the sampler as one `BatchUpdate` (`BatchUpdateBuilder` -> `update_state`);
+  change goes to the sampler as one `BatchUpdate` (the one `BatchDriver` of
+  graphsafe_sampler.testing keeps the batch -> `update_state`);
 - one decode step is `model(input_ids, kv_slots, positions)` + `sampler(logits)`, one
   function (`decode_step`) run eagerly, compiled with `torch.compile(fullgraph=True)`, and on
   CUDA also captured as one `torch.cuda.CUDAGraph` per padded batch-size bucket and replayed;

@@ -1,10 +1,12 @@
 """The demo's engine: vLLM-style continuous batching on the host, around a step runner.
 
-`Engine` keeps the persistent batch (which request holds which row and KV slot), admits
-arriving requests and prefills their KV cache, finishes requests (max_tokens, EOS, stop
-tokens) and condenses the batch, and sends every change to the sampler as one `BatchUpdate`.
-Each step it stages the rows' inputs in `DecodeInputs`, runs the step for the batch's
-bucket and reads the tokens back. A run's tokens, finish reasons and timings, with the
+`Engine` admits arriving requests (a KV slot each, their KV cache prefilled) and serves them
+until they finish (max_tokens, EOS, stop tokens). The persistent batch itself (which request
+holds which row, condensing, the `BatchUpdate` the sampler gets each step) is the one
+`BatchDriver` of graphsafe_sampler.testing, with the serving loop's policy: no random joins
+or leaves, requests leave when they finish, the batch is always condensed. Each step the
+engine stages the rows' inputs in `DecodeInputs`, runs the step for the batch's bucket and
+reads the tokens back. A run's tokens, finish reasons and timings, with the
 host-side checks that failed (min_tokens, bad words), make a `RunResult`. The step itself
 is the runner's business (`runners.py`); the engine never looks inside it.
 """
@@ -16,27 +18,20 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from graphsafe_sampler.batch_update import BatchUpdateBuilder, MoveDirectionality
 from graphsafe_sampler.demo.requests import DemoRequest
 from graphsafe_sampler.demo.runners import DecodeInputs, StepRunner
 from graphsafe_sampler.examples.tiny_decoder import TinyDecoder
 from graphsafe_sampler.sampler import Sampler
+from graphsafe_sampler.testing.batch_driver import BatchDriver, DriverRequest, no_joins
 
 
-@dataclass
-class _Running:
-    request: DemoRequest
-    kv_slot: int
-    output_token_ids: list[int] = field(default_factory=list)
-
-    @property
-    def next_input(self) -> tuple[int, int]:
-        """(token, position) the next decode step feeds: the newest token of the sequence."""
-        prompt, output = self.request.prompt_token_ids, self.output_token_ids
-        token = output[-1] if output else prompt[-1]
-        return token, len(prompt) + len(output) - 1
+def _next_input(req: DriverRequest) -> tuple[int, int]:
+    """(token, position) the next decode step feeds: the newest token of the sequence."""
+    prompt, output = req.prompt_tok_ids or [], req.output_tok_ids
+    token = output[-1] if output else prompt[-1]
+    return token, len(prompt) + len(output) - 1
 
 
 @dataclass
@@ -69,10 +64,10 @@ class RunResult:
 class Engine:
     """Host-side continuous batching over a persistent batch of `max_num_reqs` rows.
 
-    Rows [0, batch_size) hold requests, vLLM style: a finished request frees its row
-    (`removed_append`), an arriving one takes the lowest freed row (`pop_removed`) or the
-    end of the batch, and the last rows move into the holes left (`UNIDIRECTIONAL` moves).
-    Requests own a KV slot for life; slots are handed out lowest first.
+    Rows [0, batch_size) hold requests, vLLM style (`driver`): a finished request frees its
+    row, an arriving one takes the lowest freed row or the end of the batch, and the last
+    rows move into the holes left. Requests own a KV slot for life; slots are handed out
+    lowest first.
     """
 
     def __init__(
@@ -97,11 +92,20 @@ class Engine:
         self.inputs = inputs
         self.runner = runner
         self.buckets = sorted(buckets)
-        self.max_num_reqs = sampler.config.max_num_reqs
         self.eos_token_id = sampler.config.eos_token_id
-        self.rows: list[_Running | None] = [None] * self.max_num_reqs
+        # The serving loop's policy: only arrivals join, only finished requests leave, and
+        # the batch is condensed and reported as vLLM's InputBatch does.
+        self.driver = BatchDriver(
+            sampler.config,
+            churn=0.0,
+            joins=no_joins,
+            finish=True,
+            max_swaps=0,
+            condense=1.0,
+            pop_removed=True,
+        )
         self.free_kv_slots = list(range(model.config.num_kv_slots))
-        self.builder = BatchUpdateBuilder()
+        self.kv_slots: dict[int, int] = {}  # request_id -> KV slot
 
     def bucket_for(self, batch_size: int) -> int:
         return next(b for b in self.buckets if b >= batch_size)
@@ -114,48 +118,29 @@ class Engine:
                 f"at least 1) + max_tokens ({request.max_tokens}) must fit the KV cache's "
                 f"max_seq_len = {self.model.config.max_seq_len}"
             )
-        row = self.builder.pop_removed()
-        if row is None:
-            row = self.rows.index(None)  # the batch is dense: the first empty row is its end
         kv_slot = heapq.heappop(self.free_kv_slots)
         # All prompt tokens but the last: the decode step feeds that one (see tiny_decoder).
         self.model.prefill(kv_slot, request.prompt_token_ids[:-1])
-        running = _Running(request, kv_slot)
-        self.rows[row] = running
-        # output_token_ids is the live list the engine appends to (vLLM's contract).
-        self.builder.added.append(
-            (row, request.params, list(request.prompt_token_ids), running.output_token_ids)
+        self.kv_slots[request.request_id] = kv_slot
+        prompt = list(request.prompt_token_ids)
+        req = DriverRequest(
+            request.params, prompt, max_tokens=request.max_tokens, request_id=request.request_id
         )
+        self.driver.add(req)
 
-    def _condense(self) -> int:
-        """Move the last requests into the holes; returns the batch size."""
-        while (hole := self.builder.peek_removed()) is not None:
-            last = max((r for r, q in enumerate(self.rows) if q is not None), default=-1)
-            if last < hole:
-                break  # the remaining holes are past the end of the batch
-            self.builder.pop_removed()
-            self.rows[hole], self.rows[last] = self.rows[last], None
-            self.builder.moved.append((last, hole, MoveDirectionality.UNIDIRECTIONAL))
-        return sum(q is not None for q in self.rows)
-
-    def _finish_reason(self, running: _Running, token: int, violations: list[str]) -> str | None:
-        params, output = running.request.params, running.output_token_ids
-        rid = running.request.request_id
-        for word in params.bad_words_token_ids or ():
-            if output[-len(word) :] == word:
-                violations.append(f"request {rid} completed bad word {word}")
-        is_eos = token == self.eos_token_id
-        is_stop = token in (params.stop_token_ids or ())
-        if (is_eos or is_stop) and len(output) <= params.min_tokens:
+    def _violations(self, req: DriverRequest, token: int) -> list[str]:
+        """What the sampler should have prevented, seen in the token just appended."""
+        params, output, rid = req.params, req.output_tok_ids, req.request_id
+        found = [
+            f"request {rid} completed bad word {word}"
+            for word in params.bad_words_token_ids or ()
+            if output[-len(word) :] == word
+        ]
+        stops = token == self.eos_token_id or token in (params.stop_token_ids or ())
+        if stops and len(output) <= params.min_tokens:
             # The token was generated while fewer than min_tokens outputs existed.
-            violations.append(f"request {rid} produced stop/EOS token {token} before min_tokens")
-        if is_stop:
-            return "stop"
-        if is_eos and not params.ignore_eos:
-            return "eos"
-        if len(output) >= running.request.max_tokens:
-            return "length"
-        return None
+            found.append(f"request {rid} produced stop/EOS token {token} before min_tokens")
+        return found
 
     def run(self, stream: Sequence[DemoRequest], num_steps: int, mode: str) -> RunResult:
         """Serve `stream` for `num_steps` decode steps (timed as a whole)."""
@@ -169,27 +154,28 @@ class Engine:
         num_tokens = 0
         start = time.perf_counter()
         for step in range(num_steps):
-            while pending and pending[0].arrival_step <= step and None in self.rows:
+            while pending and pending[0].arrival_step <= step and self.driver.free_rows():
                 self._admit(pending.popleft())
-            batch_size = self._condense()
-            update = self.builder.get_and_reset(batch_size)
-            if update is not None:
+            update = self.driver.next_update()
+            if update.removed or update.added or update.moved:
                 batch_changes.update(
                     added=len(update.added), removed=len(update.removed), moved=len(update.moved)
                 )
-            self.sampler.update_state(update)
+                self.sampler.update_state(update)
+            else:
+                self.sampler.update_state(None)  # vLLM's "no change"
+            batch_size = update.batch_size
             if batch_size == 0:
                 transcript.append(())
                 continue
-            running = [r for r in self.rows[:batch_size] if r is not None]
-            if len(running) != batch_size:
-                raise RuntimeError(f"rows [0, {batch_size}) are not all occupied after condensing")
+            # Condensed: rows [0, batch_size) all hold requests.
+            running = [r for r in self.driver.rows[:batch_size] if r is not None]
             bucket = self.bucket_for(batch_size)
-            tokens_positions = [r.next_input for r in running]
+            tokens_positions = [_next_input(r) for r in running]
             t0 = time.perf_counter()
             self.inputs.stage(
                 [t for t, _ in tokens_positions],
-                [r.kv_slot for r in running],
+                [self.kv_slots[r.request_id] for r in running],
                 [p for _, p in tokens_positions],
             )
             # The engine's host read: it needs the tokens to detokenize and to stop requests.
@@ -197,19 +183,15 @@ class Engine:
             step_seconds.append(time.perf_counter() - t0)
             bucket_steps[bucket] += 1
             num_tokens += batch_size
-            transcript.append(
-                tuple(
-                    sorted((r.request.request_id, t) for r, t in zip(running, tokens, strict=True))
-                )
-            )
-            for row, (r, token) in enumerate(zip(running, tokens, strict=True)):
-                r.output_token_ids.append(token)
-                reason = self._finish_reason(r, token, violations)
-                if reason is not None:
-                    finished[r.request.request_id] = reason
-                    self.rows[row] = None
-                    heapq.heappush(self.free_kv_slots, r.kv_slot)
-                    self.builder.removed_append(row)
+            pairs = list(zip(running, tokens, strict=True))
+            transcript.append(tuple(sorted((r.request_id, t) for r, t in pairs)))
+            # Appends the tokens; a request that finishes leaves its row (in the next update).
+            self.driver.record_tokens(tokens)
+            for r, token in pairs:
+                violations.extend(self._violations(r, token))
+                if r.finish_reason is not None:
+                    finished[r.request_id] = r.finish_reason
+                    heapq.heappush(self.free_kv_slots, self.kv_slots.pop(r.request_id))
         seconds = time.perf_counter() - start
         return RunResult(
             mode=mode,

@@ -3,6 +3,10 @@
 from graphsafe_sampler.testing import check_graph_safety
 report = check_graph_safety(MyProcessor(config, device, False), num_steps=50)
 
+`BatchDriver` (batch_driver.py) is the one host-side model of a persistent batch and its
+`BatchUpdate`s: random churn for the tests, the benchmarks' full batch (`refill`), the demo's
+serving loop (`no_joins`, `finish=True`) and the GPU check.
+
 `StateTensors`, `MakeFxReplayer` and `CudaGraphReplayer` (replay.py) are the one state
 snapshot and the replayers of a step captured once; `perf/gpu_check.py` uses them too.
 """
@@ -10,7 +14,12 @@ snapshot and the replayers of a step captured once; `perf/gpu_check.py` uses the
 from graphsafe_sampler.testing.batch_driver import (
     BatchDriver,
     DriverRequest,
+    Joins,
+    no_joins,
+    random_joins,
     random_sampling_params,
+    refill,
+    stop_reason,
 )
 from graphsafe_sampler.testing.graph_safety import (
     GraphSafetyReport,
@@ -33,12 +42,17 @@ __all__ = [
     "DriverRequest",
     "GraphSafetyError",
     "GraphSafetyReport",
+    "Joins",
     "MakeFxReplayer",
     "StateTensors",
     "SyncOpDetector",
     "assert_no_sync",
     "check_graph_safety",
     "default_logits",
+    "no_joins",
+    "random_joins",
     "random_sampling_params",
+    "refill",
     "state_fingerprint",
+    "stop_reason",
 ]

@@ -154,38 +154,26 @@ Replayer = CudaGraphReplayer | MakeFxReplayer | CompiledReplayer
 MakeReplayer = Callable[[StepFn, tuple[torch.Tensor, ...], StateTensors], Replayer]
 
 
-class _Engine:
-    """The engine side of the replay check: one driver's updates and grammar bitmasks,
-    applied to every sampler alike. A RejectionSampler gets one mask per verified position
-    ([rows, S + 1, words]), staged through its own `stage_grammar_bitmask`."""
-
-    def __init__(self, driver: BatchDriver, samplers: Sequence[Target], seed: int) -> None:
-        self.driver = driver
-        self.samplers = samplers
-        self.rng = np.random.default_rng(seed)
+def update_alike(samplers: Sequence[Target], driver: BatchDriver, rng: np.random.Generator) -> None:
+    """The engine's side of a step, the same for every sampler: the driver's next update,
+    then a random grammar bitmask (cleared 1 time in 10, staged on a few random rows 4 in
+    10). A RejectionSampler gets one mask per verified position ([rows, S + 1, words])."""
+    update = driver.next_update()
+    for sampler in samplers:
+        sampler.update_state(update)
+    config, draw = samplers[0].config, rng.random()
+    if draw < 0.1:
+        for sampler in samplers:
+            sampler.stage_grammar_bitmask(None)
+    elif draw < 0.5:
+        size = int(rng.integers(1, max(2, config.max_num_reqs // 4) + 1))
+        rows = sorted(rng.choice(config.max_num_reqs, size=size, replace=False).tolist())
         spec = getattr(samplers[0], "max_spec_len", None)
-        self.positions: tuple[int, ...] = () if spec is None else (spec + 1,)
-
-    def update(self) -> None:
-        update = self.driver.next_update()
-        for sampler in self.samplers:
-            sampler.update_state(update)
-        self._stage_grammar()
-
-    def _stage_grammar(self) -> None:
-        config = self.samplers[0].config
+        positions = () if spec is None else (spec + 1,)
         words = (config.vocab_size + 31) // 32
-        draw = self.rng.random()
-        if draw < 0.1:
-            for sampler in self.samplers:
-                sampler.stage_grammar_bitmask(None)
-        elif draw < 0.5:
-            size = int(self.rng.integers(1, max(2, config.max_num_reqs // 4) + 1))
-            rows = sorted(self.rng.choice(config.max_num_reqs, size=size, replace=False).tolist())
-            shape = (len(rows), *self.positions, words)
-            bits = self.rng.integers(-(2**31), 2**31, size=shape, dtype=np.int64)
-            for sampler in self.samplers:
-                sampler.stage_grammar_bitmask(bits.astype(np.int32), rows=rows)
+        bits = rng.integers(-(2**31), 2**31, size=(len(rows), *positions, words), dtype=np.int64)
+        for sampler in samplers:
+            sampler.stage_grammar_bitmask(bits.astype(np.int32), rows=rows)
 
 
 class StepInputs:
@@ -270,9 +258,9 @@ def replay_check(
     if isinstance(replayed, RejectionSampler):
         result["max_spec_len"] = replayed.max_spec_len
     driver = BatchDriver(config, seed=seed, make_params=all_feature_params, churn=0.25)
-    engine = _Engine(driver, (replayed, eager), seed)
+    grammar_rng = np.random.default_rng(seed)
     inputs = make_inputs(config, device, seed)
-    engine.update()
+    update_alike((replayed, eager), driver, grammar_rng)
     state, twin_state = StateTensors(replayed), StateTensors(eager)
     eager_fn = step_fn(eager)
 
@@ -289,7 +277,7 @@ def replay_check(
         if step >= min_steps and time.monotonic() > deadline:
             break
         if step:
-            engine.update()
+            update_alike((replayed, eager), driver, grammar_rng)
         moved = state.address_changes().names()
         if moved:
             fail("address_changes", f"step {step}: state tensors reallocated: {moved[:5]}")
