@@ -401,7 +401,10 @@ def test_markdown_table_ratios_to_floor_and_flashinfer() -> None:
 def test_compiled_bench_pass_compiles_once_for_every_rows_above_one(tmp_path: Path) -> None:
     # The file's one torch.compile: the compiled provider marks rows dynamic, so one program
     # serves every rows > 1 while each case reloads the sampler's state.
-    argv = ["--smoke-compile", "--rows", "2", "3", "--cases", "top_k", "--backends", "torch"]
+    # aot_eager: the compile logic (dynamic rows, one program, state reloaded per case)
+    # without inductor's code generation, a minute of CPU time cold
+    argv = ["--smoke-compile", "--compile-backend", "aot_eager", "--rows", "2", "3",
+            "--cases", "top_k", "--backends", "torch"]  # fmt: skip
     opts = _tiny_options(argv=argv)
     opts.out_dir = str(tmp_path)
     result = bench_part.run_bench_part(opts, time.monotonic() + 900)

@@ -188,10 +188,13 @@ def test_graph_safety_of_the_whole_sampler(backend: str) -> None:
         sampler.stage_grammar_bitmask(mask.astype(np.int32), rows=rows)
 
     # The interpreter runs each kernel in numpy, one program per row: fewer steps there.
-    num_steps = 14 if interpreted(backend, device) else 50
+    num_steps = 8 if interpreted(backend, device) else 50
+    # The suite's one inductor compile of the whole PyTorch Sampler (the CPU fast path); the
+    # Triton backend's kernels are opaque ops to inductor: Dynamo's checks suffice there.
     report = check_graph_safety(
-        sampler, num_steps=num_steps, seed=4, fn=lambda x: sampler(x), advance=advance
-    )
+        sampler, num_steps=num_steps, seed=4, fn=lambda x: sampler(x), advance=advance,
+        compile_backend="inductor" if backend == "torch" else "aot_eager",
+    )  # fmt: skip
     assert report.compile_frames == 1
 
 
@@ -518,7 +521,7 @@ def test_commit_mask_and_multi_token_commits_are_graph_safe() -> None:
         sampler.commit_tokens(drafts, num_tokens=num_tokens, commit_mask=keep)
         return out.sampled_token_ids, drafts
 
-    report = check_graph_safety(sampler, fn=step, num_steps=30, seed=8)
+    report = check_graph_safety(sampler, fn=step, num_steps=30, seed=8, compile_backend="aot_eager")
     assert report.compile_frames == 1
 
 

@@ -237,6 +237,7 @@ def check_graph_safety(
     make_logits: MakeLogits | None = None,
     advance: Advance | None = None,
     compile: bool = True,
+    compile_backend: str = "inductor",
     cuda_graph: bool | None = None,
 ) -> GraphSafetyReport:
     """Prove `fn` (default `target.apply` / `target.forward`) graph-safe over `num_steps`
@@ -249,6 +250,9 @@ def check_graph_safety(
         completed with the custom processors' `example_extra_args`.
     advance: called after each step with the driver and eager's output, e.g. to commit
         tokens; standalone slot processors get one that commits random tokens.
+    compile_backend: the `torch.compile` backend of rule 4. Graph breaks and recompiles are
+        Dynamo's, which every backend runs; "aot_eager" skips inductor's code generation (a
+        cold inductor compile of a whole sampler takes most of a minute on 2 cores).
     cuda_graph: also capture a real CUDA graph (default: when the target is on CUDA).
     """
     if not getattr(target, "graph_safe", True):
@@ -292,7 +296,7 @@ def check_graph_safety(
         from torch._dynamo.testing import CompileCounterWithBackend
 
         torch._dynamo.reset()
-        counter = CompileCounterWithBackend("inductor")
+        counter = CompileCounterWithBackend(compile_backend)
         compiled = torch.compile(fn, fullgraph=True, backend=counter)
 
     graph = None

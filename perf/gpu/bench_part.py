@@ -189,7 +189,7 @@ def _compiled_pass(
         if isinstance(sampler, str):
             continue
         if (vocab, k) not in compiled:
-            counter = CompileCounterWithBackend("inductor")
+            counter = CompileCounterWithBackend(opts.compile_backend)
             compiled[(vocab, k)] = (
                 torch.compile(sampler.forward, fullgraph=True, backend=counter),
                 counter,

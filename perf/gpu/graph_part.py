@@ -4,6 +4,7 @@ backend and logprobs mode, then `check_graph_safety` on the device) and the comp
 
 from __future__ import annotations
 
+import functools
 import time
 import traceback
 from collections.abc import Callable
@@ -177,7 +178,7 @@ def run_compiled_part(opts: Options, deadline: float) -> dict[str, Any]:
     try:
         check = replay_check(
             lambda: Sampler(config, device),
-            CompiledReplayer,
+            functools.partial(CompiledReplayer, backend=opts.compile_backend),
             steps=opts.steps,
             seed=opts.seed + 1,
             deadline=deadline,

@@ -111,6 +111,7 @@ class Options:
     skip: tuple[str, ...] = ()
     cpu_smoke: bool = False
     smoke_compile: bool = False
+    compile_backend: str = "inductor"
     in_process: bool = False
     steps: int = 120
     harness_steps: int = 30
@@ -180,6 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="CPU versions of the parts at tiny sizes (no GPU needed)")  # fmt: skip
     parser.add_argument("--smoke-compile", action="store_true",
                         help="with --cpu-smoke: also the compiled provider and check")  # fmt: skip
+    parser.add_argument("--compile-backend", default="inductor", choices=("inductor", "aot_eager"),
+                        help="the compiled provider's and check's torch.compile backend; aot_eager "
+                        "checks the compile logic without inductor's code generation (the CPU "
+                        "tests)")  # fmt: skip
     parser.add_argument("--in-process", action="store_true",
                         help="run the parts in this process (no subprocess, no kill on "
                         "timeout; for debugging)")  # fmt: skip
@@ -225,6 +230,7 @@ def options_from_args(ns: argparse.Namespace) -> Options:
         skip=tuple(ns.skip),
         cpu_smoke=ns.cpu_smoke,
         smoke_compile=ns.smoke_compile,
+        compile_backend=ns.compile_backend,
         in_process=ns.in_process,
         steps=pick("steps"),
         harness_steps=pick("harness_steps"),

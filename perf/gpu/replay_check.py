@@ -125,11 +125,17 @@ class CompiledReplayer:
     hand in a CUDA graph (what an engine does), elsewhere it is called every step (and must
     not recompile as the batch churns)."""
 
-    def __init__(self, fn: StepFn, example: tuple[torch.Tensor, ...], state: StateTensors) -> None:
+    def __init__(
+        self,
+        fn: StepFn,
+        example: tuple[torch.Tensor, ...],
+        state: StateTensors,
+        backend: str = "inductor",
+    ) -> None:
         from torch._dynamo.testing import CompileCounterWithBackend
 
         torch._dynamo.reset()
-        self.counter = CompileCounterWithBackend("inductor")
+        self.counter = CompileCounterWithBackend(backend)
         self.compiled = torch.compile(fn, fullgraph=True, backend=self.counter)
         snap = state.snapshot()
         start = time.perf_counter()
