@@ -24,8 +24,11 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy graphsafe_sampler kernels
 
+# One pytest-xdist worker per core (tests/conftest.py gives each one thread); worksteal,
+# since a few compile-heavy tests take a minute and most take milliseconds.
+PYTEST_WORKERS ?= auto
 pytest: venv
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
 test: lint typecheck pytest
 

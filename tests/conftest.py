@@ -29,9 +29,16 @@ import os
 # Triton kernels run through the numpy interpreter here (no GPU on CI). It must be set
 # before Triton is first imported; set TRITON_INTERPRET=0 to run them on a GPU.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# Under pytest-xdist (`make test` runs one worker per core) each worker takes one thread:
+# two workers of two OpenMP threads each on two cores spin against each other.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import random
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,8 +28,8 @@ from graphsafe_sampler.demo import (
     first_difference,
     prepare_engine,
     run_demo,
-    run_modes,
 )
+from graphsafe_sampler.demo import run as demo_run
 from graphsafe_sampler.examples.tiny_decoder import TinyDecoder, TinyDecoderConfig
 
 V = 101
@@ -187,20 +191,46 @@ def test_engine_rejects_what_does_not_fit() -> None:
         Engine(setup.model, engine.sampler, engine.inputs, engine.runner, (2,))
 
 
-def test_compiled_loop_matches_eager_and_compiles_once() -> None:
-    """The file's one torch.compile: a dynamic batch dimension serves both buckets, nothing
-    recompiles as requests join, leave and move, and every step's tokens equal eager's."""
-    options = _stream_options(modes=("eager", "compiled"))
-    results, setup = run_modes(options)
-    eager, compiled = results
-    assert first_difference(eager, compiled) is None
-    assert eager.transcript == compiled.transcript
-    assert compiled.compiles == 1
-    assert not eager.violations and not compiled.violations  # no recompile in the loop either
-    assert set(compiled.bucket_steps) == {2, 4}
-    assert compiled.batch_changes["moved"] > 0
-    assert sum(len(step) for step in compiled.transcript) == compiled.num_tokens > 0
-    assert len(compiled.finished) == len(setup.stream)
+def test_compiled_loop_matches_eager_and_compiles_once(tmp_path: Path) -> None:
+    """The file's one torch.compile, run as the command in its own process (its scalar C++
+    is a per-process setting of inductor's): a dynamic batch dimension serves both buckets,
+    nothing recompiles as requests join, leave and move, and every step's tokens equal
+    eager's."""
+    o = _stream_options()
+    report = tmp_path / "demo.json"
+    argv = [
+        "--steps", str(o.steps), "--max-num-reqs", str(o.max_num_reqs), "--buckets", "2,4",
+        "--vocab", str(o.vocab), "--hidden-size", str(o.hidden_size),
+        "--num-layers", str(o.num_layers), "--max-prompt-len", str(o.max_prompt_len),
+        "--max-tokens", str(o.max_tokens), "--seed", str(o.seed), "--device", "cpu",
+        "--modes", "eager,compiled", "--quiet", "--json", str(report),
+    ]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "graphsafe_sampler", "demo", *argv],
+        capture_output=True, text=True, timeout=540, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "note:" not in done.stderr  # the compile was scalar, as the command asks
+    result = json.loads(report.read_text(encoding="utf-8"))
+    assert result["identical"] and result["differences"] == []
+    eager, compiled = result["modes"]
+    assert (eager["mode"], compiled["mode"]) == ("eager", "compiled")
+    assert compiled["compiles"] == 1
+    assert eager["violations"] == [] and compiled["violations"] == []  # no recompile either
+    assert set(compiled["bucket_steps"]) == {"2", "4"}
+    assert compiled["batch_changes"]["moved"] > 0
+    assert compiled["num_tokens"] == eager["num_tokens"] > 0
+    assert sum(compiled["finished"].values()) == result["requests"]
+    assert "tokens identical: yes" in done.stdout
+
+
+def test_scalar_codegen_is_refused_once_something_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Inductor keeps its first CPU compile's choice for the process: changing the setting
+    # after that would only claim what it cannot do.
+    monkeypatch.setattr(demo_run, "compiled_graphs", lambda: 1)
+    before = torch._inductor.config.cpp.vec_isa_ok
+    assert demo_run.scalar_cpu_codegen() is False
+    assert torch._inductor.config.cpp.vec_isa_ok == before
 
 
 def test_first_difference_names_the_step() -> None:

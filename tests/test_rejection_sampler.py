@@ -167,7 +167,10 @@ def test_matches_reference_under_churn(backend: str) -> None:
     rows, words = config.max_num_reqs, num_words(V)
     greedy_checked = random_checked = accepted_total = 0
     outside_support = 0
-    for step in range(30):
+    # The interpreter runs each kernel in numpy: fewer steps there (the backends are also
+    # compared step by step, test_backends_emit_the_same_tokens_under_churn).
+    num_steps = 16 if interpreted(backend, device) else 30
+    for step in range(num_steps):
         sampler.update_state(driver.next_update())
         logits = torch.randn(rows, S + 1, V, generator=gen) * 3
         logits64 = logits.double().numpy()
@@ -242,7 +245,8 @@ def test_matches_reference_under_churn(backend: str) -> None:
             req = driver.rows[r]
             if req is not None:
                 req.output_tok_ids.extend(tokens[r][: a + 1])
-    assert greedy_checked > 30 and random_checked > 30 and accepted_total > 60
+    assert greedy_checked > num_steps and random_checked > num_steps
+    assert accepted_total > 2 * num_steps
     # float32 top-p/min_p cuts may keep a boundary token the float64 reference drops.
     assert outside_support <= 2
 
@@ -270,9 +274,9 @@ CHI_VOCAB, CHI_ROWS, CHI_STEPS = 29, 1024, 100  # 102,400 trials; later position
 
 @pytest.fixture(scope="module")
 def chi_square_rig() -> tuple[Sampler, RejectionSampler, Verify]:
-    """One compiled RejectionSampler for every chi-square case: each case swaps the whole
-    batch for new requests (graph-safe, so no recompile); eager, 100 steps of 4,096
-    flattened rows would take minutes per case here."""
+    """One RejectionSampler for every chi-square case; each case swaps the whole batch for
+    new requests. Eager: a step of 4,096 flattened rows takes about 40 ms here, less than
+    compiling it would cost (graph replay has tests of its own)."""
     # Small capacities for the features these rows leave off: the torch backend pays for
     # every capacity slot.
     config = gs.SamplerConfig(
@@ -282,7 +286,7 @@ def chi_square_rig() -> tuple[Sampler, RejectionSampler, Verify]:
     )  # fmt: skip
     sampler, rejection = _pair(config)
     sampler.update_state(None)
-    return sampler, rejection, torch.compile(rejection, fullgraph=True)
+    return sampler, rejection, rejection
 
 
 @pytest.mark.parametrize(

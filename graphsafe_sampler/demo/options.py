@@ -36,6 +36,7 @@ class DemoOptions:
     modes: tuple[str, ...] = ()
     simd: bool = False
     quiet: bool = False
+    json_path: str = ""
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace) -> DemoOptions:
@@ -179,4 +180,11 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--quiet", action="store_true", help="print only the summary table and the verdict"
+    )
+    parser.add_argument(
+        "--json",
+        dest="json_path",
+        metavar="PATH",
+        default="",
+        help="also write the summary as JSON to PATH, for scripts and CI",
     )

@@ -2,14 +2,17 @@
 
 `first_difference` compares two runs step by step; `print_summary` prints the set-up, a
 table of tokens/s and step times per mode, why requests finished, the failed checks and
-the verdict ("tokens identical: yes/no").
+the verdict ("tokens identical: yes/no"); `write_json` writes the same for a script (`--json`).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -91,3 +94,41 @@ def print_summary(
     for line in differences:
         print(line)
     print(f"tokens identical: {'no' if differences else 'yes'}")
+
+
+def write_json(
+    path: str,
+    options: DemoOptions,
+    stream: Sequence[DemoRequest],
+    results: Sequence[RunResult],
+    differences: Sequence[str],
+) -> None:
+    """The summary as JSON at `path` (schema 1): per mode its steps, tokens, timings,
+    compiles, steps per bucket, batch changes, finish reasons and failed checks; the first
+    difference of each mode from the first; and "identical"."""
+    modes: list[dict[str, Any]] = [
+        {
+            "mode": r.mode,
+            "steps": len(r.transcript),
+            "num_tokens": r.num_tokens,
+            "seconds": r.seconds,
+            "setup_seconds": r.setup_seconds,
+            "tokens_per_second": r.tokens_per_second,
+            "step_ms_median": statistics.median(r.step_seconds) * 1e3 if r.step_seconds else 0,
+            "compiles": r.compiles,
+            "bucket_steps": {str(b): n for b, n in sorted(r.bucket_steps.items())},
+            "batch_changes": dict(r.batch_changes),
+            "finished": dict(Counter(r.finished.values())),
+            "violations": list(r.violations),
+        }
+        for r in results
+    ]
+    report = {
+        "schema": 1,
+        "device": options.device,
+        "requests": len(stream),
+        "modes": modes,
+        "differences": list(differences),
+        "identical": not differences,
+    }
+    Path(path).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

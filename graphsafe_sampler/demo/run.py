@@ -22,7 +22,7 @@ import torch
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.demo.engine import Engine, RunResult
 from graphsafe_sampler.demo.options import DemoOptions
-from graphsafe_sampler.demo.report import first_difference, print_summary
+from graphsafe_sampler.demo.report import first_difference, print_summary, write_json
 from graphsafe_sampler.demo.requests import DemoRequest, make_request_stream
 from graphsafe_sampler.demo.runners import (
     DecodeInputs,
@@ -84,7 +84,7 @@ def build_setup(options: DemoOptions, modes: Sequence[str] = ("eager",)) -> Demo
     )
     compiled_step = None
     if any(mode != "eager" for mode in modes):
-        compiled_step = compile_decode_step(device, simd=options.simd)
+        compiled_step = compile_decode_step()
     model = TinyDecoder(model_config, device)
     return DemoSetup(options, device, model, sampler_config, stream, compiled_step)
 
@@ -157,20 +157,50 @@ def run_modes(options: DemoOptions) -> tuple[list[RunResult], DemoSetup]:
         return [run_mode(setup, mode) for mode in modes], setup
 
 
+def scalar_cpu_codegen() -> bool:
+    """Make inductor write scalar C++ for every later CPU compile in this process; False
+    (and nothing changed) if something was compiled already.
+
+    The sampler's exact top-k/top-p is a 33-pass search whose SIMD C++ is hundreds of kB,
+    most of a cold compile: measured on 2 cores with the demo's defaults, the whole run took
+    47 s scalar against 136 s SIMD, while the compiled step was 8.3 ms against 3.6 ms
+    (eager: 14.4 ms). Inductor settles the choice at its first CPU compile and keeps it for
+    the process (neither a per-call option nor a config patch changes it afterwards), so
+    this is a process-wide setting for the demo command's own process, never for a library
+    caller's.
+    """
+    if compiled_graphs():
+        return False
+    torch._inductor.config.cpp.vec_isa_ok = False
+    return True
+
+
 def run_demo(args: argparse.Namespace) -> int:
     """Run the demo with parsed `args` (from `add_demo_arguments`); returns the exit code:
     0 if every mode produced the same tokens and every check passed, 1 if not, 2 for bad
-    options (reported on stderr)."""
+    options (reported on stderr). The command's entry point: without --simd, a compiled
+    mode on CPU makes inductor's C++ scalar for the rest of the process
+    (`scalar_cpu_codegen`)."""
     try:
         options = DemoOptions.from_namespace(args)
-        options.resolved_modes(options.resolved_device())
+        device = options.resolved_device()
+        modes = options.resolved_modes(device)
     except (TypeError, ValueError) as exc:
         print(f"graphsafe-sampler demo: error: {exc}", file=sys.stderr)
         return 2
+    compiles_on_cpu = device.type == "cpu" and any(mode != "eager" for mode in modes)
+    if compiles_on_cpu and not options.simd and not scalar_cpu_codegen():
+        print(
+            "graphsafe-sampler demo: note: inductor compiled in this process before the demo, "
+            "so its C++ stays SIMD (the compile takes longer)",
+            file=sys.stderr,
+        )
     results, setup = run_modes(options)
     differences = [
         diff for r in results[1:] if (diff := first_difference(results[0], r)) is not None
     ]
     print_summary(options, setup.model, setup.stream, results, differences)
+    if options.json_path:
+        write_json(options.json_path, options, setup.stream, results, differences)
     failed = bool(differences) or any(r.violations for r in results)
     return 1 if failed else 0

@@ -72,19 +72,10 @@ class DecodeInputs:
         return self.device[0, :bucket], self.device[1, :bucket], self.device[2, :bucket]
 
 
-def compile_decode_step(device: torch.device, *, simd: bool = False) -> Callable[..., Any]:
-    """`decode_step` under `torch.compile(fullgraph=True)`.
-
-    On CPU, `simd=False` asks inductor for scalar C++ (a per-call option; nothing global
-    changes). The sampler's exact top-k/top-p is a 33-pass search, and its SIMD C++ is
-    hundreds of kB that take g++ most of the compile: measured cold on 2 cores with the
-    demo's defaults, the whole run took 47 s scalar against 136 s SIMD, while the compiled
-    step was 8.3 ms against 3.6 ms (eager: 14.4 ms). A one-minute demo wants the former.
-    """
-    options: dict[str, str | int | bool | Callable[..., Any]] | None = None
-    if device.type == "cpu" and not simd:
-        options = {"cpp.vec_isa_ok": False}
-    return torch.compile(decode_step, fullgraph=True, options=options)
+def compile_decode_step() -> Callable[..., Any]:
+    """`decode_step` under `torch.compile(fullgraph=True)`. How inductor writes its CPU C++
+    (SIMD or scalar) is a per-process setting: see `run.scalar_cpu_codegen`."""
+    return torch.compile(decode_step, fullgraph=True)
 
 
 def eager_runner(model: TinyDecoder, sampler: Sampler, inputs: DecodeInputs) -> StepRunner:
