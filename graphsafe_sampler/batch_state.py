@@ -84,7 +84,8 @@ def _check_tok_ids(what: str, ids: object, vocab_size: int) -> None:
 class BatchState:
     """Row -> slot map, slot allocation and the device-side generation history.
 
-    row_to_slot: staged [max_num_reqs] int32; `padding_slot` for empty rows.
+    row_to_slot: staged [max_num_reqs] int64 (the kernels' and gathers' index type, so
+        `slots` is a view); `padding_slot` for empty rows.
     num_generated: staged [num_slots] int32; tokens generated so far per slot (set from
         len(output_tok_ids) at add time, advanced on the device by `commit`).
     """
@@ -106,7 +107,7 @@ class BatchState:
         self.max_num_reqs = config.max_num_reqs
         self.padding_slot = config.padding_slot
         self.row_to_slot = self.staged(
-            "row_to_slot", (config.max_num_reqs,), torch.int32, fill=self.padding_slot
+            "row_to_slot", (config.max_num_reqs,), torch.int64, fill=self.padding_slot
         )
         self.num_generated = self.staged("num_generated", (config.num_slots,), torch.int32)
         # Lowest free slot first, so that a busy batch keeps its state compact.
@@ -296,11 +297,11 @@ class BatchState:
             slot_state.flush()
 
     def slots(self, num_rows: int) -> torch.Tensor:
-        """[num_rows] int64 slot of batch rows 0..num_rows-1 (graph-safe: a view plus a
-        cast, no host read)."""
+        """[num_rows] int64 slot of batch rows 0..num_rows-1 (graph-safe: a view, no host
+        read)."""
         if num_rows > self.max_num_reqs:
             raise ValueError(f"num_rows = {num_rows} exceeds max_num_reqs = {self.max_num_reqs}")
-        return self.row_to_slot.device[:num_rows].long()
+        return self.row_to_slot.device[:num_rows]
 
     @property
     def slot_states(self) -> tuple[SlotState, ...]:

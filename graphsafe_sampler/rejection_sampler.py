@@ -263,7 +263,7 @@ class RejectionSampler(nn.Module):
         processed = sampler.pipeline.process(x, flat_slots, grammar, flat_drafts, preceding)
         x = processed.logits.view(num_rows, num_positions, vocab)  # processed target logits
         greedy = processed.greedy_tokens().view(num_rows, num_positions)  # [num_rows, S + 1]
-        row_is_greedy = processed.is_greedy.view(num_rows, num_positions)[:, 0]  # [num_rows]
+        row_is_greedy = sampler.stages.temperature.is_greedy(slots)  # [num_rows]
 
         # Acceptance of each draft.
         sampling = sampler.stages.sampling

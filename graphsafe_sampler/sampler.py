@@ -217,7 +217,7 @@ class Sampler(nn.Module):
         processed = self.pipeline.process(
             x, slots, grammar, write_mask=k > 0 and mode.startswith("processed")
         )
-        tokens = self.pipeline.sample(processed, slots)  # [num_rows] int64
+        tokens = self.pipeline.sample(processed, slots)  # [num_rows] int32 or int64
         logprobs = None
         if k > 0:
             source = logits if mode.startswith("raw") else processed.logits

@@ -22,8 +22,8 @@ from .library import check_rows, check_table, inplace_op
 @triton.jit
 def _commit_history_kernel(
     slots_ptr,  # [num_rows] int64 row -> slot
-    token_ids_ptr,  # [num_rows] int64 the row's token
-    keep_ptr,  # [num_rows] bool: the row commits
+    token_ids_ptr,  # [num_rows] int32 or int64 the row's token
+    keep_ptr,  # [num_rows] bool: the row commits (HAS_KEEP; else every row)
     num_generated_ptr,  # [num_slots] int32, advanced
     counts_ptr,  # [num_slots, V] uint8, advanced (255 = saturated)
     overflow_token_ptr,  # [num_slots, E + 1] int32 (-1 = unused; column E the spare)
@@ -34,6 +34,7 @@ def _commit_history_kernel(
     window_len,  # L
     padding_slot,
     SATURATED: tl.constexpr,
+    HAS_KEEP: tl.constexpr,
     OVERFLOW_BLOCK: tl.constexpr,
 ):
     """Per row r with slot s = slots[r] and token t = token_ids[r], when keep[r] and s is not
@@ -56,7 +57,9 @@ def _commit_history_kernel(
     row = tl.program_id(0)
     slot = tl.load(slots_ptr + row)
     token = tl.load(token_ids_ptr + row)
-    commit = (tl.load(keep_ptr + row) != 0) & (slot != padding_slot)
+    commit = slot != padding_slot
+    if HAS_KEEP:
+        commit &= tl.load(keep_ptr + row) != 0
 
     # 1. penalties
     count_ptr = counts_ptr + slot * vocab_size + token
@@ -98,8 +101,8 @@ def _commit_history_kernel(
 
 def launch_commit_history(
     slots: torch.Tensor,  # [num_rows] int64
-    token_ids: torch.Tensor,  # [num_rows] int64
-    keep: torch.Tensor,  # [num_rows] bool
+    token_ids: torch.Tensor,  # [num_rows] int32 or int64
+    keep: torch.Tensor | None,  # [num_rows] bool, or None: every row
     num_generated: torch.Tensor,  # [num_slots] int32, advanced in place
     counts: torch.Tensor,  # [num_slots, V] uint8, advanced in place
     overflow_token: torch.Tensor,  # [num_slots, E + 1] int32, in place
@@ -114,7 +117,7 @@ def launch_commit_history(
     _commit_history_kernel[(slots.shape[0],)](
         slots,
         token_ids,
-        keep,
+        keep if keep is not None else slots,  # unread without HAS_KEEP
         num_generated,
         counts,
         overflow_token,
@@ -125,6 +128,7 @@ def launch_commit_history(
         window.shape[1],
         padding_slot,
         SATURATED=SATURATED,
+        HAS_KEEP=keep is not None,
         OVERFLOW_BLOCK=min(overflow_block, max(triton.next_power_of_2(num_overflow), 2)),
     )
 
@@ -136,7 +140,7 @@ def launch_commit_history(
 def commit_history(
     slots: torch.Tensor,
     token_ids: torch.Tensor,
-    keep: torch.Tensor,
+    keep: torch.Tensor | None,
     num_generated: torch.Tensor,
     counts: torch.Tensor,
     overflow_token: torch.Tensor,
@@ -145,16 +149,18 @@ def commit_history(
     padding_slot: int,
 ) -> None:
     """`BatchState.commit` with the penalty and bad-words states, as one kernel: rows with
-    keep whose slot is not `padding_slot` append their token.
+    keep (None: every row) whose slot is not `padding_slot` append their token.
 
-    slots, token_ids [num_rows] int64; keep [num_rows] bool. Per slot, all written:
+    slots [num_rows] int64; token_ids [num_rows] int32 or int64; keep [num_rows] bool or
+    None. Per slot, all written:
     num_generated int32; counts uint8 [V]; overflow_token / overflow_excess int32 [E + 1]
     (the penalties' layout); window int32 [L] (the bad-words ring of recent outputs).
     """
     num_rows = slots.shape[0]
     check_rows("slots", slots, torch.int64, num_rows)
-    check_rows("token_ids", token_ids, torch.int64, num_rows)
-    check_rows("keep", keep, torch.bool, num_rows)
+    check_rows("token_ids", token_ids, (torch.int32, torch.int64), num_rows)
+    if keep is not None:
+        check_rows("keep", keep, torch.bool, num_rows)
     num_slots = num_generated.shape[0]
     for name, t, dtype, shape in (
         ("num_generated", num_generated, torch.int32, (num_slots,)),

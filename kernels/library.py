@@ -43,10 +43,14 @@ def check_logits(logits: torch.Tensor, name: str = "logits") -> None:
         raise ValueError(f"{name} rows must be contiguous (stride 1 along the vocabulary)")
 
 
-def check_rows(name: str, t: torch.Tensor, dtype: torch.dtype, num_rows: int) -> None:
-    """A contiguous per-row vector [num_rows] of `dtype`."""
-    if t.dtype != dtype:
-        raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
+def check_rows(
+    name: str, t: torch.Tensor, dtype: torch.dtype | tuple[torch.dtype, ...], num_rows: int
+) -> None:
+    """A contiguous per-row vector [num_rows] of `dtype` (or one of several)."""
+    dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
+    if t.dtype not in dtypes:
+        want = " or ".join(str(d) for d in dtypes)
+        raise TypeError(f"{name} must be {want}, got {t.dtype}")
     if t.shape != (num_rows,):
         raise ValueError(f"{name} must have shape ({num_rows},), got {tuple(t.shape)}")
     if not t.is_contiguous():

@@ -1,12 +1,14 @@
-"""docs/design.md §4 steps 2-6 in Triton, one program per row, in place: logit bias, min_tokens, the
-allowed-token and grammar bitmasks, repetition/frequency/presence penalties, temperature.
+"""docs/design.md §4 steps 2-6 in Triton, one program per row, in place: bad words, logit bias,
+min_tokens, the allowed-token and grammar bitmasks, repetition/frequency/presence penalties,
+temperature.
 
-The key idea: the sparse stores (the bias table, min_tokens' stop ids) go first, then one
+The key idea: the sparse stores (the bias table, then min_tokens' stop ids and the bad words'
+banned tokens) go first, then one
 dense pass reads and writes each element once; only the few saturated tokens (penalty count
 byte 255, the excess in the slot's overflow table) are visited again, for their excess and
 then their temperature, so no tile compares its tokens against the overflow table. All
 arithmetic is float32 with IEEE division and no fused multiply-add, so the row equals the
-PyTorch backend's bit for bit. Bad words and custom processors are not here. The step order,
+PyTorch backend's bit for bit. Custom processors are not here. The step order,
 why the excess step may skip the dense pass's temperature, the exactness and the traffic per
 row: docs/kernels.md, logits processing.
 """
@@ -27,6 +29,72 @@ def _bit_is_set(words_ptr, cols, in_row):
     words = tl.load(words_ptr + cols // 32, mask=in_row, other=-1)
     # an arithmetic shift of a negative word still leaves the wanted bit at position 0
     return ((words >> (cols % 32)) & 1) != 0
+
+
+@triton.jit
+def _segment_min(word_a, vote_a, word_b, vote_b):
+    """Scan operator: the running minimum of the votes within a run of equal word ids."""
+    return word_b, tl.where(word_a == word_b, tl.minimum(vote_a, vote_b), vote_b)
+
+
+@triton.jit
+def _ban_bad_words(
+    row_ptr,  # this row's logits
+    row,
+    slot,
+    generated,  # int32: the slot's committed outputs
+    preceding,  # int32: this row's drafts before it (0 without drafts)
+    bad_tokens_ptr,  # [num_slots, T] int32
+    bad_back_ptr,  # [num_slots, T] int32: outputs back; 0 = the token to ban; -1 = unused
+    bad_word_ptr,  # [num_slots, T] int32: the word of each entry
+    window_ptr,  # [num_slots, L] int32: output g at g % L
+    drafts_ptr,  # [num_rows, D] int64 (HAS_DRAFTS)
+    num_bad,  # T
+    window_len,  # L
+    num_drafts,  # D
+    HAS_DRAFTS: tl.constexpr,
+    BAD_BLOCK: tl.constexpr,
+):
+    """Store -inf on each word's last token where the outputs before this row end with the
+    word's prefix (the bad-words stage's rule and layout: a word's entries are contiguous,
+    used entries first). A scan of the entries' votes per run of equal word ids gives, at
+    a word's last entry, whether every entry of its word matched; a word spanning two
+    blocks carries the previous block's last run."""
+    table = slot.to(tl.int64) * num_bad
+    carry_word = -1
+    carry_vote = 1
+    for start in range(0, num_bad, BAD_BLOCK):
+        # used entries come first: a block that starts unused has none
+        if tl.load(bad_back_ptr + table + start) >= 0:
+            entry = start + tl.arange(0, BAD_BLOCK)
+            used = entry < num_bad
+            back = tl.load(bad_back_ptr + table + entry, mask=used, other=-1)
+            token = tl.load(bad_tokens_ptr + table + entry, mask=used, other=0)
+            word = tl.load(bad_word_ptr + table + entry, mask=used, other=-1)
+            # the output `back` steps before the position sampled now (committed outputs,
+            # then this row's preceding drafts); a floor modulo, as torch's %
+            index = generated + preceding - tl.maximum(back, 1)
+            ring = index % window_len
+            ring = tl.where(ring < 0, ring + window_len, ring)
+            seen = tl.load(window_ptr + slot.to(tl.int64) * window_len + ring, mask=used, other=-1)
+            if HAS_DRAFTS:
+                column = tl.minimum(tl.maximum(index - generated, 0), num_drafts - 1)
+                drafted = tl.load(
+                    drafts_ptr + row.to(tl.int64) * num_drafts + column, mask=used, other=-1
+                ).to(tl.int32)
+                seen = tl.where(index >= generated, drafted, seen)
+                exists = index >= 0
+            else:
+                exists = generated >= back
+            # 1 where an entry lets its word match: not a prefix token, or it is seen there
+            vote = ((back < 1) | ((seen == token) & exists)).to(tl.int32)
+            _, matched = tl.associative_scan((word, vote), 0, _segment_min)
+            matched = tl.where(word == carry_word, tl.minimum(matched, carry_vote), matched)
+            last = entry == start + BAD_BLOCK - 1
+            carry_word = tl.sum(tl.where(last, word, 0))
+            carry_vote = tl.sum(tl.where(last, matched, 0))
+            ban = used & (back == 0) & (matched == 1)
+            tl.store(row_ptr + token, tl.full((BAD_BLOCK,), float("-inf"), tl.float32), ban)
 
 
 @triton.jit
@@ -51,18 +119,26 @@ def _process_logits_kernel(
     temperature_ptr,  # [num_slots] float32
     drafts_ptr,  # [num_rows, D] int64 (HAS_DRAFTS): drafted ids before each row's position
     num_preceding_ptr,  # [num_rows] int64 (HAS_DRAFTS): how many of them precede the row
+    bad_tokens_ptr,  # [num_slots, T] int32 (HAS_BAD_WORDS): the bad-words stage's tables
+    bad_back_ptr,  # [num_slots, T] int32
+    bad_word_ptr,  # [num_slots, T] int32
+    window_ptr,  # [num_slots, L] int32: the last L outputs, output g at g % L
     vocab_size,
     num_words,  # W = ceil(V / 32)
     num_bias,  # C
     num_stop,  # S
     num_overflow,  # E, the used entries' capacity (the tables have E + 1 columns)
     num_drafts,  # D
+    num_bad,  # T
+    window_len,  # L
     GREEDY_BELOW: tl.constexpr,
     SATURATED: tl.constexpr,
     HAS_GRAMMAR: tl.constexpr,
     HAS_DRAFTS: tl.constexpr,
+    HAS_BAD_WORDS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr,
+    BAD_BLOCK: tl.constexpr,
 ):
     """Steps 1-7 of docs/kernels.md, logits processing (the comments carry their numbers),
     with a barrier after each phase whose stores the next one reads or overwrites."""
@@ -81,11 +157,17 @@ def _process_logits_kernel(
         tl.store(row_ptr + token, x + value, mask=used)
     # a stop id with a bias may be stored above by another thread: -inf must land last
     tl.debug_barrier()
-    # 2. min_tokens
+    # 2. min_tokens, and bad words: both store -inf, so neither orders against the other
     preceding = 0
     if HAS_DRAFTS:
         preceding = tl.load(num_preceding_ptr + row).to(tl.int32)
-    if tl.load(num_generated_ptr + slot) + preceding < tl.load(min_tokens_ptr + slot):
+    generated = tl.load(num_generated_ptr + slot)
+    if HAS_BAD_WORDS:
+        _ban_bad_words(
+            row_ptr, row, slot, generated, preceding, bad_tokens_ptr, bad_back_ptr, bad_word_ptr,
+            window_ptr, drafts_ptr, num_bad, window_len, num_drafts, HAS_DRAFTS, BAD_BLOCK,
+        )  # fmt: skip
+    if generated + preceding < tl.load(min_tokens_ptr + slot):
         for start in range(0, num_stop, SPARSE_BLOCK):
             entry = start + tl.arange(0, SPARSE_BLOCK)
             used = entry < num_stop
@@ -193,12 +275,18 @@ def launch_process_logits(
     temperature: torch.Tensor,  # [num_slots] float32
     drafts: torch.Tensor | None = None,  # [num_rows, D] int64 ids in [0, V)
     num_preceding: torch.Tensor | None = None,  # [num_rows] int64 in [0, D]
+    bad_tokens: torch.Tensor | None = None,  # [num_slots, T] int32
+    bad_back: torch.Tensor | None = None,  # [num_slots, T] int32
+    bad_word: torch.Tensor | None = None,  # [num_slots, T] int32
+    window: torch.Tensor | None = None,  # [num_slots, L] int32
     block_size: int = 1024,
     sparse_block: int = 128,
+    bad_block: int = 128,
 ) -> None:
     """Launch `_process_logits_kernel` over the rows; tables must be contiguous. Allocates
     nothing, returns None."""
     num_rows, vocab_size = logits.shape
+    num_bad = bad_tokens.shape[1] if bad_tokens is not None else 0
     _process_logits_kernel[(num_rows,)](
         logits,
         logits.stride(0),
@@ -220,20 +308,31 @@ def launch_process_logits(
         temperature,
         drafts if drafts is not None else slots,  # unread without HAS_DRAFTS
         num_preceding if num_preceding is not None else slots,
+        bad_tokens if bad_tokens is not None else allowed,  # unread without HAS_BAD_WORDS
+        bad_back if bad_back is not None else allowed,
+        bad_word if bad_word is not None else allowed,
+        window if window is not None else allowed,
         vocab_size,
         allowed.shape[1],
         bias_ids.shape[1],
         stop_ids.shape[1],
         overflow_token.shape[1] - 1,
         drafts.shape[1] if drafts is not None else 0,
+        num_bad,
+        window.shape[1] if window is not None else 1,
         GREEDY_BELOW=GREEDY_TEMPERATURE,
         SATURATED=SATURATED,
         HAS_GRAMMAR=grammar is not None,
         HAS_DRAFTS=drafts is not None,
+        HAS_BAD_WORDS=bad_tokens is not None,
         BLOCK_SIZE=block_size,
         SPARSE_BLOCK=sparse_block,
+        BAD_BLOCK=min(triton.next_power_of_2(max(num_bad, 1)), bad_block),
         # why: x - f * count must round twice, as torch's separate multiply and subtract do
         enable_fp_fusion=False,
+        # 8 warps: 64 registers a thread and no spill with every feature (4 warps: 96 and a
+        # spill, once the bad-words scan joined the kernel)
+        num_warps=8,
     )
 
 
@@ -258,9 +357,14 @@ def process_logits(
     temperature: torch.Tensor,
     drafts: torch.Tensor | None = None,
     num_preceding: torch.Tensor | None = None,
+    bad_tokens: torch.Tensor | None = None,
+    bad_back: torch.Tensor | None = None,
+    bad_word: torch.Tensor | None = None,
+    window: torch.Tensor | None = None,
 ) -> None:
-    """Logit bias, min_tokens, allowed and grammar bitmasks, penalties and temperature on
-    logits [num_rows, V] float32, in place, in one pass (docs/kernels.md, logits processing).
+    """Bad words, logit bias, min_tokens, allowed and grammar bitmasks, penalties and
+    temperature on logits [num_rows, V] float32, in place, in one pass (docs/kernels.md,
+    logits processing).
 
     Per slot ([num_slots, ...]): bias_ids int32 / bias_values float32 [C]; min_tokens,
     num_generated int32; stop_ids int32 [S]; allowed, prompt_mask int32 [ceil(V/32)];
@@ -270,7 +374,10 @@ def process_logits(
     frequency, presence, temperature float32. grammar: int32 [num_rows, ceil(V/32)] by
     row, or None. drafts int64 [num_rows, D] with num_preceding int64 [num_rows] (both or
     neither): a speculative step's drafted ids, of which the first num_preceding[r] precede
-    row r's position and count as output tokens for the penalties and min_tokens.
+    row r's position and count as output tokens for the penalties, min_tokens and bad words.
+    bad_tokens, bad_back, bad_word int32 [num_slots, T] and window int32 [num_slots, L] (all
+    four or none): the bad-words stage's layout (a word's entries contiguous, used entries
+    first; back 0 marks the token to ban, -1 an unused entry; output g of a slot at g % L).
     """
     check_logits(logits)
     num_rows, vocab_size = logits.shape
@@ -312,8 +419,22 @@ def process_logits(
         check_rows("num_preceding", num_preceding, torch.int64, num_rows)
         if drafts.shape[1] == 0:
             raise ValueError("drafts must have at least one column (D >= 1)")
+    bad_words = (bad_tokens, bad_back, bad_word, window)
+    if any(t is not None for t in bad_words):
+        if bad_tokens is None or bad_back is None or bad_word is None or window is None:
+            raise ValueError("bad_tokens, bad_back, bad_word and window come together")
+        num_bad = bad_tokens.shape[-1]
+        for name, t, shape in (
+            ("bad_tokens", bad_tokens, (num_slots, None)),
+            ("bad_back", bad_back, (num_slots, num_bad)),
+            ("bad_word", bad_word, (num_slots, num_bad)),
+            ("window", window, (num_slots, None)),
+        ):
+            check_table(name, t, torch.int32, shape)
+        if num_bad == 0 or window.shape[1] == 0:
+            raise ValueError("the bad-words tables need T >= 1 entries and a window of L >= 1")
     launch_process_logits(
         logits, slots, bias_ids, bias_values, min_tokens, num_generated, stop_ids, allowed,
         grammar, counts, overflow_token, overflow_excess, prompt_mask, repetition, frequency,
-        presence, temperature, drafts, num_preceding,
+        presence, temperature, drafts, num_preceding, bad_tokens, bad_back, bad_word, window,
     )  # fmt: skip

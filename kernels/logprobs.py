@@ -24,7 +24,7 @@ _NO_TOKEN = 2**31 - 1  # the id of an empty top-K slot: loses every tie
 def _logprobs_kernel(
     source_ptr,  # [num_rows, V] float32/float16/bfloat16, read only
     source_stride,  # elements between rows
-    tokens_ptr,  # [num_rows] int64 sampled token per row
+    tokens_ptr,  # [num_rows] int32 or int64 sampled token per row
     token_ids_ptr,  # [num_rows, K + 1] int32, written: sampled, then top K
     logprobs_ptr,  # [num_rows, K + 1] float32, written
     ranks_ptr,  # [num_rows] int32, written
@@ -139,7 +139,7 @@ def _logprobs_kernel(
 
 def launch_logprobs(
     source: torch.Tensor,  # [num_rows, V] float32/float16/bfloat16
-    tokens: torch.Tensor,  # [num_rows] int64
+    tokens: torch.Tensor,  # [num_rows] int32 or int64
     token_ids: torch.Tensor,  # [num_rows, K + 1] int32, written
     logprobs: torch.Tensor,  # [num_rows, K + 1] float32, written
     ranks: torch.Tensor,  # [num_rows] int32, written
@@ -183,7 +183,7 @@ def compute_logprobs(
     *_logprobs modes), and the sampled token's rank.
 
     source [num_rows, V] float32/float16/bfloat16 (raw or processed logits, read only);
-    tokens [num_rows] int64 in [0, V). Written: token_ids [num_rows, K + 1] int32, logprobs
+    tokens [num_rows] int32 or int64 in [0, V). Written: token_ids [num_rows, K + 1] int32, logprobs
     [num_rows, K + 1] float32, ranks [num_rows] int32, lse [num_rows] float32 (the row's
     logsumexp, 0 where not finite).
     """
@@ -194,7 +194,7 @@ def compute_logprobs(
     if source.stride(-1) != 1:
         raise ValueError("source rows must be contiguous (stride 1 along the vocabulary)")
     num_rows, vocab_size = source.shape
-    check_rows("tokens", tokens, torch.int64, num_rows)
+    check_rows("tokens", tokens, (torch.int32, torch.int64), num_rows)
     check_rows("ranks", ranks, torch.int32, num_rows)
     check_rows("lse", lse, torch.float32, num_rows)
     check_table("token_ids", token_ids, torch.int32, (num_rows, None))

@@ -98,12 +98,15 @@ def _sample_kernel(
     slots_ptr,  # [num_rows] int64 row -> slot
     temperature_ptr,  # [num_slots] float32
     seeds_ptr,  # [num_slots] int64
-    positions_ptr,  # [num_rows] int64 token position each row samples
-    tokens_ptr,  # [num_rows] int64, written
+    positions_ptr,  # [num_rows] int64 token position each row samples (not BY_SLOT)
+    prompt_len_ptr,  # [num_slots] int64 (BY_SLOT): position = prompt_len + num_generated
+    num_generated_ptr,  # [num_slots] int32 (BY_SLOT)
+    tokens_ptr,  # [num_rows] int32 or int64, written
     vocab_size,
     SALT: tl.constexpr,
     GREEDY_BELOW: tl.constexpr,
     HAS_THRESHOLD: tl.constexpr,
+    BY_SLOT: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
     """Per row r with slot s = slots[r]: greedy rows (temperature[s] < GREEDY_BELOW) take
@@ -121,7 +124,11 @@ def _sample_kernel(
     offset = tl.zeros((), tl.uint32)
     mult = tl.zeros((), tl.uint32)
     if is_random:
-        offset, mult = _row_key(tl.load(seeds_ptr + slot), tl.load(positions_ptr + row), SALT)
+        if BY_SLOT:
+            position = tl.load(prompt_len_ptr + slot) + tl.load(num_generated_ptr + slot)
+        else:
+            position = tl.load(positions_ptr + row)
+        offset, mult = _row_key(tl.load(seeds_ptr + slot), position, SALT)
 
     # Running argmax with the lowest index on ties: a later tile replaces the best only when
     # strictly greater. An all -inf row never replaces index 0, which is torch's answer.
@@ -144,7 +151,7 @@ def _sample_kernel(
         best_index = tl.where(better, tile_index, best_index)
         best = tl.where(better, tile_max, best)
     token = tl.where(first_nan < 2147483647, first_nan, best_index)
-    tl.store(tokens_ptr + row, token.to(tl.int64))
+    tl.store(tokens_ptr + row, token.to(tokens_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -175,10 +182,12 @@ def launch_sample_tokens(
     slots: torch.Tensor,  # [num_rows] int64
     temperature: torch.Tensor,  # [num_slots] float32
     seeds: torch.Tensor,  # [num_slots] int64
-    positions: torch.Tensor,  # [num_rows] int64
-    tokens: torch.Tensor,  # [num_rows] int64, written
+    positions: torch.Tensor | None,  # [num_rows] int64, or None: by slot
+    tokens: torch.Tensor,  # [num_rows] int32 or int64, written
     threshold: torch.Tensor | None = None,  # [num_rows] float32 per-row cut, or None
     salt: int = SALT_SAMPLE,
+    prompt_len: torch.Tensor | None = None,  # [num_slots] int64, without positions
+    num_generated: torch.Tensor | None = None,  # [num_slots] int32, without positions
     block_size: int = 1024,
 ) -> None:
     """Launch `_sample_kernel` over the rows; allocates nothing, returns None."""
@@ -192,12 +201,15 @@ def launch_sample_tokens(
         slots,
         temperature,
         seeds,
-        positions,
+        positions if positions is not None else seeds,  # unread with BY_SLOT
+        prompt_len if prompt_len is not None else seeds,  # unread without BY_SLOT
+        num_generated if num_generated is not None else slots,
         tokens,
         vocab_size,
         SALT=salt,
         GREEDY_BELOW=GREEDY_TEMPERATURE,
         HAS_THRESHOLD=threshold is not None,
+        BY_SLOT=positions is None,
         BLOCK_SIZE=block_size,
     )
 
@@ -225,30 +237,50 @@ def sample_tokens(
     slots: torch.Tensor,
     temperature: torch.Tensor,
     seeds: torch.Tensor,
-    positions: torch.Tensor,
+    positions: torch.Tensor | None,
     threshold: torch.Tensor | None,
     tokens: torch.Tensor,
     salt: int = 0,
+    prompt_len: torch.Tensor | None = None,
+    num_generated: torch.Tensor | None = None,
 ) -> None:
     """Greedy argmax or the counter-based Gumbel-max race, merged per row into `tokens`.
 
-    logits [num_rows, V] float32 (read only); slots, positions [num_rows] int64; temperature
-    [num_slots] float32 (below GREEDY_TEMPERATURE is greedy); seeds [num_slots] int64;
-    threshold [num_rows] float32 or None (tokens below it count as -inf); tokens [num_rows]
-    int64 (written); salt: the random stream (constants.SALT_*).
+    logits [num_rows, V] float32 (read only); slots [num_rows] int64; each row's token
+    position: positions [num_rows] int64, or (positions None) the slot's
+    prompt_len [num_slots] int64 + num_generated [num_slots] int32, read in the kernel;
+    temperature [num_slots] float32 (below GREEDY_TEMPERATURE is greedy); seeds [num_slots]
+    int64; threshold [num_rows] float32 or None (tokens below it count as -inf); tokens
+    [num_rows] int32 or int64 (written); salt: the random stream (constants.SALT_*).
     """
     check_logits(logits)
     num_rows = logits.shape[0]
     check_rows("slots", slots, torch.int64, num_rows)
-    check_rows("positions", positions, torch.int64, num_rows)
-    check_rows("tokens", tokens, torch.int64, num_rows)
+    if positions is not None:
+        check_rows("positions", positions, torch.int64, num_rows)
+        if prompt_len is not None or num_generated is not None:
+            raise ValueError("positions, or prompt_len with num_generated: not both")
+    elif prompt_len is None or num_generated is None:
+        raise ValueError("without positions, prompt_len and num_generated are needed")
+    else:
+        if prompt_len.dtype != torch.int64 or num_generated.dtype != torch.int32:
+            raise TypeError(
+                f"prompt_len must be int64 and num_generated int32, got {prompt_len.dtype} "
+                f"and {num_generated.dtype}"
+            )
+        if prompt_len.shape != num_generated.shape or prompt_len.dim() != 1:
+            raise ValueError("prompt_len and num_generated must be [num_slots] vectors")
+    check_rows("tokens", tokens, (torch.int32, torch.int64), num_rows)
     if threshold is not None:
         check_rows("threshold", threshold, torch.float32, num_rows)
     if temperature.dtype != torch.float32:
         raise TypeError(f"temperature must be float32, got {temperature.dtype}")
     if seeds.dtype != torch.int64:
         raise TypeError(f"seeds must be int64, got {seeds.dtype}")
-    launch_sample_tokens(logits, slots, temperature, seeds, positions, tokens, threshold, salt)
+    launch_sample_tokens(
+        logits, slots, temperature, seeds, positions, tokens, threshold, salt, prompt_len,
+        num_generated,
+    )  # fmt: skip
 
 
 @inplace_op("rng_noise", mutates_args=("hashes", "uniforms", "gumbels"))

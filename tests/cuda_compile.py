@@ -74,6 +74,8 @@ class Launch:
     signature: dict[str, str]
     constexprs: dict[str, Any]
     options: dict[str, Any]
+    grid: tuple[int, ...] = (1,)  # programs per grid axis, the grid callable evaluated
+    args: dict[str, Any] = field(default_factory=dict)  # every parameter's value, by name
 
 
 @dataclass
@@ -124,7 +126,11 @@ class Recorder:
                 signature[p.name] = _POINTER_TYPES[value.dtype]
             else:
                 signature[p.name] = _scalar_type(value)
-        self.launches.append(Launch(kernel, self.label, signature, constexprs, options))
+        # a grid callable gets the launch's meta (every parameter and option), as Triton's
+        grid = tuple(grid({**bound, **options}) if callable(grid) else grid)
+        self.launches.append(
+            Launch(kernel, self.label, signature, constexprs, options, grid, bound)
+        )
 
 
 def _t(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -156,19 +162,24 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
     x, slots = _t(rows, vocab), _i64(rows)
     calls: list[tuple[str, Callable[[], None]]] = []
 
-    for grammar in (False, True):
-        for drafts in (False, True):
+    # the pipeline always passes the bad-words tables; the kernel tests also launch without
+    for grammar, drafts, bad_words in (
+        (False, False, True), (True, False, True), (False, True, True), (True, True, True),
+        (False, False, False),
+    ):  # fmt: skip
 
-            def process(grammar: bool = grammar, drafts: bool = drafts) -> None:
-                logits_processing.launch_process_logits(
-                    x, slots, _i32(slots_n, 8), _t(slots_n, 8), _i32(slots_n), _i32(slots_n),
-                    _i32(slots_n, 4), _i32(slots_n, words), _i32(rows, words) if grammar else None,
-                    _t(slots_n, vocab, dtype=torch.uint8), _i32(slots_n, 3), _i32(slots_n, 3),
-                    _i32(slots_n, words), _t(slots_n), _t(slots_n), _t(slots_n), _t(slots_n),
-                    _i64(rows, 2) if drafts else None, _i64(rows) if drafts else None,
-                )  # fmt: skip
+        def process(grammar: bool = grammar, drafts: bool = drafts, bad: bool = bad_words) -> None:
+            logits_processing.launch_process_logits(
+                x, slots, _i32(slots_n, 8), _t(slots_n, 8), _i32(slots_n), _i32(slots_n),
+                _i32(slots_n, 4), _i32(slots_n, words), _i32(rows, words) if grammar else None,
+                _t(slots_n, vocab, dtype=torch.uint8), _i32(slots_n, 3), _i32(slots_n, 3),
+                _i32(slots_n, words), _t(slots_n), _t(slots_n), _t(slots_n), _t(slots_n),
+                _i64(rows, 2) if drafts else None, _i64(rows) if drafts else None,
+                *((_i32(slots_n, 1024),) * 3 + (_i32(slots_n, 16),) if bad else ()),
+            )  # fmt: skip
 
-            calls.append((f"process_logits grammar={grammar} drafts={drafts}", process))
+        label = f"process_logits grammar={grammar} drafts={drafts} bad_words={bad_words}"
+        calls.append((label, process))
 
     for apply in (False, True):
         for has_min_p in (False, True):

@@ -2,13 +2,14 @@
 tokens bans w[n-1] when the request's last n-1 output tokens equal w[:n-1]; a one-token word
 is always banned; at a speculative position the drafts before it count as output.
 
-On both backends (tests/backends.py; the Triton backend applies the stage's PyTorch scatter,
-and `forward` advances the ring of recent outputs in its commit kernel, `commit_tokens`
-through the stages' PyTorch commit, as on the PyTorch backend): against the host reference
+On both backends (tests/backends.py; the Triton backend bans in `process_logits`, and
+`forward` advances the ring of recent outputs in its commit kernel, `commit_tokens` through
+the stages' PyTorch commit, as on the PyTorch backend): against the host reference
 (`graphsafe_sampler.testing.reference.bad_words`) over churning batches, plain and
 speculative; edge cases by hand (one-token words, a word longer than the history, the ring
 wrapping past `max_bad_word_len`, a token banned by two words, resumed requests); the token
-capacity filled. The speculative form beside min_tokens and penalties, by hand:
+capacity filled; the kernel's blocked scan against the stage's scatter. The speculative form
+beside min_tokens and penalties, by hand:
 test_rejection_sampler.py::test_drafts_before_a_position_count_as_output.
 
 Fresh random inputs each run, the seed printed (shown on failure: rerun with it).
@@ -382,3 +383,60 @@ def test_words_fill_the_token_capacity_and_match_the_last_outputs(backend: str) 
     got = banned()
     assert got[1] == {7}
     assert got[0] == {4, *range(20, vocab)}  # row 0 ends in 3: only its one-token words
+
+
+# ----------------------------------------------------------------- the kernel's blocks
+
+
+@pytest.mark.parametrize("with_drafts", [False, True], ids=["plain", "drafts"])
+def test_kernel_carries_words_across_its_blocks(
+    kernel_device: torch.device, with_drafts: bool
+) -> None:
+    """`process_logits` scans the entries in blocks (8 here, 128 by default): words that
+    straddle a block boundary, or fill one whole block and run into the next, must ban
+    exactly what the stage's PyTorch scatter bans, on every row, with and without drafts."""
+    from graphsafe_sampler.kernels.logits_processing import launch_process_logits
+
+    seed = _fresh_seed()
+    rng = random.Random(seed)
+    alphabet = [0, 1, 2]  # few tokens: words match the history often
+    width = 5  # max_bad_word_len, and the ring
+    config = _config("triton", max_bad_word_len=width, max_bad_words=12,
+                     max_bad_words_tokens=40)  # fmt: skip
+    sampler = Sampler(config, kernel_device)
+    added = []
+    for row in range(ROWS):
+        words: list[list[int]] = []
+        budget = config.max_bad_words_tokens
+        while len(words) < config.max_bad_words and budget > 0:
+            n = min(rng.choice([1, 2, 3, 4, 5, 5]), budget)
+            words.append([rng.choice(alphabet) for _ in range(n - 1)] + [rng.randrange(V)])
+            budget -= n
+        outputs = [rng.choice(alphabet) for _ in range(rng.choice([0, 2, 3, 7, 11]))]
+        added.append((row, SP(bad_words_token_ids=words), [5], outputs))
+    sampler.update_state(BatchUpdate(ROWS, added=added))
+    s = sampler.stages
+    slots = sampler.batch_state.slots(ROWS)
+    drafts = preceding = None
+    if with_drafts:
+        drafts = torch.tensor([[rng.choice(alphabet) for _ in range(3)] for _ in range(ROWS)])
+        drafts = drafts.to(kernel_device)
+        preceding = torch.tensor([rng.randint(0, 3) for _ in range(ROWS)], device=kernel_device)
+    logits = torch.randn(ROWS, V, generator=torch.Generator().manual_seed(seed)).to(kernel_device)
+    want = s.bad_words.apply(logits.clone(), slots, drafts, preceding)
+    got = logits.clone()
+    launch_process_logits(
+        got, slots, s.logit_bias.bias_ids.device, s.logit_bias.bias_values.device,
+        s.min_tokens.min_tokens.device, s.batch_state.num_generated.device,
+        s.min_tokens.stop_ids.device, s.allowed.allowed.device, None, s.penalties.counts,
+        s.penalties.overflow_token.device, s.penalties.overflow_excess.device,
+        s.penalties.prompt_mask.device, s.penalties.repetition.device,
+        s.penalties.frequency.device, s.penalties.presence.device,
+        s.temperature.temperature.device, drafts, preceding, s.bad_words.tokens.device,
+        s.bad_words.back.device, s.bad_words.word.device, s.bad_words.window.device,
+        bad_block=8,
+    )  # fmt: skip
+    banned = want.isneginf()
+    assert banned.sum() > ROWS  # the words match the short alphabet's histories often
+    assert torch.equal(got.isneginf(), banned)
+    assert torch.equal(got[~banned], logits[~banned])

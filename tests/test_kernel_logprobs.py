@@ -175,8 +175,10 @@ def test_rejects_bad_input(kernel_device: torch.device) -> None:
     ids = torch.zeros(2, 3, dtype=torch.int32, device=device)
     values, lse = torch.zeros(2, 3, device=device), torch.zeros(2, device=device)
     ranks = torch.zeros(2, dtype=torch.int32, device=device)
-    with pytest.raises(TypeError, match=r"tokens must be torch\.int64, got torch\.int32"):
-        tokens = torch.zeros(2, dtype=torch.int32, device=device)
+    with pytest.raises(
+        TypeError, match=r"tokens must be torch\.int32 or torch\.int64, got torch\.float32"
+    ):
+        tokens = torch.zeros(2, dtype=torch.float32, device=device)
         compute_logprobs(source, tokens, ids, values, ranks, lse, True)
     with pytest.raises(ValueError, match=r"logprobs must have shape \[2, 3\], got \(2, 4\)"):
         tokens = torch.zeros(2, dtype=torch.int64, device=device)

@@ -70,7 +70,7 @@ def test_every_kernel_variant_compiles_for_sm90(report: dict[str, Any]) -> None:
     assert {128, 2, 16} <= buffers
     # process_logits is bit-identical to torch's separate multiply and add: no fma in its PTX
     process = [r for r in results if r["kernel"] == "_process_logits_kernel"]
-    assert len(process) == 4 and all(r["fma_in_ptx"] is False for r in process)
+    assert len(process) == 5 and all(r["fma_in_ptx"] is False for r in process)
 
 
 def _line_of(lines: list[str], start: int, statement: str) -> int:
@@ -83,8 +83,9 @@ def _line_of(lines: list[str], start: int, statement: str) -> int:
 def test_process_logits_orders_bias_then_min_tokens_then_dense_pass(
     report: dict[str, Any],
 ) -> None:
-    """A stop id with a bias is stored by two threads (step 1's bias, step 2's -inf), and the
-    dense pass rewrites the row: each needs a barrier before the next, or -inf may lose."""
+    """A stop id or a banned word with a bias is stored by two threads (step 1's bias, step
+    2's -inf), and the dense pass rewrites the row: each needs a barrier before the next, or
+    -inf may lose."""
     from graphsafe_sampler.kernels.logits_processing import _process_logits_kernel
 
     lines, start = inspect.getsourcelines(_process_logits_kernel.fn)
@@ -95,12 +96,16 @@ def test_process_logits_orders_bias_then_min_tokens_then_dense_pass(
         'tl.store(row_ptr + token, tl.full((SPARSE_BLOCK,), float("-inf"), tl.float32), used)',
     )
     dense = _line_of(lines, start, "tl.store(row_ptr + cols, x, mask=in_row)")
+    # the bad words' -inf, stored from the helper it inlines: the call's line in the kernel
+    bad_words = _line_of(lines, start, "_ban_bad_words(")
     process = [r for r in report["results"] if r["kernel"] == "_process_logits_kernel"]
-    assert len(process) == 4
+    assert len(process) == 5
     for r in process:
         phases = r["store_phases"]
         phase = {line: i for i, stores in enumerate(phases) for line in stores}
         where = f"{r['label']}: store lines by phase {phases}; bias {bias}, "
-        where += f"min_tokens {min_tokens}, dense {dense}"
+        where += f"min_tokens {min_tokens}, bad words {bad_words}, dense {dense}"
         assert {bias, min_tokens, dense} <= phase.keys(), where
         assert phase[bias] < phase[min_tokens] < phase[dense], where
+        if "bad_words=True" in r["label"]:
+            assert phase[bias] < phase[bad_words] < phase[dense], where

@@ -24,7 +24,7 @@ from graphsafe_sampler.examples.target_token import TargetTokenLogitsProcessor
 from graphsafe_sampler.kernels.constants import SALT_SAMPLE
 from graphsafe_sampler.processors.base import SlotLogitsProcessor
 from graphsafe_sampler.rng import gumbel_noise
-from graphsafe_sampler.testing import BatchDriver, check_graph_safety, reference
+from graphsafe_sampler.testing import BatchDriver, check_graph_safety, kernel_launches, reference
 
 V = 111
 
@@ -165,6 +165,43 @@ def test_chi_square_against_reference_distribution(params: SP) -> None:
     if exp[-1] == 0:
         obs, exp = obs[:-1], exp[:-1]
     assert stats.chisquare(obs, exp).pvalue > 1e-3
+
+
+MAX_TRITON_LAUNCHES = 8
+
+
+@pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
+def test_a_triton_step_launches_a_handful_of_kernels(
+    kernel_device: torch.device, mode: str
+) -> None:
+    """Every feature reachable (logprobs, grammar rows, bad words, penalties, ...): the
+    Triton step is its kernels and at most a cast, no per-stage PyTorch glue (each glue op
+    is one more launch, and one more node of the CUDA graph)."""
+    config = SamplerConfig(
+        backend="triton", max_num_reqs=6, vocab_size=V, eos_token_id=2, max_num_logprobs=3,
+        logprobs_mode=mode, seed=0,
+    )  # fmt: skip
+    sampler = Sampler(config, kernel_device)
+    driver = BatchDriver(config, seed=3)
+    sampler.update_state(driver.next_update())
+    words = (V + 31) // 32
+    sampler.stage_grammar_bitmask(np.full((2, words), -1, dtype=np.int32), rows=[0, 3])
+    logits = torch.randn(6, V).to(kernel_device)
+    launches = kernel_launches(lambda x: sampler(x), logits)
+    assert len(launches) <= MAX_TRITON_LAUNCHES, launches
+    # the kernels, one each, and the float32 copy of the logits
+    kernels = [name for name in launches if name.startswith("graphsafe_sampler.")]
+    assert len(kernels) == 5 and len(set(kernels)) == 5, launches
+    assert launches[0] == "aten._to_copy.default", launches
+
+
+def test_kernel_launches_counts_kernels_not_views() -> None:
+    def step(x: torch.Tensor) -> torch.Tensor:
+        y = x.view(-1)[:3]  # views: no kernel
+        z = torch.empty_like(y)  # an allocation: no kernel
+        return z.copy_(y) + 1  # a copy and an add: two
+
+    assert kernel_launches(step, torch.randn(2, 4)) == ["aten.copy_.default", "aten.add.Tensor"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

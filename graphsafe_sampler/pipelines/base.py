@@ -26,13 +26,14 @@ class Processed:
         or None where the pipeline's `sample` finds it itself: a greedy row keeps its
         logits through temperature, and min_p and top-k/top-p keep its maximum, so its
         argmax is the same after them (`greedy_tokens`).
-    is_greedy: [num_rows] bool.
+    is_greedy: [num_rows] bool, or None where the pipeline's `sample` reads each row's
+        temperature itself (`stages.temperature.is_greedy(slots)` gives it).
     """
 
     logits: torch.Tensor
     cut: torch.Tensor | None
     greedy: torch.Tensor | None
-    is_greedy: torch.Tensor
+    is_greedy: torch.Tensor | None
 
     def greedy_tokens(self) -> torch.Tensor:
         """[num_rows] int64, each row's greedy token (an argmax pass where not at hand)."""
@@ -65,8 +66,8 @@ class Pipeline(Protocol):
         ...
 
     def sample(self, processed: Processed, slots: torch.Tensor) -> torch.Tensor:
-        """[num_rows] int64: greedy rows their argmax, random rows the race on the
-        SALT_SAMPLE stream at their positions."""
+        """[num_rows] int32 or int64 token ids: greedy rows their argmax, random rows the
+        race on the SALT_SAMPLE stream at their positions."""
         ...
 
     def race_emitted(
@@ -86,10 +87,12 @@ class Pipeline(Protocol):
     def logprobs(
         self, source: torch.Tensor, tokens: torch.Tensor, subtract_lse: bool
     ) -> LogprobsTensors:
-        """Step 10 on source [num_rows, V] (raw or processed logits) for tokens [num_rows]."""
+        """Step 10 on source [num_rows, V] (raw or processed logits) for tokens [num_rows]
+        int32 or int64."""
         ...
 
     def commit(self, slots: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor | None) -> None:
-        """Append one token per batch row to the rows' history. slots, tokens [num_rows]
-        int64 (ids in [0, V)); keep [num_rows] bool or None (every row)."""
+        """Append one token per batch row to the rows' history. slots [num_rows] int64,
+        tokens [num_rows] int32 or int64 (ids in [0, V)); keep [num_rows] bool or None
+        (every row)."""
         ...

@@ -68,6 +68,7 @@ class TorchPipeline:
     def sample(self, processed: Processed, slots: torch.Tensor) -> torch.Tensor:
         sampling = self.stages.sampling
         random = sampling.race(processed.logits, slots, sampling.positions(slots), SALT_SAMPLE)
+        assert processed.is_greedy is not None  # set by this pipeline's process
         return torch.where(processed.is_greedy, processed.greedy_tokens(), random)
 
     def race_emitted(

@@ -1,8 +1,8 @@
 """The Triton backend: the step through the kernels of kernels/ (their `torch.library`
 ops), on the same stage tables as the PyTorch backend.
 
-The key idea: write as little of [num_rows, V] as possible. One kernel does logit bias,
-min_tokens, the bitmasks, penalties and temperature in one pass, in place; min_p and
+The key idea: write as little of [num_rows, V] as possible. One kernel does bad words, logit
+bias, min_tokens, the bitmasks, penalties and temperature in one pass, in place; min_p and
 top-k/top-p become one per-row cut that the sampling kernel applies on the fly (the mask is
 written only where a caller needs it); logprobs need no log-softmax. Same semantics as the
 PyTorch backend, tested side by side. With a custom processor that is not argmax-invariant
@@ -67,7 +67,7 @@ class TritonPipeline:
             # the sampling kernel finds the greedy rows' argmax itself
             return Processed(done.logits.contiguous(), None, None, done.is_greedy)
         s = self.stages
-        x = s.bad_words.apply(logits, slots, drafts, num_preceding)
+        x = logits
         process_logits(
             x,
             slots,
@@ -88,6 +88,10 @@ class TritonPipeline:
             s.temperature.temperature.device,
             drafts,
             num_preceding,
+            s.bad_words.tokens.device,
+            s.bad_words.back.device,
+            s.bad_words.word.device,
+            s.bad_words.window.device,
         )
         if not self.fold_min_p:
             apply_min_p(x, slots, s.min_p.min_p.device)
@@ -98,13 +102,19 @@ class TritonPipeline:
         min_p = s.min_p.min_p.device if self.fold_min_p else None
         op = apply_top_k_top_p if write_mask else top_k_top_p_threshold
         op(x, slots, top_k, top_p, cut, min_p)
-        return Processed(x, None if write_mask else cut, None, s.temperature.is_greedy(slots))
+        # is_greedy: the kernels read the temperature themselves (greedy_rows when needed)
+        return Processed(x, None if write_mask else cut, None, None)
 
     def sample(self, processed: Processed, slots: torch.Tensor) -> torch.Tensor:
-        return self._race(
-            processed.logits, slots, self.stages.sampling.positions(slots), SALT_SAMPLE,
-            processed.cut,
+        # int32, the output's type; the positions are read by slot in the kernel
+        s = self.stages
+        tokens = torch.empty(slots.shape[0], dtype=torch.int32, device=slots.device)
+        sample_tokens(
+            processed.logits, slots, s.temperature.temperature.device, s.sampling.seed.device,
+            None, processed.cut, tokens, SALT_SAMPLE, s.sampling.prompt_len.device,
+            s.batch_state.num_generated.device,
         )  # fmt: skip
+        return tokens
 
     def _race(
         self,
@@ -112,7 +122,6 @@ class TritonPipeline:
         slots: torch.Tensor,  # [num_rows] int64
         positions: torch.Tensor,  # [num_rows] int64
         salt: int,
-        cut: torch.Tensor | None = None,  # [num_rows] float32
     ) -> torch.Tensor:
         """[num_rows] int64: greedy rows' argmax, other rows' race on stream `salt`."""
         tokens = torch.empty(scores.shape[0], dtype=torch.int64, device=scores.device)
@@ -122,7 +131,7 @@ class TritonPipeline:
             self.stages.temperature.temperature.device,
             self.stages.sampling.seed.device,
             positions,
-            cut,
+            None,
             tokens,
             salt,
         )
@@ -157,8 +166,6 @@ class TritonPipeline:
         if not self.commit_kernel:
             s.batch_state.commit(tokens, keep)
             return
-        if keep is None:
-            keep = torch.ones_like(tokens, dtype=torch.bool)
         commit_history(
             slots,
             tokens,

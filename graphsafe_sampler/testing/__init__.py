@@ -7,6 +7,8 @@ report = check_graph_safety(MyProcessor(config, device, False), num_steps=50)
 `BatchUpdate`s: random churn for the tests, the benchmarks' full batch (`refill`), the demo's
 serving loop (`no_joins`, `finish=True`) and the GPU check.
 
+`kernel_launches` (launches.py) lists the ops of a traced step that launch a GPU kernel.
+
 `StateTensors`, `MakeFxReplayer` and `CudaGraphReplayer` (replay.py) are the one state
 snapshot and the replayers of a step captured once; `perf/gpu_check.py` uses them too.
 """
@@ -27,6 +29,7 @@ from graphsafe_sampler.testing.graph_safety import (
     default_logits,
     state_fingerprint,
 )
+from graphsafe_sampler.testing.launches import kernel_launches, launches_kernel
 from graphsafe_sampler.testing.replay import CudaGraphReplayer, MakeFxReplayer, StateTensors
 from graphsafe_sampler.testing.sync_detector import (
     SYNC_OP_PACKETS,
@@ -49,6 +52,8 @@ __all__ = [
     "assert_no_sync",
     "check_graph_safety",
     "default_logits",
+    "kernel_launches",
+    "launches_kernel",
     "no_joins",
     "random_joins",
     "random_sampling_params",
