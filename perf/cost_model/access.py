@@ -1,0 +1,225 @@
+"""What each program of a launch reads, writes and walks: perf/kernel_model.py's access table,
+kernel by kernel, evaluated on the recorded launch's own arguments (the batch's parameters).
+The kernels are imported inside the functions, after tests/cuda_compile.py (see sass.py)."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import torch
+
+from .sass import TILE_LOOP, Variant
+
+SEARCH_PASSES = 8
+"""Passes of the top-k/top-p radix search over a row the buffer does not settle: its maximum
+(4 bits of the 32-bit key a pass; docs/kernels.md, the kernel's passes and their cost)."""
+
+
+@dataclass
+class Work:
+    """Per program (one row each): the rows of each tensor argument it reads and writes, and
+    the walks over its row's tiles each tile loop makes, keyed by (file, line)."""
+
+    reads: dict[str, torch.Tensor] = field(default_factory=dict)
+    writes: dict[str, torch.Tensor] = field(default_factory=dict)
+    walks: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
+
+
+@cache
+def tile_loop(function: Any, index: int) -> tuple[str, int]:
+    """(file name, line) of the index-th tile loop in a @triton.jit function's source."""
+    lines, start = inspect.getsourcelines(function.fn)
+    found = [start + i for i, text in enumerate(lines) if TILE_LOOP.search(text)]
+    return os.path.basename(inspect.getsourcefile(function.fn) or ""), found[index]
+
+
+def _f(mask: torch.Tensor) -> torch.Tensor:
+    return mask.to(torch.float64)
+
+
+def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
+    from graphsafe_sampler.kernels import logits_processing as k
+
+    slots, vocab = a["slots_ptr"], a["vocab_size"]
+    n = slots.shape[0]
+    ones, zeros = torch.ones(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
+    rep, freq = a["repetition_ptr"][slots], a["frequency_ptr"][slots]
+    penalties = _f((rep != 1.0) | (freq != 0.0) | (a["presence_ptr"][slots] != 0.0))
+    fix_excess = freq != 0.0
+    temperature = a["temperature_ptr"][slots]
+    scale_on = (temperature >= c["GREEDY_BELOW"]) & (temperature != 1.0)
+    preceding = a["num_preceding_ptr"] if c["HAS_DRAFTS"] else 0
+    generated = a["num_generated_ptr"][slots] + preceding
+    stopping = _f(generated < a["min_tokens_ptr"][slots])
+    entries = a["num_overflow"]
+    table = a["overflow_token_ptr"][slots, :entries] >= 0
+    used = table.sum(1) * fix_excess
+    full = _f(fix_excess & scale_on & table[:, -1])  # one more pass over the row
+    bias = (a["bias_values_ptr"][slots] != 0.0).sum(1)
+    # bad words: a block of entries is read when its first is in use, else that one alone;
+    # the ring of recent outputs is gathered from, and each word's last token may be banned
+    banned, bad_rows, ring = zeros, zeros, zeros
+    if c["HAS_BAD_WORDS"]:
+        back, block = a["bad_back_ptr"][slots], c["BAD_BLOCK"]
+        blocks, entries_used = math.ceil(back.shape[1] / block), (back[:, ::block] >= 0).sum(1)
+        bad_rows = (entries_used * block + blocks - entries_used) / back.shape[1]
+        ring = _f(entries_used > 0)
+        banned = (back == 0).sum(1)
+    # single elements of the row: biased, stop ids, banned, saturated tokens
+    sparse = (bias + stopping * a["num_stop"] + banned + used) / vocab
+    drafts = ones if c["HAS_DRAFTS"] else zeros
+    return Work(
+        reads={
+            "logits_ptr": 1 + sparse + full,
+            "bad_tokens_ptr": bad_rows,
+            "bad_back_ptr": bad_rows,
+            "bad_word_ptr": bad_rows,
+            "window_ptr": ring,
+            "counts_ptr": torch.maximum(penalties, full),
+            "prompt_mask_ptr": penalties,
+            "grammar_ptr": ones if c["HAS_GRAMMAR"] else zeros,
+            "stop_ids_ptr": stopping,
+            "overflow_token_ptr": _f(fix_excess) * (used + 2) / (entries + 1),
+            "overflow_excess_ptr": used / (entries + 1),
+            "drafts_ptr": drafts,
+            "num_preceding_ptr": drafts,
+        },
+        writes={"logits_ptr": 1 + sparse + full},
+        walks={
+            tile_loop(k._process_logits_kernel, 0): ones,
+            tile_loop(k._process_logits_kernel, 1): full,
+        },
+    )
+
+
+def _top_k_top_p_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
+    from graphsafe_sampler.kernels import top_k_top_p as k
+
+    slots, vocab, buffer = a["slots_ptr"], a["vocab_size"], a["buffer_size"]
+    top_k, top_p = a["top_k_ptr"][slots], a["top_p_ptr"][slots]
+    min_p = a["min_p_ptr"][slots] if c["HAS_MIN_P"] else torch.zeros_like(top_p)
+    k_on, p_on = (top_k > 0) & (top_k < vocab), top_p < 1.0
+    filtered = _f(k_on | p_on | (min_p != 0.0))
+    settled_k = k_on & (buffer > 0) & (top_k <= buffer)
+    # the module docstring's settled rows: top-p is settled only after a buffered top-k
+    searches = _f(k_on & ~settled_k) + _f(p_on & ~settled_k)
+    passes = filtered * searches * SEARCH_PASSES
+    apply = filtered * float(c["APPLY"])
+    ones = torch.ones_like(filtered)
+    return Work(
+        reads={
+            "logits_ptr": filtered + passes + apply,
+            "min_p_ptr": ones * float(c["HAS_MIN_P"]),
+            "threshold_ptr": 0 * ones,
+            "reads_ptr": 0 * ones,
+        },
+        writes={
+            "logits_ptr": apply,
+            "threshold_ptr": ones,
+            "reads_ptr": ones * float(c["COUNT_READS"]),
+        },
+        walks={
+            tile_loop(k._top_k_top_p_kernel, 0): filtered,
+            tile_loop(k._largest_key_reaching, 0): passes,
+            tile_loop(k._top_k_top_p_kernel, 1): apply,
+        },
+    )
+
+
+def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
+    from graphsafe_sampler.kernels import sampling as k
+
+    slots = a["slots_ptr"]
+    ones = torch.ones(slots.shape[0], dtype=torch.float64)
+    random = _f(a["temperature_ptr"][slots] >= c["GREEDY_BELOW"])
+    by_slot = float(c["BY_SLOT"])  # the position from the slot's tables, not per row
+    return Work(
+        reads={
+            "logits_ptr": ones,
+            "threshold_ptr": ones * float(c["HAS_THRESHOLD"]),
+            "seeds_ptr": random,
+            "positions_ptr": random * (1 - by_slot),
+            "prompt_len_ptr": random * by_slot,
+            "num_generated_ptr": random * by_slot,
+            "tokens_ptr": 0 * ones,
+        },
+        writes={"tokens_ptr": ones},
+        walks={tile_loop(k._sample_kernel, 0): ones},
+    )
+
+
+def _logprobs_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
+    from graphsafe_sampler.kernels import logprobs as k
+
+    rows, vocab = a["source_ptr"].shape
+    ones = torch.ones(rows, dtype=torch.float64)
+    written = ("token_ids_ptr", "logprobs_ptr", "ranks_ptr", "lse_ptr")
+    return Work(
+        reads={"source_ptr": ones * (1 + 1 / vocab), **dict.fromkeys(written, 0 * ones)},
+        writes=dict.fromkeys(written, ones),
+        walks={tile_loop(k._logprobs_kernel, 0): ones, tile_loop(k._logprobs_kernel, 1): 0 * ones},
+    )
+
+
+def _commit_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
+    slots = a["slots_ptr"]
+    keep = a["keep_ptr"] != 0 if c["HAS_KEEP"] else True
+    commit = _f(keep & (slots != a["padding_slot"]))
+    count = commit / a["vocab_size"]  # one byte of the counts row
+    spare = torch.ones_like(commit) / (a["num_overflow"] + 1)  # one overflow entry
+    return Work(
+        reads={
+            "keep_ptr": torch.ones_like(commit) * float(c["HAS_KEEP"]),
+            "counts_ptr": count,
+            "overflow_token_ptr": spare,
+            "overflow_excess_ptr": 0 * spare,
+            "window_ptr": 0 * spare,
+        },
+        writes={
+            "counts_ptr": count,
+            "overflow_token_ptr": spare,
+            "num_generated_ptr": commit,
+            "window_ptr": commit / a["window_len"],
+        },
+    )
+
+
+def _min_p_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
+    from graphsafe_sampler.kernels import min_p as k
+
+    on = _f(a["min_p_ptr"][a["slots_ptr"]] != 0.0)
+    return Work(
+        reads={"logits_ptr": 2 * on},
+        writes={"logits_ptr": on},
+        walks={tile_loop(k._min_p_kernel, 0): on, tile_loop(k._min_p_kernel, 1): on},
+    )
+
+
+WORK: dict[str, Callable[[dict[str, Any], dict[str, Any]], Work]] = {
+    "_process_logits_kernel": _process_logits_work,
+    "_top_k_top_p_kernel": _top_k_top_p_work,
+    "_sample_kernel": _sample_work,
+    "_logprobs_kernel": _logprobs_work,
+    "_commit_history_kernel": _commit_work,
+    "_min_p_kernel": _min_p_work,
+}
+"""The module docstring's table, kernel by kernel; any other kernel gets `generic_work`."""
+
+
+def generic_work(variant: Variant, programs: int) -> Work:
+    """A kernel the table does not know: each of its tile loops walked once per program (and,
+    by default, one row of each tensor argument read)."""
+    ones = torch.ones(programs, dtype=torch.float64)
+    return Work(walks={(loop.file, loop.line): ones for loop in variant.loops if loop.tile_loop})
+
+
+def row_bytes(t: torch.Tensor) -> int:
+    """Bytes of one row of a table (one element of a vector)."""
+    elements = t.numel() // t.shape[0] if t.dim() >= 2 else 1
+    return elements * t.element_size()

@@ -1,0 +1,84 @@
+"""The machine of the estimate (an H200) and the formulas of perf/kernel_model.py's docstring:
+CTAs per SM from a variant's registers, warps and shared memory, and the time of a launch."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """The machine the estimate is for, each figure with its source (perf/README.md)."""
+
+    name: str = "NVIDIA H200 SXM (sm_90)"
+    hbm_peak_tbps: float = 4.8  # NVIDIA's H200 datasheet: HBM3e, 4.8 TB/s
+    hbm_fraction: float = 0.8  # what streaming kernels reach of peak: copies reach 80-90 %
+    sms: int = 132  # H200 SXM (GH100 with 132 SMs enabled)
+    clock_ghz: float = 1.98  # GH100's maximum boost clock (sustained clocks can be lower)
+    issue_per_clock: int = 4  # 4 sub-partitions an SM, each issuing 1 warp-instruction a clock
+    memory_latency_ns: float = 800.0  # one unpipelined global load, HBM, under load
+    launch_overhead_us: float = 2.0  # one kernel node replayed in a CUDA graph
+    registers_per_sm: int = 65_536
+    register_granule: int = 256  # registers are allocated per warp in units of 256
+    shared_per_sm: int = 228 * 1024
+    shared_reserved_per_cta: int = 1024  # the driver reserves 1 KB of shared memory per CTA
+    max_ctas_per_sm: int = 32
+    max_warps_per_sm: int = 64
+
+    @property
+    def bytes_per_us(self) -> float:
+        return self.hbm_peak_tbps * self.hbm_fraction * 1e6
+
+
+H200 = Gpu()
+
+
+def ctas_per_sm(num_warps: int, registers: int, shared_bytes: int, gpu: Gpu = H200) -> int:
+    """CTAs of one kernel resident on an SM at once: the tightest of the CTA, warp, register
+    and shared-memory limits (registers allocated per warp, rounded up to the granule)."""
+    per_warp = math.ceil(registers * 32 / gpu.register_granule) * gpu.register_granule
+    return min(
+        gpu.max_ctas_per_sm,
+        gpu.max_warps_per_sm // num_warps,
+        gpu.registers_per_sm // (per_warp * num_warps),
+        gpu.shared_per_sm // (shared_bytes + gpu.shared_reserved_per_cta),
+    )
+
+
+@dataclass
+class Timing:
+    memory_us: float  # bytes / bandwidth
+    waves: int
+    serial_us: float  # one program's tile loops, one after another
+    est_us: float
+
+
+def launch_time(
+    bytes_moved: float,
+    programs: int,
+    ctas: int,
+    num_warps: int,
+    tile_loops: Sequence[tuple[float, int]],  # (tiles walked by a program, loop instructions)
+    gpu: Gpu = H200,
+) -> Timing:
+    """The module docstring's formula for one Triton launch."""
+    waves = math.ceil(programs / (gpu.sms * ctas))
+    resident = min(ctas, math.ceil(programs / gpu.sms))
+    share = min(num_warps, gpu.issue_per_clock / resident)  # warp-instructions a clock
+    serial_ns = sum(
+        tiles * (gpu.memory_latency_ns + instructions * num_warps / share / gpu.clock_ghz)
+        for tiles, instructions in tile_loops
+    )
+    memory_us = bytes_moved / gpu.bytes_per_us
+    serial_us = serial_ns / 1e3
+    est = max(memory_us, waves * serial_us) + gpu.launch_overhead_us
+    return Timing(memory_us, waves, serial_us, est)
+
+
+def aten_time(bytes_moved: float, gpu: Gpu = H200) -> Timing:
+    """A kernel-launching aten op: elementwise or indexing, spread over the whole GPU, so
+    its bytes and its launch are all that count."""
+    memory_us = bytes_moved / gpu.bytes_per_us
+    return Timing(memory_us, 1, 0.0, memory_us + gpu.launch_overhead_us)

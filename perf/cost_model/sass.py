@@ -1,0 +1,161 @@
+"""A recorded launch compiled for sm_90 with its own specialization: registers and spills
+(`ptxas -v`), shared memory (the compiled metadata) and the loops of its SASS (`nvdisasm`).
+
+Triton is imported inside the functions: tests/cuda_compile.py must be imported first (it
+turns the interpreter off), which perf/kernel_model.py's `build_model` does."""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ARCH = 90
+
+_LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
+_LABEL = re.compile(r"^\s*(\.L\w+):")
+_INSTRUCTION = re.compile(r"/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
+_BRANCH = re.compile(r"\bBRA\b.*`\((\.L\w+)\)")
+TILE_LOOP = re.compile(r"for \w+ in range\(0, vocab_size, BLOCK_SIZE\)")
+"""A kernel's walk over its row's tiles, as every kernel in kernels/ writes it."""
+
+
+@dataclass
+class Loop:
+    """One SASS loop: from a label to the last branch back to it."""
+
+    file: str
+    line: int  # of the branch back: the loop statement's line
+    source: str
+    instructions: int  # static, head to back edge (per thread, per iteration)
+    tile_loop: bool
+    elements_per_thread: float | None = None  # BLOCK_SIZE / (32 × warps), tile loops
+    instructions_per_element: float | None = None
+    walks_per_row: float = 0.0  # the most any program walks it (tile loops)
+
+
+def find_loops(sass: str, num_warps: int, block_size: int | None) -> list[Loop]:
+    """The loops of `nvdisasm -c -g` output (file and line from its line info): a branch to
+    an earlier label, one loop per label, unless an EXIT lies between the two: that is a
+    cold path placed after the body (a warp-divergence fallback after `BRA.DIV`) rejoining
+    it, and Triton's structured control flow never exits from inside a loop. The
+    branch-to-itself that pads the end of a function is not a loop either."""
+    labels: dict[str, int] = {}
+    pending: list[str] = []
+    code: list[tuple[int, str, str, int]] = []  # offset, text, file, line
+    file, line = "", 0
+    for text in sass.splitlines():
+        if located := _LINE.search(text):
+            file, line = located.group(1), int(located.group(2))
+        elif label := _LABEL.match(text):
+            pending.append(label.group(1))
+        elif ins := _INSTRUCTION.search(text):
+            offset = int(ins.group(1), 16)
+            labels.update(dict.fromkeys(pending, offset))
+            pending = []
+            code.append((offset, ins.group(2), file, line))
+    ends: dict[int, tuple[int, str, int]] = {}  # head -> back edge: offset, file, line
+    exits = [offset for offset, text, *_ in code if re.search(r"\bEXIT\b", text)]
+    for offset, text, where, at in code:
+        branch = _BRANCH.search(text)
+        head = labels.get(branch.group(1), offset) if branch else offset
+        if head < offset and not any(head <= e <= offset for e in exits):
+            ends[head] = (offset, where, at)
+    loops = []
+    for head, (end, where, at) in sorted(ends.items()):
+        source = linecache.getline(where, at).strip()
+        count = sum(1 for offset, *_ in code if head <= offset <= end)
+        loop = Loop(os.path.basename(where), at, source, count, bool(TILE_LOOP.search(source)))
+        if loop.tile_loop and block_size:
+            loop.elements_per_thread = block_size / (32 * num_warps)
+            loop.instructions_per_element = round(count / loop.elements_per_thread, 2)
+        loops.append(loop)
+    return loops
+
+
+# ---------------------------------------------------------------------------- compiling
+
+
+@dataclass
+class Variant:
+    """One compiled kernel variant: what ptxas, the metadata and the SASS say."""
+
+    num_warps: int
+    registers: int
+    spill_bytes: int
+    shared_bytes: int
+    loops: list[Loop]
+    seconds: float
+
+
+def _tool(name: str) -> str:
+    import triton
+
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+
+
+def _disassemble(cubin: bytes) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        proc = subprocess.run(
+            [_tool("nvdisasm"), "-c", "-g", str(path)],
+            capture_output=True, text=True, timeout=300, check=True,
+        )  # fmt: skip
+    return proc.stdout
+
+
+class Compiler:
+    """Compiles each distinct variant once (by kernel, signature, constexprs and options)."""
+
+    def __init__(self, log: Callable[[str], None]) -> None:
+        self.log = log
+        self.variants: dict[str, Variant] = {}
+
+    def get(self, launch: Any) -> Variant:
+        import triton
+        from cuda_compile import _ptxas_usage
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource, make_backend
+        from triton.runtime.jit import create_function_from_signature
+
+        kernel = launch.kernel
+        target = GPUTarget("cuda", ARCH, 32)
+        backend = make_backend(target)
+        # The launch's own specialization, as JITFunction.run computes it on a GPU: pointers
+        # 16-byte aligned and ints divisible by 16 become hints that vectorise the loads.
+        # cuda_compile's plain signature (no hints) would count scalar loads instead.
+        binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+        bound, specialization, options = binder(**launch.args, **launch.options)
+        kwargs = {**launch.constexprs, **launch.options}
+        parsed, signature, constexprs, attrs = kernel._pack_args(
+            backend, kwargs, bound, specialization, options
+        )
+        key = f"{kernel.__name__} {specialization} {sorted(launch.options.items())}"
+        if key in self.variants:
+            return self.variants[key]
+        start = time.perf_counter()
+        src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+        compiled = triton.compile(src, target=target, options=parsed.__dict__)
+        registers, spills = _ptxas_usage(compiled.asm["ptx"])
+        if registers is None:
+            raise RuntimeError(f"ptxas -v gave no register count for {kernel.__name__}")
+        block = launch.constexprs.get("BLOCK_SIZE")
+        sass = _disassemble(compiled.asm["cubin"])
+        variant = Variant(
+            compiled.metadata.num_warps, registers, spills or 0, compiled.metadata.shared,
+            find_loops(sass, compiled.metadata.num_warps, block),
+            round(time.perf_counter() - start, 2),
+        )  # fmt: skip
+        self.variants[key] = variant
+        constants = " ".join(f"{k}={v}" for k, v in launch.constexprs.items())
+        self.log(f"compiled {kernel.__name__} {constants} num_warps={variant.num_warps}: "
+                 f"{variant.seconds:.1f} s, {registers} registers")  # fmt: skip
+        return variant

@@ -1,0 +1,379 @@
+#!/usr/bin/env python
+"""A cost model of the Triton step on an H200, computed on the CPU: an estimate, never a
+measurement.
+
+Why: a GPU is lent to some sessions only, for minutes. This model says, on any machine, what
+one `Sampler` step on the Triton backend launches, how many passes over the logits it makes,
+what each kernel's hot loop costs in SASS and roughly how long the step should take, so that
+a change to a kernel or to the pipeline shows its cost before a GPU run, and a GPU run has a
+figure to be compared with.
+
+    python perf/kernel_model.py [--rows 1 64 256] [--vocab 151936] [--cases all top_k_top_p]
+                                [--json PATH]
+
+How: a `Sampler(SamplerConfig(backend="triton", ...))` on the CPU, loaded with the GPU
+check's requests of the case (perf/gpu/measure.py `SamplerPool`, perf/gpu/cases.py), runs
+`sampler(logits)` once with Triton's `JITFunction.run` replaced by tests/cuda_compile.py's
+`Recorder` (each launch's signature, constexprs, options, grid and arguments; nothing runs)
+and under a `TorchDispatchMode` that lists the aten ops the step runs outside the kernels.
+Each distinct kernel variant is compiled for sm_90 with the launch's own specialization,
+then `ptxas -v` gives its registers and spills, its metadata the shared memory, and
+`nvdisasm` its SASS, whose loops (a branch back to an earlier label) are counted. This file
+records, assembles and reports; the package cost_model/ holds the parts (its `__init__`).
+
+Per launch (µs), the formula:
+
+    est     = max(bytes / (HBM peak × achievable fraction), waves × serial) + launch overhead
+    waves   = ceil(programs / (SMs × CTAs per SM))
+    serial  = Σ over the program's tile loops: walks × tiles × (latency + I × warps / share / clock)
+    tiles   = ceil(V / BLOCK_SIZE); I = the loop body's SASS instructions (per thread per
+              iteration); share = min(warps, issue rate / CTAs resident on an SM), in warp-
+              instructions per clock; resident = min(CTAs per SM, ceil(programs / SMs))
+    CTAs per SM = min(32, 64 // warps, 65,536 // (warps × ceil(32 × regs / 256) × 256),
+                      228 KB // (shared + 1 KB))
+
+An aten op that launches a kernel costs bytes / bandwidth + the launch overhead. The step is
+the sum of its launches (a CUDA graph replays them one after another). Instructions per
+element of a tile loop = I / (BLOCK_SIZE / (32 × warps)): one iteration of a thread handles
+BLOCK_SIZE / (32 × warps) elements of the tile.
+
+Bytes come from each kernel's access pattern (kernels/*.py docstrings, docs/kernels.md),
+evaluated on the batch's own parameters (which rows have penalties, top-k, ...). Passes per
+program over its row of each tensor:
+
+    kernel           logits [B, V] float32          other tensors
+    process_logits   1 read + 1 write, + the        counts row (V bytes) and prompt bitmask
+                     sparse stores (bias, stop      (V/8) with penalties; allowed bitmask
+                     ids, banned bad words,         always, grammar's with HAS_GRAMMAR; stop
+                     overflow entries); 1 more of   ids while min_tokens holds; bad-words
+                     each at a full overflow table  blocks in use; overflow entries in use
+    top_k_top_p      filtered rows: 1 read, + 8     threshold written; per-slot k, p, min_p
+                     search passes per unsettled
+                     filter, + 1 read and 1 write
+                     with APPLY; others: none
+    sample           1 read                         threshold; seed and position: random
+                                                    rows
+    logprobs         1 read of the source (the      K + 1 ids and values, rank, lse written
+                     rare second pass: never)
+    commit_history   none                           committing rows: one count byte read
+                                                    and written, one ring entry written
+    min_p            rows with min_p: 2 reads +     per-slot min_p
+                     1 write
+    any other        every tile loop walked once    one row of each tensor argument read
+
+Settled rows: top-k with k <= CANDIDATES (128) is exact from the candidate buffer in its one
+read, and so is top-p after it (its survivors are all in the buffer, barring ties at the k-th
+value). Top-p alone, or any filter the buffer cannot take, is charged the search's maximum,
+8 passes (it stops earlier when the candidate keys share leading digits or it decides early;
+the buffer settles a nucleus of up to ~127 tokens, which depends on the logits). Arguments
+the table does not name are charged one row read per program: an upper bound.
+
+Limits: static (the SASS is counted, every branch inside a loop as taken, and no kernel
+runs), no caches (every byte is an HBM byte, though the logits of a small batch sit in the
+50 MB L2 between kernels), no overlap of a loop's loads with its compute, warps issue at the
+full rate, the same clock under load, and no GPU: the figures to believe are the GPU
+check's. perf/README.md, "Cost model (estimate)", has the assumptions and their sources.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# perf/ is not a package: its package cost_model/ is found through this script's folder,
+# which is on sys.path when the script runs and must be put there when it is imported
+HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent / "tests"
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from cost_model.access import SEARCH_PASSES, WORK, generic_work, row_bytes  # noqa: E402
+from cost_model.aten_ops import AtenCounter, AtenOp  # noqa: E402
+from cost_model.machine import H200, Gpu, aten_time, ctas_per_sm, launch_time  # noqa: E402
+from cost_model.sass import Compiler, Variant  # noqa: E402
+
+DEFAULT_ROWS = (1, 64, 256)
+DEFAULT_VOCAB = 151_936
+DEFAULT_CASES = ("all", "top_k_top_p")
+
+
+def assumptions(gpu: Gpu = H200) -> dict[str, Any]:
+    """Every figure and rule the estimate rests on, printed with each report."""
+    return {
+        **asdict(gpu),
+        "achievable_bandwidth_tbps": round(gpu.bytes_per_us / 1e6, 3),
+        "search_passes_unsettled": SEARCH_PASSES,
+        "logprobs_second_pass": "never (rare: a token within an ulp of the sampled one)",
+        "branches_in_loops": "all taken (static SASS count: an upper bound)",
+        "caches": "none: every byte is an HBM byte",
+        "loads": "unpipelined: each tile of a serial loop waits one memory latency",
+    }
+
+
+# ---------------------------------------------------------------------------- recording
+
+
+@contextmanager
+def _triton_on_cpu() -> Iterator[None]:
+    """Lift the Triton backend's refusal of a CPU device without the interpreter
+    (`config.triton_available`, also imported by perf/gpu/targets.py): in this process
+    nothing runs on the device, every launch is recorded instead."""
+    import gpu.targets
+
+    import graphsafe_sampler.config as config
+
+    saved = config.triton_available, gpu.targets.triton_available
+    config.triton_available = gpu.targets.triton_available = lambda device: True
+    try:
+        yield
+    finally:
+        config.triton_available, gpu.targets.triton_available = saved
+
+
+def record_step(case: str, rows: int, vocab: int) -> list[Any]:
+    """The step's events in order: each Triton launch (a cuda_compile `Launch`) and each
+    aten op outside the kernels (an `AtenOp`), from one `sampler(logits)` of the GPU check's
+    Sampler for (case, rows, vocab), nothing run on a device."""
+    from cuda_compile import Recorder
+    from gpu.cases import case_logprobs
+    from gpu.measure import SamplerPool
+    from triton.runtime.jit import JITFunction
+
+    cpu = torch.device("cpu")
+    with _triton_on_cpu():
+        pool = SamplerPool(cpu, rows, seed=0)
+        sampler = pool.get(vocab, case_logprobs(case), "triton")
+    if isinstance(sampler, str):
+        raise RuntimeError(sampler)
+    pool.load(sampler, case, rows)
+    logits = torch.zeros(rows, vocab)  # never read: no kernel runs
+    events: list[Any] = []
+    recorder = Recorder()
+    recorder.label = f"{case} R{rows}"
+
+    def run(self: JITFunction, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+        recorder.run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        events.append(recorder.launches[-1])
+
+    original = JITFunction.run
+    JITFunction.run = run
+    try:
+        with AtenCounter(rows, vocab, events, lambda: len(recorder.launches)):
+            sampler(logits)
+    finally:
+        JITFunction.run = original
+    return events
+
+
+# ---------------------------------------------------------------------------- the model
+
+
+def _launch_entry(launch: Any, variant: Variant, rows: int, vocab: int, gpu: Gpu) -> dict[str, Any]:
+    programs = math.prod(launch.grid)
+    model = WORK.get(launch.kernel.__name__)
+    work = model(launch.args, launch.constexprs) if model else generic_work(variant, programs)
+    read = written = logits = 0.0
+    for name, value in launch.args.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        row = row_bytes(value)
+        # an argument the table does not name: one row read per program
+        r = float(work.reads[name].sum()) * row if name in work.reads else programs * row
+        w = float(work.writes[name].sum()) * row if name in work.writes else 0.0
+        read, written = read + r, written + w
+        if tuple(value.shape) == (rows, vocab):
+            logits += r + w
+    block = launch.constexprs.get("BLOCK_SIZE") or 1
+    tiles = math.ceil(vocab / block)
+    loops = []
+    tile_loops: dict[tuple[str, int], int] = {}  # (file, line) -> the largest body there
+    for loop in variant.loops:
+        walks = work.walks.get((loop.file, loop.line))
+        entry = replace(loop, walks_per_row=float(walks.max()) if walks is not None else 0.0)
+        loops.append(entry)
+        if loop.tile_loop and entry.walks_per_row:
+            key = (loop.file, loop.line)
+            tile_loops[key] = max(tile_loops.get(key, 0), loop.instructions)
+    # the slowest program sets the wave's end: the most walks of any row, loop by loop
+    serial = [
+        (float(work.walks[key].max()) * tiles, instructions)
+        for key, instructions in tile_loops.items()
+    ]
+    ctas = ctas_per_sm(variant.num_warps, variant.registers, variant.shared_bytes, gpu)
+    timing = launch_time(read + written, programs, ctas, variant.num_warps, serial, gpu)
+    return {
+        "kind": "triton",
+        "name": launch.kernel.__name__,
+        "constexprs": launch.constexprs,
+        "grid": list(launch.grid),
+        "programs": programs,
+        "num_warps": variant.num_warps,
+        "registers": variant.registers,
+        "spill_bytes": variant.spill_bytes,
+        "shared_bytes": variant.shared_bytes,
+        "ctas_per_sm": ctas,
+        "access_model": "table" if model else "generic",
+        "read_bytes": round(read),
+        "write_bytes": round(written),
+        "logits_passes": logits / (rows * vocab * 4),
+        "loops": [asdict(loop) for loop in loops],
+        **asdict(timing),
+    }
+
+
+def _aten_entry(op: AtenOp, rows: int, vocab: int, gpu: Gpu) -> dict[str, Any]:
+    timing = aten_time(op.read_bytes + op.write_bytes, gpu)
+    return {
+        "kind": "aten",
+        "name": op.name,
+        "read_bytes": op.read_bytes,
+        "write_bytes": op.write_bytes,
+        "logits_passes": op.logits_bytes / (rows * vocab * 4),
+        **asdict(timing),
+    }
+
+
+def model_step(
+    case: str, rows: int, vocab: int, compiler: Compiler, gpu: Gpu = H200
+) -> dict[str, Any]:
+    """One (case, rows): its launches in order, and the step's totals."""
+    launches, free = [], []
+    for event in record_step(case, rows, vocab):
+        if isinstance(event, AtenOp):
+            if event.launches:
+                launches.append(_aten_entry(event, rows, vocab, gpu))
+            else:
+                free.append(event.name)
+        else:
+            launches.append(_launch_entry(event, compiler.get(event), rows, vocab, gpu))
+    triton_launches = sum(1 for entry in launches if entry["kind"] == "triton")
+    return {
+        "launches": launches,
+        "step": {
+            "launches": len(launches),
+            "triton_launches": triton_launches,
+            "aten_launches": len(launches) - triton_launches,
+            "aten_ops_without_kernel": free,
+            "logits_passes": sum(entry["logits_passes"] for entry in launches),
+            "read_bytes": sum(entry["read_bytes"] for entry in launches),
+            "write_bytes": sum(entry["write_bytes"] for entry in launches),
+            "est_us": sum(entry["est_us"] for entry in launches),
+        },
+    }
+
+
+def build_model(
+    rows: Sequence[int] = DEFAULT_ROWS,
+    vocab: int = DEFAULT_VOCAB,
+    cases: Sequence[str] = DEFAULT_CASES,
+    gpu: Gpu = H200,
+    log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+) -> dict[str, Any]:
+    """The model as data (the `--json` document). Needs a process where Triton is not in
+    interpreter mode: tests/cuda_compile.py, imported first, turns the interpreter off."""
+    if str(TESTS) not in sys.path:
+        sys.path.insert(0, str(TESTS))
+    import cuda_compile  # noqa: F401  (before Triton: it sets TRITON_INTERPRET=0)
+
+    compiler = Compiler(log)
+    result: dict[str, Any] = {
+        "schema": 1,
+        "estimate": True,
+        "gpu": gpu.name,
+        "vocab": vocab,
+        "assumptions": assumptions(gpu),
+        "cases": {},
+    }
+    for case in cases:
+        for b in rows:
+            log(f"recording {case} B={b} V={vocab}")
+            result["cases"].setdefault(case, {})[str(b)] = model_step(case, b, vocab, compiler, gpu)
+    return result
+
+
+# ---------------------------------------------------------------------------- the report
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.2f}"
+
+
+def format_report(model: dict[str, Any]) -> str:
+    out = [f"Triton step on {model['gpu']}: cost model, an ESTIMATE (not a measurement)", ""]
+    out.append("Assumptions (estimate):")
+    out += [f"  {k} = {v}" for k, v in model["assumptions"].items()]
+    header = (
+        f"  {'#':>2}  {'launch':<28} {'grid':>6} {'warps':>5} {'regs':>4} {'spill':>5} "
+        f"{'smem':>6} {'CTA/SM':>6} {'waves':>5} {'read MB':>8} {'write MB':>8} "
+        f"{'passes':>6} {'mem µs':>7} {'serial µs':>9} {'est µs':>7}"
+    )
+    for case, by_rows in model["cases"].items():
+        for b, data in by_rows.items():
+            out += ["", f"[{case}] B={b} V={model['vocab']:,} (estimate)", header]
+            for i, e in enumerate(data["launches"], 1):
+                if e["kind"] == "aten":
+                    out.append(
+                        f"  {i:>2}  {e['name']:<28} {'-':>6} {'-':>5} {'-':>4} {'-':>5} "
+                        f"{'-':>6} {'-':>6} {'-':>5} {_mb(e['read_bytes']):>8} "
+                        f"{_mb(e['write_bytes']):>8} {e['logits_passes']:>6.2f} "
+                        f"{e['memory_us']:>7.2f} {'-':>9} {e['est_us']:>7.2f}"
+                    )
+                    continue
+                grid = "x".join(map(str, e["grid"]))
+                out.append(
+                    f"  {i:>2}  {e['name']:<28} {grid:>6} {e['num_warps']:>5} "
+                    f"{e['registers']:>4} {e['spill_bytes']:>5} {e['shared_bytes']:>6} "
+                    f"{e['ctas_per_sm']:>6} {e['waves']:>5} {_mb(e['read_bytes']):>8} "
+                    f"{_mb(e['write_bytes']):>8} {e['logits_passes']:>6.2f} "
+                    f"{e['memory_us']:>7.2f} {e['serial_us']:>9.2f} {e['est_us']:>7.2f}"
+                )
+                constants = " ".join(f"{k}={v}" for k, v in e["constexprs"].items())
+                out.append(f"      {constants}")
+                for loop in e["loops"]:
+                    per_element = (
+                        f"{loop['instructions_per_element']:.2f} instr/elem "
+                        f"({loop['elements_per_thread']:g} elem/thread), "
+                        f"{loop['walks_per_row']:g} walk(s)/row"
+                        if loop["instructions_per_element"] is not None
+                        else "not a tile loop"
+                    )
+                    out.append(
+                        f"      loop {loop['file']}:{loop['line']} {loop['instructions']} instr, "
+                        f"{per_element}: {loop['source'][:60]}"
+                    )
+            s = data["step"]
+            out.append(
+                f"  step: {s['launches']} launches ({s['triton_launches']} Triton + "
+                f"{s['aten_launches']} aten), {s['logits_passes']:.2f} logits passes, "
+                f"{_mb(s['read_bytes'])} MB read, {_mb(s['write_bytes'])} MB written, "
+                f"est {s['est_us']:.1f} µs; {len(s['aten_ops_without_kernel'])} aten ops "
+                f"launch nothing"
+            )
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=list(DEFAULT_ROWS))
+    parser.add_argument("--vocab", type=int, default=DEFAULT_VOCAB)
+    parser.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES))
+    parser.add_argument("--json", help="write the model (an estimate) here")
+    args = parser.parse_args(argv)
+    model = build_model(args.rows, args.vocab, args.cases)
+    print(format_report(model), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(model, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

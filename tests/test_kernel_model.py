@@ -1,0 +1,199 @@
+"""perf/kernel_model.py, the cost model of the Triton step on an H200 (an estimate): its
+formulas on hand-computed cases, the aten-op classifier, the SASS loop finder, and the whole
+model at a small vocabulary. The whole model runs in its own process, with the interpreter
+off (this suite's conftest turns it on; the model compiles for sm_90 and runs nothing), as
+tests/test_kernels_compile_for_cuda.py runs tests/cuda_compile.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from perf_scripts import PERF, load_perf_script
+
+load_perf_script("kernel_model")  # puts perf/ on sys.path: its package cost_model/
+from cost_model import aten_ops, machine, sass  # noqa: E402
+
+ROWS = (1, 3)
+VOCAB = 4099  # not a multiple of the 1,024-element tile, nor of 16
+CASES = ("all", "top_k_top_p")
+VOCAB_KERNELS = {
+    "_process_logits_kernel",
+    "_top_k_top_p_kernel",
+    "_sample_kernel",
+    "_logprobs_kernel",
+}
+"""The kernels that walk the vocabulary in tiles."""
+
+
+def _ptxas() -> bool:
+    """Whether the triton wheel ships its CUDA backend's tools."""
+    spec = importlib.util.find_spec("triton")
+    if spec is None or spec.origin is None:
+        return False
+    return (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas").exists()
+
+
+def test_ctas_per_sm_hand_computed() -> None:
+    # 192 registers: 6,144 a warp; 4 warps 24,576 -> 65,536 // 24,576 = 2
+    assert machine.ctas_per_sm(4, 192, 0) == 2
+    # 64 registers: 2,048 a warp; 8 warps 16,384 -> 4 (warps would allow 8)
+    assert machine.ctas_per_sm(8, 64, 0) == 4
+    # 33 registers: 1,056 a warp, rounded up to 1,280; 4 warps 5,120 -> 12 (warps: 16)
+    assert machine.ctas_per_sm(4, 33, 0) == 12
+    # shared memory: 100 KB + 1 KB reserved a CTA -> 228 KB // 101 KB = 2
+    assert machine.ctas_per_sm(4, 32, 100 * 1024) == 2
+    # warps: 32 a CTA -> 64 // 32 = 2 (registers would allow 4)
+    assert machine.ctas_per_sm(32, 16, 0) == 2
+    # the cap: 1 warp of 16 registers would fit 128 times
+    assert machine.ctas_per_sm(1, 16, 0) == 32
+
+
+def test_launch_time_hand_computed() -> None:
+    gpu = machine.Gpu(clock_ghz=2.0)  # 3.84 TB/s achievable, 800 ns, 2 µs a launch, 132 SMs
+    # 264 programs at 2 CTAs an SM: one wave, 2 resident share 4 issue slots -> 2 each; a
+    # tile: 800 ns + 100 instructions × 4 warps / 2 a clock / 2 GHz = 900 ns; 10 tiles: 9 µs
+    t = machine.launch_time(3.84e6, 264, 2, 4, [(10, 100)], gpu)
+    assert (t.waves, t.memory_us) == (1, pytest.approx(1.0))
+    assert t.serial_us == pytest.approx(9.0) and t.est_us == pytest.approx(11.0)
+    # 300 programs at 1 CTA an SM: 3 waves of one resident program issuing 4 a clock; a
+    # tile: 800 ns + 100 × 4 / 4 / 2 GHz = 850 ns; 10 tiles: 8.5 µs a wave
+    t = machine.launch_time(0, 300, 1, 4, [(10, 100)], gpu)
+    assert t.waves == 3 and t.est_us == pytest.approx(3 * 8.5 + 2)
+    # no tile loop: the bytes alone, 38.4 MB at 3.84 TB/s = 10 µs
+    assert machine.launch_time(3.84e7, 1000, 8, 4, [], gpu).est_us == pytest.approx(12.0)
+    assert machine.aten_time(3.84e6, gpu).est_us == pytest.approx(3.0)
+
+
+def test_aten_counter_counts_kernels_and_not_views() -> None:
+    x = torch.ones(2, 3)
+    events: list[Any] = []
+    with aten_ops.AtenCounter(2, 3, events, lambda: 0):
+        (x + 1).view(3, 2)
+        torch.empty(4)
+    ops = {op.name: op for op in events}
+    add, view = ops["aten.add.Tensor"], ops["aten.view.default"]
+    assert add.launches and (add.read_bytes, add.write_bytes, add.logits_bytes) == (24, 24, 48)
+    assert not view.launches and view.read_bytes == view.write_bytes == 0
+    assert not ops["aten.empty.memory_format"].launches
+
+
+def test_aten_counter_leaves_out_ops_that_launch_triton_kernels() -> None:
+    """An op during which a Triton launch was recorded (a kernel's torch.library op) is the
+    kernel itself, counted by the recorder: not an aten op."""
+    events: list[Any] = []
+    recorded = itertools.count()
+    with aten_ops.AtenCounter(2, 3, events, lambda: next(recorded)):  # a launch during every op
+        torch.ones(2, 3).add_(1)
+    assert events == []
+
+
+SASS = """\
+\t//## File "{src}", line 1
+        /*0000*/                   MOV R1, R2 ;
+.L_x_0:
+\t//## File "{src}", line 2
+        /*0010*/                   IADD3 R1, R1, 0x1, RZ ;
+        /*0020*/                   BRA.DIV UR4, `(.L_x_2) ;
+.L_x_1:
+        /*0030*/                   FADD R3, R3, R1 ;
+\t//## File "{src}", line 1
+        /*0040*/              @!P0 BRA `(.L_x_0) ;
+        /*0050*/                   EXIT ;
+.L_x_2:
+        /*0060*/                   SHFL.BFLY P0, R3, R3, 0x1, 0x1f ;
+        /*0070*/                   BRA `(.L_x_1) ;
+.L_x_3:
+        /*0080*/                   BRA `(.L_x_3);
+"""
+
+
+def test_find_loops_takes_back_edges_only(tmp_path: Path) -> None:
+    """One loop (0x10 to its branch back at 0x40); neither the divergence fallback's branch
+    back into the body past the EXIT nor the padding branch-to-itself is one."""
+    src = tmp_path / "kernel.py"
+    src.write_text("for start in range(0, vocab_size, BLOCK_SIZE):\n    x = 1\n", encoding="utf-8")
+    (loop,) = sass.find_loops(SASS.format(src=src), num_warps=4, block_size=1024)
+    assert (loop.file, loop.line, loop.instructions, loop.tile_loop) == ("kernel.py", 1, 4, True)
+    # a thread's iteration covers 1,024 / (32 × 4) = 8 elements: 4 / 8 instructions each
+    assert (loop.elements_per_thread, loop.instructions_per_element) == (8, 0.5)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The model at rows {1, 3}, V = 4,099, both cases, from the command line (~15 s)."""
+    if not _ptxas():
+        pytest.skip("this triton wheel ships no CUDA backend (ptxas)")
+    path = tmp_path_factory.mktemp("kernel_model") / "model.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    command = [sys.executable, str(PERF / "kernel_model.py"), "--vocab", str(VOCAB), "--json",
+               str(path), "--rows", *map(str, ROWS), "--cases", *CASES]  # fmt: skip
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "estimate" in proc.stdout.lower()
+    result: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return result
+
+
+def test_model_has_every_case_and_rows(model: dict[str, Any]) -> None:
+    assert model["schema"] == 1 and model["estimate"] is True and model["assumptions"]
+    for case in CASES:
+        assert set(model["cases"][case]) == {str(b) for b in ROWS}
+        for data in model["cases"][case].values():
+            step = data["step"]
+            assert isinstance(step["launches"], int)
+            assert 1 < step["logits_passes"] < math.inf
+            assert 0 < step["est_us"] < math.inf
+
+
+def test_step_counts_triton_and_kernel_launching_aten_ops(model: dict[str, Any]) -> None:
+    for case in CASES:
+        for data in model["cases"][case].values():
+            launches, step = data["launches"], data["step"]
+            triton = [e["name"] for e in launches if e["kind"] == "triton"]
+            aten = [e for e in launches if e["kind"] == "aten"]
+            assert step["launches"] == len(triton) + len(aten) == len(launches)
+            assert (step["triton_launches"], step["aten_launches"]) == (len(triton), len(aten))
+            assert {"_process_logits_kernel", "_top_k_top_p_kernel", "_sample_kernel"} <= set(
+                triton
+            )
+            assert ("_logprobs_kernel" in triton) == (case == "all")
+            # the float32 copy of the logits: one read and one write of [rows, V]
+            assert any(e["logits_passes"] == pytest.approx(2.0) for e in aten)
+            assert "aten.empty.memory_format" in step["aten_ops_without_kernel"]
+
+
+def test_step_estimate_grows_with_rows(model: dict[str, Any]) -> None:
+    for case in CASES:
+        by_rows = model["cases"][case]
+        times = [by_rows[str(b)]["step"]["est_us"] for b in ROWS]
+        assert times == sorted(times) and times[0] < times[-1]
+
+
+def test_every_launch_has_its_occupancy_and_hot_loop(model: dict[str, Any]) -> None:
+    for case in CASES:
+        for data in model["cases"][case].values():
+            for e in data["launches"]:
+                if e["kind"] != "triton":
+                    continue
+                assert e["registers"] > 0 and e["ctas_per_sm"] >= 1 and e["waves"] >= 1
+                assert e["programs"] == math.prod(e["grid"]) and e["access_model"] == "table"
+                if e["name"] in VOCAB_KERNELS:
+                    walked = [
+                        loop
+                        for loop in e["loops"]
+                        if loop["tile_loop"] and loop["walks_per_row"] > 0
+                    ]
+                    assert walked and all(
+                        loop["instructions_per_element"] > 0 for loop in walked
+                    ), e["loops"]
+                    assert e["serial_us"] > 0
