@@ -258,9 +258,11 @@ class RejectionSampler(nn.Module):
         flat_slots = slots.repeat_interleave(num_positions)  # [flat_rows]
         preceding = torch.arange(num_positions, device=device).repeat(num_rows)  # [flat]
         flat_drafts = drafts.repeat_interleave(num_positions, dim=0)  # [flat_rows, S]
-        x = target_logits.reshape(flat_rows, vocab).to(torch.float32, copy=True)
+        flat_logits = target_logits.reshape(flat_rows, vocab)  # read only, any float dtype
         grammar = self.grammar.bitmask_rows(flat_rows)
-        processed = sampler.pipeline.process(x, flat_slots, grammar, flat_drafts, preceding)
+        processed = sampler.pipeline.process(
+            flat_logits, flat_slots, grammar, flat_drafts, preceding
+        )
         x = processed.logits.view(num_rows, num_positions, vocab)  # processed target logits
         greedy = processed.greedy_tokens().view(num_rows, num_positions)  # [num_rows, S + 1]
         row_is_greedy = sampler.stages.temperature.is_greedy(slots)  # [num_rows]

@@ -211,11 +211,11 @@ class Sampler(nn.Module):
         self._check_commit_mask(commit_mask, num_rows)
         k, mode = self.config.max_num_logprobs, self.config.logprobs_mode
         slots = self.batch_state.slots(num_rows)  # [num_rows] int64
-        x = logits.to(torch.float32, copy=True)  # [num_rows, V]; the raw logits stay as they are
         grammar = self.stages.grammar.bitmask_rows(num_rows)
-        # the processed logprobs modes return the filtered logits: the mask must be written
+        # the processed logprobs modes return the filtered logits: the mask must be written.
+        # The pipeline reads the raw logits and processes them into a float32 buffer of its own
         processed = self.pipeline.process(
-            x, slots, grammar, write_mask=k > 0 and mode.startswith("processed")
+            logits, slots, grammar, write_mask=k > 0 and mode.startswith("processed")
         )
         tokens = self.pipeline.sample(processed, slots)  # [num_rows] int32 or int64
         logprobs = None

@@ -1,16 +1,17 @@
-"""docs/design.md §4 steps 2-6 in Triton, one program per row, in place: bad words, logit bias,
+"""docs/design.md §4 steps 2-6 in Triton, one program per row: bad words, logit bias,
 min_tokens, the allowed-token and grammar bitmasks, repetition/frequency/presence penalties,
-temperature.
+temperature, from the raw logits (any float dtype) into a float32 buffer.
 
-The key idea: the sparse stores (the bias table, then min_tokens' stop ids and the bad words'
-banned tokens) go first, then one
-dense pass reads and writes each element once; only the few saturated tokens (penalty count
-byte 255, the excess in the slot's overflow table) are visited again, for their excess and
-then their temperature, so no tile compares its tokens against the overflow table. All
-arithmetic is float32 with IEEE division and no fused multiply-add, so the row equals the
-PyTorch backend's bit for bit. Custom processors are not here. The step order,
-why the excess step may skip the dense pass's temperature, the exactness and the traffic per
-row: docs/kernels.md, logits processing.
+The key idea: one dense pass reads each raw element once and writes it once (no float32 copy
+first); the few sparse tokens are then fixed up: the biased ones recomputed from their raw
+value plus the bias, the saturated ones (penalty count byte 255, the excess in the slot's
+overflow table) given their excess and then their temperature, and last min_tokens' stop ids
+and the bad words' banned tokens set to -inf (which every other step keeps at -inf), so no
+tile compares its tokens against a sparse table. All arithmetic is float32 with IEEE
+division and no fused multiply-add, so the row equals the PyTorch backend's bit for bit.
+Custom processors are not here. The phases and their order, why the excess step may skip the
+dense pass's temperature, the exactness and the traffic per row: docs/kernels.md, logits
+processing.
 """
 
 from __future__ import annotations
@@ -98,8 +99,66 @@ def _ban_bad_words(
 
 
 @triton.jit
+def _penalise_and_scale(
+    x,  # [N] float32 logits of tokens `cols`, after the bias
+    cols,  # [N] int32 token ids
+    in_row,  # [N] bool
+    row,
+    allowed_row,  # the slot's allowed bitmask
+    grammar_row,  # the row's grammar bitmask (HAS_GRAMMAR)
+    prompt_row,  # the slot's prompt bitmask
+    counts_row,  # the slot's count bytes
+    drafts_ptr,
+    preceding,
+    num_drafts,
+    penalties_on,
+    repetition,
+    frequency,
+    presence,
+    fix_excess,
+    scale_on,
+    temperature,
+    SATURATED: tl.constexpr,
+    HAS_GRAMMAR: tl.constexpr,
+    HAS_DRAFTS: tl.constexpr,
+):
+    """Steps 3-6 on the tokens `cols`; a saturated token (byte 255, frequency on) is left
+    without its temperature, which step 7 applies after its excess."""
+    # 3-4. bitmasks
+    keep = _bit_is_set(allowed_row, cols, in_row)
+    if HAS_GRAMMAR:
+        keep &= _bit_is_set(grammar_row, cols, in_row)
+    x = tl.where(keep, x, float("-inf"))
+    # 5. penalties with the byte count (a saturated token is charged 255 here)
+    saturated = cols < 0  # all False, shaped as cols
+    if penalties_on:
+        byte = tl.load(counts_row + cols, mask=in_row, other=0).to(tl.int32)
+        count = byte
+        if HAS_DRAFTS:
+            # clamped to the row's D drafts, as the PyTorch mask `column < preceding` is:
+            # a device value past D must not read the next row's drafts
+            for j in range(0, tl.minimum(preceding, num_drafts)):
+                drafted = tl.load(drafts_ptr + row.to(tl.int64) * num_drafts + j)
+                count += (cols == drafted).to(tl.int32)
+        in_output = count > 0
+        seen = in_output | _bit_is_set(prompt_row, cols, in_row)
+        penalised = tl.where(x > 0.0, tl.math.div_rn(x, repetition), x * repetition)
+        x = tl.where(seen, penalised, x)
+        x = x - frequency * count.to(tl.float32)
+        x = x - presence * in_output.to(tl.float32)
+        # tl.where, not &: the interpreter cannot & a scalar bool with a block of them
+        saturated = tl.where(fix_excess, byte == SATURATED, False)
+    # 6. temperature, except where step 7 still subtracts the excess first
+    if scale_on:
+        x = tl.where(saturated, x, tl.math.div_rn(x, temperature))
+    return x
+
+
+@triton.jit
 def _process_logits_kernel(
-    logits_ptr,  # [num_rows, V] float32, updated in place
+    source_ptr,  # [num_rows, V] float32, float16 or bfloat16, read only
+    source_stride,  # elements between rows
+    logits_ptr,  # [num_rows, V] float32, written
     logits_stride,  # elements between rows
     slots_ptr,  # [num_rows] int64 row -> slot
     bias_ids_ptr,  # [num_slots, C] int32
@@ -141,41 +200,16 @@ def _process_logits_kernel(
     BAD_BLOCK: tl.constexpr,
 ):
     """Steps 1-7 of docs/kernels.md, logits processing (the comments carry their numbers),
-    with a barrier after each phase whose stores the next one reads or overwrites."""
+    from `source` into `logits`, with a barrier after each phase whose stores the next one
+    reads or overwrites: the dense pass (steps 3-6), the biased tokens again from their
+    source value plus the bias (steps 1, 3-6), step 7, then the -inf stores (step 2)."""
     row = tl.program_id(0)
     slot = tl.load(slots_ptr + row)
+    source_row = source_ptr + row.to(tl.int64) * source_stride
     row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
-
-    # 1. logit bias: keys are unique within a slot, so no two lanes touch one token
-    for start in range(0, num_bias, SPARSE_BLOCK):
-        entry = start + tl.arange(0, SPARSE_BLOCK)
-        used = entry < num_bias
-        value = tl.load(bias_values_ptr + slot * num_bias + entry, mask=used, other=0.0)
-        used &= value != 0.0
-        token = tl.load(bias_ids_ptr + slot * num_bias + entry, mask=used, other=0)
-        x = tl.load(row_ptr + token, mask=used, other=0.0)
-        tl.store(row_ptr + token, x + value, mask=used)
-    # a stop id with a bias may be stored above by another thread: -inf must land last
-    tl.debug_barrier()
-    # 2. min_tokens, and bad words: both store -inf, so neither orders against the other
     preceding = 0
     if HAS_DRAFTS:
         preceding = tl.load(num_preceding_ptr + row).to(tl.int32)
-    generated = tl.load(num_generated_ptr + slot)
-    if HAS_BAD_WORDS:
-        _ban_bad_words(
-            row_ptr, row, slot, generated, preceding, bad_tokens_ptr, bad_back_ptr, bad_word_ptr,
-            window_ptr, drafts_ptr, num_bad, window_len, num_drafts, HAS_DRAFTS, BAD_BLOCK,
-        )  # fmt: skip
-    if generated + preceding < tl.load(min_tokens_ptr + slot):
-        for start in range(0, num_stop, SPARSE_BLOCK):
-            entry = start + tl.arange(0, SPARSE_BLOCK)
-            used = entry < num_stop
-            token = tl.load(stop_ids_ptr + slot * num_stop + entry, mask=used, other=0)
-            tl.store(row_ptr + token, tl.full((SPARSE_BLOCK,), float("-inf"), tl.float32), used)
-    # the dense pass below reads what other threads of this program stored above
-    tl.debug_barrier()
-
     repetition = tl.load(repetition_ptr + slot)
     frequency = tl.load(frequency_ptr + slot)
     presence = tl.load(presence_ptr + slot)
@@ -188,43 +222,42 @@ def _process_logits_kernel(
     prompt_row = prompt_mask_ptr + slot * num_words
     grammar_row = grammar_ptr + row.to(tl.int64) * num_words
     counts_row = counts_ptr + slot.to(tl.int64) * vocab_size
+
+    # 3-6. the dense pass: every token read once from the source, written once
     for start in range(0, vocab_size, BLOCK_SIZE):
         cols = start + tl.arange(0, BLOCK_SIZE)
         in_row = cols < vocab_size
-        x = tl.load(row_ptr + cols, mask=in_row, other=0.0)
-        # 3-4. bitmasks
-        keep = _bit_is_set(allowed_row, cols, in_row)
-        if HAS_GRAMMAR:
-            keep &= _bit_is_set(grammar_row, cols, in_row)
-        x = tl.where(keep, x, float("-inf"))
-        # 5. penalties with the byte count (a saturated token is charged 255 here)
-        saturated = tl.zeros((BLOCK_SIZE,), tl.int1)
-        if penalties_on:
-            byte = tl.load(counts_row + cols, mask=in_row, other=0).to(tl.int32)
-            count = byte
-            if HAS_DRAFTS:
-                # clamped to the row's D drafts, as the PyTorch mask `column < preceding` is:
-                # a device value past D must not read the next row's drafts
-                for j in range(0, tl.minimum(preceding, num_drafts)):
-                    drafted = tl.load(drafts_ptr + row.to(tl.int64) * num_drafts + j)
-                    count += (cols == drafted).to(tl.int32)
-            in_output = count > 0
-            seen = in_output | _bit_is_set(prompt_row, cols, in_row)
-            penalised = tl.where(x > 0.0, tl.math.div_rn(x, repetition), x * repetition)
-            x = tl.where(seen, penalised, x)
-            x = x - frequency * count.to(tl.float32)
-            x = x - presence * in_output.to(tl.float32)
-            # tl.where, not &: the interpreter cannot & a scalar bool with a block of them
-            saturated = tl.where(fix_excess, byte == SATURATED, False)
-        # 6. temperature, except where step 7 still subtracts the excess first
-        if scale_on:
-            x = tl.where(saturated, x, tl.math.div_rn(x, temperature))
+        x = tl.load(source_row + cols, mask=in_row, other=0.0).to(tl.float32)
+        x = _penalise_and_scale(
+            x, cols, in_row, row, allowed_row, grammar_row, prompt_row, counts_row, drafts_ptr,
+            preceding, num_drafts, penalties_on, repetition, frequency, presence, fix_excess,
+            scale_on, temperature, SATURATED, HAS_GRAMMAR, HAS_DRAFTS,
+        )  # fmt: skip
         tl.store(row_ptr + cols, x, mask=in_row)
+    # the biased tokens are rewritten below, by other threads than the dense pass's
+    tl.debug_barrier()
+
+    # 1. logit bias, then steps 3-6 again on those tokens: keys are unique within a slot,
+    # so no two lanes touch one token
+    for start in range(0, num_bias, SPARSE_BLOCK):
+        entry = start + tl.arange(0, SPARSE_BLOCK)
+        used = entry < num_bias
+        value = tl.load(bias_values_ptr + slot * num_bias + entry, mask=used, other=0.0)
+        used &= value != 0.0
+        token = tl.load(bias_ids_ptr + slot * num_bias + entry, mask=used, other=0)
+        x = tl.load(source_row + token, mask=used, other=0.0).to(tl.float32) + value
+        x = _penalise_and_scale(
+            x, token, used, row, allowed_row, grammar_row, prompt_row, counts_row, drafts_ptr,
+            preceding, num_drafts, penalties_on, repetition, frequency,
+            presence, fix_excess, scale_on, temperature, SATURATED, HAS_GRAMMAR, HAS_DRAFTS,
+        )  # fmt: skip
+        tl.store(row_ptr + token, x, mask=used)
+
+    # step 7 reads what other threads of this program stored above
+    tl.debug_barrier()
 
     # 7. the saturated tokens' excess, then their temperature
     if fix_excess:
-        # step 7 reads what other threads of this program stored in the dense pass
-        tl.debug_barrier()
         table_row = slot.to(tl.int64) * (num_overflow + 1)
         # the table fills in order: a used last entry means it is full (docs/kernels.md)
         full = tl.load(overflow_token_ptr + table_row + num_overflow - 1) >= 0
@@ -253,10 +286,28 @@ def _process_logits_kernel(
                 at_255 = in_row & (count == SATURATED)
                 x = tl.load(row_ptr + cols, mask=at_255, other=0.0)
                 tl.store(row_ptr + cols, tl.math.div_rn(x, temperature), mask=at_255)
+    # a stop id or a banned token may be stored above by another thread: -inf lands last
+    tl.debug_barrier()
+
+    # 2. min_tokens, and bad words: both store -inf, so neither orders against the other
+    # (a masked or penalised -inf stays -inf through steps 3-7, so -inf last is the same)
+    generated = tl.load(num_generated_ptr + slot)
+    if HAS_BAD_WORDS:
+        _ban_bad_words(
+            row_ptr, row, slot, generated, preceding, bad_tokens_ptr, bad_back_ptr, bad_word_ptr,
+            window_ptr, drafts_ptr, num_bad, window_len, num_drafts, HAS_DRAFTS, BAD_BLOCK,
+        )  # fmt: skip
+    if generated + preceding < tl.load(min_tokens_ptr + slot):
+        for start in range(0, num_stop, SPARSE_BLOCK):
+            entry = start + tl.arange(0, SPARSE_BLOCK)
+            used = entry < num_stop
+            token = tl.load(stop_ids_ptr + slot * num_stop + entry, mask=used, other=0)
+            tl.store(row_ptr + token, tl.full((SPARSE_BLOCK,), float("-inf"), tl.float32), used)
 
 
 def launch_process_logits(
-    logits: torch.Tensor,  # [num_rows, V] float32, updated in place
+    source: torch.Tensor,  # [num_rows, V] float32, float16 or bfloat16, read only
+    logits: torch.Tensor,  # [num_rows, V] float32, written
     slots: torch.Tensor,  # [num_rows] int64
     bias_ids: torch.Tensor,  # [num_slots, C] int32
     bias_values: torch.Tensor,  # [num_slots, C] float32
@@ -288,6 +339,8 @@ def launch_process_logits(
     num_rows, vocab_size = logits.shape
     num_bad = bad_tokens.shape[1] if bad_tokens is not None else 0
     _process_logits_kernel[(num_rows,)](
+        source,
+        source.stride(0),
         logits,
         logits.stride(0),
         slots,
@@ -338,6 +391,7 @@ def launch_process_logits(
 
 @inplace_op("process_logits", mutates_args=("logits",))
 def process_logits(
+    source: torch.Tensor,
     logits: torch.Tensor,
     slots: torch.Tensor,
     bias_ids: torch.Tensor,
@@ -363,8 +417,9 @@ def process_logits(
     window: torch.Tensor | None = None,
 ) -> None:
     """Bad words, logit bias, min_tokens, allowed and grammar bitmasks, penalties and
-    temperature on logits [num_rows, V] float32, in place, in one pass (docs/kernels.md,
-    logits processing).
+    temperature: `source` [num_rows, V] float32, float16 or bfloat16 (read only, its rows
+    may be strided) processed into `logits` [num_rows, V] float32 (written; not overlapping
+    `source`), in one pass (docs/kernels.md, logits processing).
 
     Per slot ([num_slots, ...]): bias_ids int32 / bias_values float32 [C]; min_tokens,
     num_generated int32; stop_ids int32 [S]; allowed, prompt_mask int32 [ceil(V/32)];
@@ -381,6 +436,13 @@ def process_logits(
     """
     check_logits(logits)
     num_rows, vocab_size = logits.shape
+    if source.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"source must be float32, float16 or bfloat16, got {source.dtype}")
+    if source.shape != logits.shape or source.stride(1) != 1:
+        raise ValueError(
+            f"source must be [{num_rows}, {vocab_size}] with unit column stride, got shape "
+            f"{tuple(source.shape)} and strides {source.stride()}"
+        )
     check_rows("slots", slots, torch.int64, num_rows)
     num_slots, words = allowed.shape[0], (vocab_size + 31) // 32
     for name, t, dtype, shape in (
@@ -434,7 +496,8 @@ def process_logits(
         if num_bad == 0 or window.shape[1] == 0:
             raise ValueError("the bad-words tables need T >= 1 entries and a window of L >= 1")
     launch_process_logits(
-        logits, slots, bias_ids, bias_values, min_tokens, num_generated, stop_ids, allowed,
+        source, logits, slots, bias_ids, bias_values, min_tokens, num_generated, stop_ids,
+        allowed,
         grammar, counts, overflow_token, overflow_excess, prompt_mask, repetition, frequency,
         presence, temperature, drafts, num_preceding, bad_tokens, bad_back, bad_word, window,
     )  # fmt: skip

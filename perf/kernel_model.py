@@ -42,11 +42,13 @@ evaluated on the batch's own parameters (which rows have penalties, top-k, ...).
 program over its row of each tensor:
 
     kernel           logits [B, V] float32          other tensors
-    process_logits   1 read + 1 write, + the        counts row (V bytes) and prompt bitmask
-                     sparse stores (bias, stop      (V/8) with penalties; allowed bitmask
-                     ids, banned bad words,         always, grammar's with HAS_GRAMMAR; stop
-                     overflow entries); 1 more of   ids while min_tokens holds; bad-words
-                     each at a full overflow table  blocks in use; overflow entries in use
+    process_logits   raw source: 1 read (+ the      counts row (V bytes) and prompt bitmask
+                     biased tokens); float32 out:   (V/8) with penalties; allowed bitmask
+                     1 write + the sparse stores    always, grammar's with HAS_GRAMMAR; stop
+                     (bias, stop ids, bad words,    ids while min_tokens holds; bad-words
+                     overflow entries); 1 more      blocks in use; overflow entries in use
+                     read and write at a full
+                     overflow table
     top_k_top_p      filtered rows: 1 read, + 8     threshold written; per-slot k, p, min_p
                      search passes per unsettled
                      filter, + 1 read and 1 write

@@ -170,8 +170,9 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
 
         def process(grammar: bool = grammar, drafts: bool = drafts, bad: bool = bad_words) -> None:
             logits_processing.launch_process_logits(
-                x, slots, _i32(slots_n, 8), _t(slots_n, 8), _i32(slots_n), _i32(slots_n),
-                _i32(slots_n, 4), _i32(slots_n, words), _i32(rows, words) if grammar else None,
+                x, _t(rows, vocab), slots, _i32(slots_n, 8), _t(slots_n, 8), _i32(slots_n),
+                _i32(slots_n), _i32(slots_n, 4), _i32(slots_n, words),
+                _i32(rows, words) if grammar else None,
                 _t(slots_n, vocab, dtype=torch.uint8), _i32(slots_n, 3), _i32(slots_n, 3),
                 _i32(slots_n, words), _t(slots_n), _t(slots_n), _t(slots_n), _t(slots_n),
                 _i64(rows, 2) if drafts else None, _i64(rows) if drafts else None,

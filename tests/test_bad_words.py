@@ -424,9 +424,9 @@ def test_kernel_carries_words_across_its_blocks(
         preceding = torch.tensor([rng.randint(0, 3) for _ in range(ROWS)], device=kernel_device)
     logits = torch.randn(ROWS, V, generator=torch.Generator().manual_seed(seed)).to(kernel_device)
     want = s.bad_words.apply(logits.clone(), slots, drafts, preceding)
-    got = logits.clone()
+    got = torch.empty_like(logits)
     launch_process_logits(
-        got, slots, s.logit_bias.bias_ids.device, s.logit_bias.bias_values.device,
+        logits, got, slots, s.logit_bias.bias_ids.device, s.logit_bias.bias_values.device,
         s.min_tokens.min_tokens.device, s.batch_state.num_generated.device,
         s.min_tokens.stop_ids.device, s.allowed.allowed.device, None, s.penalties.counts,
         s.penalties.overflow_token.device, s.penalties.overflow_excess.device,

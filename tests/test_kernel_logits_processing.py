@@ -235,8 +235,8 @@ def _float64_reference(
 def _kernel(
     logits: torch.Tensor, slots: torch.Tensor, state: State, grammar: torch.Tensor | None
 ) -> torch.Tensor:
-    got = logits.clone()
-    process_logits(got, slots, *state.kernel_args(), grammar, *state.penalty_args())
+    got = torch.full_like(logits, float("nan"))  # every element must be written
+    process_logits(logits, got, slots, *state.kernel_args(), grammar, *state.penalty_args())
     return got
 
 
@@ -395,30 +395,37 @@ def test_non_contiguous_row_stride(kernel_device: torch.device) -> None:
     state = _random_state(3, 300, gen, device=kernel_device)
     base = torch.randn(6, 401, generator=gen).to(kernel_device)
     before = base.clone()
-    logits = base[::2, :300]  # row stride 802
+    logits = base[::2, :300]  # row stride 802, read only
+    out_base = torch.full((3, 700), 7.0, device=kernel_device)
+    out = out_base[:, 100:400]  # row stride 700
     slots = torch.tensor([0, 2, 1], device=kernel_device)
     want = _torch_backend(logits, slots, state, None)
-    process_logits(logits, slots, *state.kernel_args(), None, *state.penalty_args())
-    assert torch.equal(logits, want)
-    assert torch.equal(base[1::2], before[1::2])
-    assert torch.equal(base[::2, 300:], before[::2, 300:])
+    process_logits(logits, out, slots, *state.kernel_args(), None, *state.penalty_args())
+    assert torch.equal(out, want)
+    assert torch.equal(base, before)
+    assert bool((out_base[:, :100] == 7.0).all() and (out_base[:, 400:] == 7.0).all())
 
 
 def test_rejects_bad_input(kernel_device: torch.device) -> None:
     state = _random_state(1, 64, torch.Generator().manual_seed(0), device=kernel_device)
     logits = torch.randn(1, 64).to(kernel_device)
+    out = torch.empty_like(logits)
     slots = torch.tensor([0], device=kernel_device)
     with pytest.raises(TypeError, match=r"counts must be torch\.uint8, got torch\.int32"):
         args = list(state.penalty_args())
         args[0] = args[0].int()
-        process_logits(logits, slots, *state.kernel_args(), None, *args)
+        process_logits(logits, out, slots, *state.kernel_args(), None, *args)
     with pytest.raises(ValueError, match=r"grammar must have shape \[1, 2\], got \(2, 2\)"):
         grammar = torch.zeros(2, 2, dtype=torch.int32, device=kernel_device)
-        process_logits(logits, slots, *state.kernel_args(), grammar, *state.penalty_args())
+        process_logits(logits, out, slots, *state.kernel_args(), grammar, *state.penalty_args())
     with pytest.raises(ValueError, match=r"overflow_token must have E \+ 1 >= 2 columns, got 1"):
         args = list(state.penalty_args())
         args[1], args[2] = args[1][:, :1].contiguous(), args[2][:, :1].contiguous()
-        process_logits(logits, slots, *state.kernel_args(), None, *args)
+        process_logits(logits, out, slots, *state.kernel_args(), None, *args)
+    with pytest.raises(TypeError, match=r"source must be float32, float16 or bfloat16"):
+        process_logits(logits.double(), out, slots, *state.kernel_args(), None, *args)
+    with pytest.raises(ValueError, match=r"source must be \[1, 64\] with unit column stride"):
+        process_logits(logits[:, :32], out, slots, *state.kernel_args(), None, *args)
 
 
 def test_opcheck(kernel_device: torch.device) -> None:
@@ -430,5 +437,12 @@ def test_opcheck(kernel_device: torch.device) -> None:
     for g in (grammar, None):
         torch.library.opcheck(
             process_logits,
-            (logits.clone(), slots, *state.kernel_args(), g, *state.penalty_args()),
+            (
+                logits,
+                torch.empty_like(logits),
+                slots,
+                *state.kernel_args(),
+                g,
+                *state.penalty_args(),
+            ),
         )

@@ -31,8 +31,8 @@ def test_chained_kernels_compile_and_match_torch_backend(kernel_device: torch.de
 
     def step(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # one write of the logits (process_logits); top-k/top-p and sampling only read
-        x = logits.clone()
-        process_logits(x, slots, *state.kernel_args(), None, *state.penalty_args())
+        x = torch.empty_like(logits)
+        process_logits(logits, x, slots, *state.kernel_args(), None, *state.penalty_args())
         threshold = torch.empty(rows, device=logits.device)
         top_k_top_p_threshold(x, slots, top_k, top_p, threshold)
         tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)

@@ -97,15 +97,16 @@ def test_drafts_match_torch_backend(
     grammar = _random_grammar(rows, vocab, gen, kernel_device)
     token = int(drafts[0, 0])  # request 0's saturated draft: allowed at all its positions
     grammar[: spec + 1, token // 32] |= torch.tensor(1 << token % 32).to(torch.int32)
-    got = logits.clone()
+    got = torch.empty_like(logits)
     process_logits(
-        got, slots, *state.kernel_args(), grammar, *state.penalty_args(), drafts, preceding
-    )
+        logits, got, slots, *state.kernel_args(), grammar, *state.penalty_args(), drafts,
+        preceding,
+    )  # fmt: skip
     want = _torch_backend(logits, slots, state, grammar, drafts, preceding)
     assert torch.equal(got, want)
     # The drafts changed the penalised rows: without them the kernel gives another answer.
-    without = logits.clone()
-    process_logits(without, slots, *state.kernel_args(), grammar, *state.penalty_args())
+    without = torch.empty_like(logits)
+    process_logits(logits, without, slots, *state.kernel_args(), grammar, *state.penalty_args())
     changed = (without != got).any(-1).view(num_reqs, spec + 1)
     assert not bool(changed[:, 0].any())  # no draft precedes position 0
     assert bool(changed[0, 1:].all())  # slot 0: penalties on, the saturated draft unmasked
@@ -116,7 +117,8 @@ def test_bad_draft_arguments(kernel_device: torch.device) -> None:
     state = _random_state(2, 111, gen, device=kernel_device)
     slots, drafts, preceding = _spec_rows(state, 2, 3, gen)
     logits = torch.randn(slots.shape[0], 111, generator=gen).to(kernel_device)
-    args = (logits, slots, *state.kernel_args(), None, *state.penalty_args())
+    out = torch.empty_like(logits)
+    args = (logits, out, slots, *state.kernel_args(), None, *state.penalty_args())
     with pytest.raises(ValueError, match="drafts and num_preceding come together"):
         process_logits(*args, drafts, None)
     with pytest.raises(TypeError, match=r"drafts must be torch\.int64"):
@@ -144,10 +146,11 @@ def test_preceding_past_the_drafts_counts_each_draft_once(kernel_device: torch.d
     state.min_tokens[:num_reqs] = generated + spec + 1  # lifted only by the whole count
     logits = (torch.randn(rows, vocab, generator=gen) * 4).to(kernel_device)
     grammar = _random_grammar(rows, vocab, gen, kernel_device)
-    got = logits.clone()
+    got = torch.empty_like(logits)
     process_logits(
-        got, slots, *state.kernel_args(), grammar, *state.penalty_args(), drafts, preceding
-    )
+        logits, got, slots, *state.kernel_args(), grammar, *state.penalty_args(), drafts,
+        preceding,
+    )  # fmt: skip
     assert torch.equal(got, _torch_backend(logits, slots, state, grammar, drafts, preceding))
 
 
@@ -158,5 +161,14 @@ def test_opcheck_with_drafts(kernel_device: torch.device) -> None:
     logits = torch.randn(slots.shape[0], 129, generator=gen).to(kernel_device)
     torch.library.opcheck(
         process_logits,
-        (logits, slots, *state.kernel_args(), None, *state.penalty_args(), drafts, preceding),
+        (
+            logits,
+            torch.empty_like(logits),
+            slots,
+            *state.kernel_args(),
+            None,
+            *state.penalty_args(),
+            drafts,
+            preceding,
+        ),
     )

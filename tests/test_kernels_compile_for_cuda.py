@@ -80,16 +80,16 @@ def _line_of(lines: list[str], start: int, statement: str) -> int:
     return found[0]
 
 
-def test_process_logits_orders_bias_then_min_tokens_then_dense_pass(
-    report: dict[str, Any],
-) -> None:
-    """A stop id or a banned word with a bias is stored by two threads (step 1's bias, step
-    2's -inf), and the dense pass rewrites the row: each needs a barrier before the next, or
-    -inf may lose."""
+def test_process_logits_orders_its_phases(report: dict[str, Any]) -> None:
+    """The dense pass writes every token, the biased ones are rewritten, the saturated ones
+    read back and rewritten (step 7), and stop ids and banned words set to -inf, each phase
+    by other threads than the one before: each needs a barrier before the next, or a biased
+    token may keep its unbiased value and a biased stop id may lose its -inf."""
     from graphsafe_sampler.kernels.logits_processing import _process_logits_kernel
 
     lines, start = inspect.getsourcelines(_process_logits_kernel.fn)
-    bias = _line_of(lines, start, "tl.store(row_ptr + token, x + value, mask=used)")
+    bias = _line_of(lines, start, "tl.store(row_ptr + token, x, mask=used)")
+    excess = _line_of(lines, start, "tl.store(row_ptr + listed, value)")
     min_tokens = _line_of(
         lines,
         start,
@@ -103,9 +103,9 @@ def test_process_logits_orders_bias_then_min_tokens_then_dense_pass(
     for r in process:
         phases = r["store_phases"]
         phase = {line: i for i, stores in enumerate(phases) for line in stores}
-        where = f"{r['label']}: store lines by phase {phases}; bias {bias}, "
-        where += f"min_tokens {min_tokens}, bad words {bad_words}, dense {dense}"
-        assert {bias, min_tokens, dense} <= phase.keys(), where
-        assert phase[bias] < phase[min_tokens] < phase[dense], where
+        where = f"{r['label']}: store lines by phase {phases}; dense {dense}, bias {bias}, "
+        where += f"excess {excess}, min_tokens {min_tokens}, bad words {bad_words}"
+        assert {dense, bias, excess, min_tokens} <= phase.keys(), where
+        assert phase[dense] < phase[bias] < phase[excess] < phase[min_tokens], where
         if "bad_words=True" in r["label"]:
-            assert phase[bias] < phase[bad_words] < phase[dense], where
+            assert phase[excess] < phase[bad_words], where

@@ -51,7 +51,7 @@ class Pipeline(Protocol):
 
     def process(
         self,
-        logits: torch.Tensor,  # [num_rows, V] float32, a fresh copy: updated in place
+        logits: torch.Tensor,  # [num_rows, V] float32/16, bfloat16: the raw logits, read only
         slots: torch.Tensor,  # [num_rows] int64, the slot of each row's request
         grammar: torch.Tensor,  # [num_rows, ceil(V/32)] int32, each row's bitmask
         drafts: torch.Tensor | None = None,  # [num_rows, S] int64 ids in [0, V)

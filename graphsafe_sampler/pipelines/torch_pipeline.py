@@ -37,7 +37,7 @@ class TorchPipeline:
         if (drafts is None) != (num_preceding is None):
             raise ValueError("drafts and num_preceding come together")
         s = self.stages
-        x = logits
+        x = logits.to(torch.float32, copy=True)  # [num_rows, V]; the raw logits stay as they are
         # Steps 2-3 are -inf masks and finite additive biases, which commute: the sparse
         # updates go first, in place on the fresh copy, then the dense masks. Bad words'
         # scatter_reduce_ (amin over duplicate tokens) falls back to aten in inductor, which

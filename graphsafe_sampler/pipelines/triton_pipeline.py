@@ -67,8 +67,10 @@ class TritonPipeline:
             # the sampling kernel finds the greedy rows' argmax itself
             return Processed(done.logits.contiguous(), None, None, done.is_greedy)
         s = self.stages
-        x = logits
+        # processing reads the raw logits once and writes this buffer once: no copy first
+        x = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
         process_logits(
+            logits,
             x,
             slots,
             s.logit_bias.bias_ids.device,

@@ -76,7 +76,10 @@ def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     drafts = ones if c["HAS_DRAFTS"] else zeros
     return Work(
         reads={
-            "logits_ptr": 1 + sparse + full,
+            # the dense pass, and the biased tokens again from their source value
+            "source_ptr": 1 + bias / vocab,
+            # step 7 reads back the saturated tokens (and, at a full table, the whole row)
+            "logits_ptr": used / vocab + full,
             "bad_tokens_ptr": bad_rows,
             "bad_back_ptr": bad_rows,
             "bad_word_ptr": bad_rows,
