@@ -101,20 +101,32 @@ def _sample_kernel(
     positions_ptr,  # [num_rows] int64 token position each row samples (not BY_SLOT)
     prompt_len_ptr,  # [num_slots] int64 (BY_SLOT): position = prompt_len + num_generated
     num_generated_ptr,  # [num_slots] int32 (BY_SLOT)
-    tokens_ptr,  # [num_rows] int32 or int64, written
+    tokens_ptr,  # [num_rows] int32 or int64, written (not SPLIT)
+    partial_best_ptr,  # [num_rows, splits] float32, written (SPLIT): each chunk's best
+    partial_index_ptr,  # [num_rows, splits] int32 (SPLIT): its lowest index
+    partial_nan_ptr,  # [num_rows, splits] int32 (SPLIT): its first NaN, or INT32_MAX
     vocab_size,
+    chunk,  # columns a program scans, a multiple of BLOCK_SIZE (the row when not SPLIT)
     SALT: tl.constexpr,
     GREEDY_BELOW: tl.constexpr,
     HAS_THRESHOLD: tl.constexpr,
     BY_SLOT: tl.constexpr,
+    SPLIT: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
     """Per row r with slot s = slots[r]: greedy rows (temperature[s] < GREEDY_BELOW) take
     argmax(logits[r]), lowest index on ties; random rows take argmax(logits[r] + gumbel[r]),
     the noise being rng.py's draw for (seeds[s], positions[r], token id, SALT). Tokens below
     threshold[r] (HAS_THRESHOLD) count as -inf. A row holding NaN returns its first NaN's
-    index and a row with every token at -inf returns 0, as torch.argmax does."""
+    index and a row with every token at -inf returns 0, as torch.argmax does.
+
+    Program (row, split) scans columns [split * chunk, (split + 1) * chunk). With SPLIT, it
+    writes its chunk's best value (NaN left out), lowest index and first NaN for
+    `_combine_kernel`, so that a few rows still spread over every SM."""
     row = tl.program_id(0)
+    split = tl.program_id(1)
+    begin = split * chunk
+    end = tl.minimum(begin + chunk, vocab_size)
     slot = tl.load(slots_ptr + row)
     is_random = tl.load(temperature_ptr + slot) >= GREEDY_BELOW
     row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
@@ -131,25 +143,60 @@ def _sample_kernel(
         offset, mult = _row_key(tl.load(seeds_ptr + slot), position, SALT)
 
     # Running argmax with the lowest index on ties: a later tile replaces the best only when
-    # strictly greater. An all -inf row never replaces index 0, which is torch's answer.
+    # strictly greater. An all -inf row never replaces index 0 (its first chunk's start),
+    # which is torch's answer.
     best = tl.full((), float("-inf"), tl.float32)
-    best_index = tl.zeros((), tl.int32)
+    best_index = begin
     first_nan = tl.full((), 2147483647, tl.int32)
-    for start in range(0, vocab_size, BLOCK_SIZE):
+    for start in range(begin, end, BLOCK_SIZE):
         cols = start + tl.arange(0, BLOCK_SIZE)
-        in_row = cols < vocab_size
+        in_row = cols < end
         x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf"))
         # x < threshold is False for NaN: a NaN stays, as under masked_fill
         x = tl.where(x < threshold, float("-inf"), x)
         if is_random:
             x = x + _gumbel(_token_hash(cols, offset, mult))
-        # torch.argmax treats NaN as the maximum: remember the first one
-        first_nan = tl.minimum(first_nan, tl.min(tl.where(x != x, cols, 2147483647), axis=0))
+        # torch.argmax treats NaN as the maximum: remember the first one, and leave NaN out
+        # of the best (it decides alone)
+        is_nan = x != x
+        first_nan = tl.minimum(first_nan, tl.min(tl.where(is_nan, cols, 2147483647), axis=0))
+        x = tl.where(is_nan, float("-inf"), x)
         tile_max = tl.max(x, axis=0)
         tile_index = tl.min(tl.where((x == tile_max) & in_row, cols, 2147483647), axis=0)
         better = tile_max > best
         best_index = tl.where(better, tile_index, best_index)
         best = tl.where(better, tile_max, best)
+    if SPLIT:
+        at = row.to(tl.int64) * tl.num_programs(1) + split
+        tl.store(partial_best_ptr + at, best)
+        tl.store(partial_index_ptr + at, best_index)
+        tl.store(partial_nan_ptr + at, first_nan)
+    else:
+        token = tl.where(first_nan < 2147483647, first_nan, best_index)
+        tl.store(tokens_ptr + row, token.to(tokens_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _combine_kernel(
+    partial_best_ptr,  # [num_rows, splits] float32
+    partial_index_ptr,  # [num_rows, splits] int32
+    partial_nan_ptr,  # [num_rows, splits] int32
+    tokens_ptr,  # [num_rows] int32 or int64, written
+    splits,
+    SPLIT_BLOCK: tl.constexpr,
+):
+    """Per row, the chunks' answers merged in column order: the first NaN if any, else the
+    best value's lowest index (chunks are ordered, so the lowest chunk among equal bests);
+    a row of -inf gives chunk 0's start, 0."""
+    row = tl.program_id(0)
+    part = tl.arange(0, SPLIT_BLOCK)
+    used = part < splits
+    at = row.to(tl.int64) * splits + part
+    best = tl.load(partial_best_ptr + at, mask=used, other=float("-inf"))
+    index = tl.load(partial_index_ptr + at, mask=used, other=2147483647)
+    first_nan = tl.min(tl.load(partial_nan_ptr + at, mask=used, other=2147483647), axis=0)
+    top = tl.max(best, axis=0)
+    best_index = tl.min(tl.where(used & (best == top), index, 2147483647), axis=0)
     token = tl.where(first_nan < 2147483647, first_nan, best_index)
     tl.store(tokens_ptr + row, token.to(tokens_ptr.dtype.element_ty))
 
@@ -188,13 +235,26 @@ def launch_sample_tokens(
     salt: int = SALT_SAMPLE,
     prompt_len: torch.Tensor | None = None,  # [num_slots] int64, without positions
     num_generated: torch.Tensor | None = None,  # [num_slots] int32, without positions
+    splits: int = 1,  # programs a row is split over (`sample_splits`)
     block_size: int = 1024,
 ) -> None:
-    """Launch `_sample_kernel` over the rows; allocates nothing, returns None."""
+    """Launch `_sample_kernel` over rows x splits, then (splits > 1) `_combine_kernel` over
+    the rows; with splits > 1 it allocates the [num_rows, splits] partials. Returns None."""
     num_rows, vocab_size = logits.shape
     if vocab_size > _INT32_MAX - block_size:
         raise ValueError(f"vocab_size must be below 2**31 - {block_size}, got {vocab_size}")
-    _sample_kernel[(num_rows,)](
+    tiles = triton.cdiv(vocab_size, block_size)
+    splits = max(1, min(splits, tiles))
+    chunk = triton.cdiv(tiles, splits) * block_size
+    splits = triton.cdiv(vocab_size, chunk)  # no program without a column
+    split = splits > 1
+    partials = [tokens] * 3  # unread without SPLIT
+    if split:
+        partials = [
+            torch.empty(num_rows, splits, dtype=dtype, device=logits.device)
+            for dtype in (torch.float32, torch.int32, torch.int32)
+        ]
+    _sample_kernel[(num_rows, splits)](
         logits,
         logits.stride(0),
         threshold if threshold is not None else logits,  # unread without HAS_THRESHOLD
@@ -205,13 +265,34 @@ def launch_sample_tokens(
         prompt_len if prompt_len is not None else seeds,  # unread without BY_SLOT
         num_generated if num_generated is not None else slots,
         tokens,
+        *partials,
         vocab_size,
+        chunk,
         SALT=salt,
         GREEDY_BELOW=GREEDY_TEMPERATURE,
         HAS_THRESHOLD=threshold is not None,
         BY_SLOT=positions is None,
+        SPLIT=split,
         BLOCK_SIZE=block_size,
     )
+    if split:
+        _combine_kernel[(num_rows,)](
+            *partials, tokens, splits, SPLIT_BLOCK=triton.next_power_of_2(splits)
+        )
+
+
+def sample_splits(
+    num_rows: int, vocab_size: int, device: torch.device, num_sms: int | None = None
+) -> int:
+    """Programs per row for `sample_tokens`: enough for 2 per SM over the batch (a row of
+    151,936 is 149 tiles, which one SM would walk alone), at least one tile each. num_sms:
+    the device's (default: asked of CUDA); off CUDA without it, 1 (the interpreter runs
+    programs one after another)."""
+    if num_sms is None:
+        if device.type != "cuda":
+            return 1
+        num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(triton.cdiv(2 * num_sms, num_rows), triton.cdiv(vocab_size, 1024)))
 
 
 def launch_rng_noise(
@@ -243,6 +324,7 @@ def sample_tokens(
     salt: int = 0,
     prompt_len: torch.Tensor | None = None,
     num_generated: torch.Tensor | None = None,
+    splits: int = 1,
 ) -> None:
     """Greedy argmax or the counter-based Gumbel-max race, merged per row into `tokens`.
 
@@ -251,7 +333,9 @@ def sample_tokens(
     prompt_len [num_slots] int64 + num_generated [num_slots] int32, read in the kernel;
     temperature [num_slots] float32 (below GREEDY_TEMPERATURE is greedy); seeds [num_slots]
     int64; threshold [num_rows] float32 or None (tokens below it count as -inf); tokens
-    [num_rows] int32 or int64 (written); salt: the random stream (constants.SALT_*).
+    [num_rows] int32 or int64 (written); salt: the random stream (constants.SALT_*);
+    splits: programs per row, each scanning a chunk of whole tiles, merged by a second
+    kernel (`sample_splits` picks it; the tokens do not depend on it).
     """
     check_logits(logits)
     num_rows = logits.shape[0]
@@ -277,9 +361,11 @@ def sample_tokens(
         raise TypeError(f"temperature must be float32, got {temperature.dtype}")
     if seeds.dtype != torch.int64:
         raise TypeError(f"seeds must be int64, got {seeds.dtype}")
+    if splits < 1:
+        raise ValueError(f"splits must be >= 1, got {splits}")
     launch_sample_tokens(
         logits, slots, temperature, seeds, positions, tokens, threshold, salt, prompt_len,
-        num_generated,
+        num_generated, splits,
     )  # fmt: skip
 
 

@@ -26,7 +26,8 @@ Per launch (µs), the formula:
     est     = max(bytes / (HBM peak × achievable fraction), waves × serial) + launch overhead
     waves   = ceil(programs / (SMs × CTAs per SM))
     serial  = Σ over the program's tile loops: walks × tiles × (latency + I × warps / share / clock)
-    tiles   = ceil(V / BLOCK_SIZE); I = the loop body's SASS instructions (per thread per
+    tiles   = ceil(V / BLOCK_SIZE), or ceil(chunk / BLOCK_SIZE) for a kernel that splits its
+              rows over programs; I = the loop body's SASS instructions (per thread per
               iteration); share = min(warps, issue rate / CTAs resident on an SM), in warp-
               instructions per clock; resident = min(CTAs per SM, ceil(programs / SMs))
     CTAs per SM = min(32, 64 // warps, 65,536 // (warps × ceil(32 × regs / 256) × 256),
@@ -125,23 +126,27 @@ def assumptions(gpu: Gpu = H200) -> dict[str, Any]:
 
 
 @contextmanager
-def _triton_on_cpu() -> Iterator[None]:
+def _triton_on_cpu(num_sms: int) -> Iterator[None]:
     """Lift the Triton backend's refusal of a CPU device without the interpreter
     (`config.triton_available`, also imported by perf/gpu/targets.py): in this process
-    nothing runs on the device, every launch is recorded instead."""
+    nothing runs on the device, every launch is recorded instead. And split the sampling
+    kernel's rows as on a GPU of `num_sms` SMs (off CUDA the pipeline does not split)."""
     import gpu.targets
 
     import graphsafe_sampler.config as config
+    import graphsafe_sampler.pipelines.triton_pipeline as pipeline
+    from graphsafe_sampler.kernels.sampling import sample_splits
 
-    saved = config.triton_available, gpu.targets.triton_available
+    saved = config.triton_available, gpu.targets.triton_available, pipeline.sample_splits
     config.triton_available = gpu.targets.triton_available = lambda device: True
+    pipeline.sample_splits = lambda rows, vocab, device: sample_splits(rows, vocab, device, num_sms)
     try:
         yield
     finally:
-        config.triton_available, gpu.targets.triton_available = saved
+        config.triton_available, gpu.targets.triton_available, pipeline.sample_splits = saved
 
 
-def record_step(case: str, rows: int, vocab: int) -> list[Any]:
+def record_step(case: str, rows: int, vocab: int, num_sms: int = H200.sms) -> list[Any]:
     """The step's events in order: each Triton launch (a cuda_compile `Launch`) and each
     aten op outside the kernels (an `AtenOp`), from one `sampler(logits)` of the GPU check's
     Sampler for (case, rows, vocab), nothing run on a device."""
@@ -151,13 +156,6 @@ def record_step(case: str, rows: int, vocab: int) -> list[Any]:
     from triton.runtime.jit import JITFunction
 
     cpu = torch.device("cpu")
-    with _triton_on_cpu():
-        pool = SamplerPool(cpu, rows, seed=0)
-        sampler = pool.get(vocab, case_logprobs(case), "triton")
-    if isinstance(sampler, str):
-        raise RuntimeError(sampler)
-    pool.load(sampler, case, rows)
-    logits = torch.zeros(rows, vocab)  # never read: no kernel runs
     events: list[Any] = []
     recorder = Recorder()
     recorder.label = f"{case} R{rows}"
@@ -166,13 +164,20 @@ def record_step(case: str, rows: int, vocab: int) -> list[Any]:
         recorder.run(self, *args, grid=grid, warmup=warmup, **kwargs)
         events.append(recorder.launches[-1])
 
-    original = JITFunction.run
-    JITFunction.run = run
-    try:
-        with AtenCounter(rows, vocab, events, lambda: len(recorder.launches)):
-            sampler(logits)
-    finally:
-        JITFunction.run = original
+    with _triton_on_cpu(num_sms):
+        pool = SamplerPool(cpu, rows, seed=0)
+        sampler = pool.get(vocab, case_logprobs(case), "triton")
+        if isinstance(sampler, str):
+            raise RuntimeError(sampler)
+        pool.load(sampler, case, rows)
+        logits = torch.zeros(rows, vocab)  # never read: no kernel runs
+        original = JITFunction.run
+        JITFunction.run = run
+        try:
+            with AtenCounter(rows, vocab, events, lambda: len(recorder.launches)):
+                sampler(logits)
+        finally:
+            JITFunction.run = original
     return events
 
 
@@ -195,7 +200,8 @@ def _launch_entry(launch: Any, variant: Variant, rows: int, vocab: int, gpu: Gpu
         if tuple(value.shape) == (rows, vocab):
             logits += r + w
     block = launch.constexprs.get("BLOCK_SIZE") or 1
-    tiles = math.ceil(vocab / block)
+    # a kernel that splits its rows scans `chunk` columns a program (sampling)
+    tiles = math.ceil(int(launch.args.get("chunk", vocab)) / block)
     loops = []
     tile_loops: dict[tuple[str, int], int] = {}  # (file, line) -> the largest body there
     for loop in variant.loops:
@@ -249,7 +255,7 @@ def model_step(
 ) -> dict[str, Any]:
     """One (case, rows): its launches in order, and the step's totals."""
     launches, free = [], []
-    for event in record_step(case, rows, vocab):
+    for event in record_step(case, rows, vocab, gpu.sms):
         if isinstance(event, AtenOp):
             if event.launches:
                 launches.append(_aten_entry(event, rows, vocab, gpu))

@@ -204,16 +204,32 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
 
     from graphsafe_sampler.kernels.constants import SALT_BONUS, SALT_RECOVER, SALT_SAMPLE
 
-    for threshold in (False, True):
-        for salt in (SALT_SAMPLE, SALT_BONUS, SALT_RECOVER):
+    # the rejection sampler's races and the kernel tests: positions given, int64 tokens
+    for threshold, salt in ((False, SALT_SAMPLE), (True, SALT_SAMPLE), (False, SALT_BONUS),
+                            (False, SALT_RECOVER)):  # fmt: skip
 
-            def sample(threshold: bool = threshold, salt: int = salt) -> None:
+        def sample(threshold: bool = threshold, salt: int = salt) -> None:
+            sampling.launch_sample_tokens(
+                x, slots, _t(slots_n), _i64(slots_n), _i64(rows), _i64(rows),
+                _t(rows) if threshold else None, salt,
+            )  # fmt: skip
+
+        calls.append((f"sample_tokens threshold={threshold} salt={salt}", sample))
+
+    # the Sampler's: positions by slot, int32 tokens, rows whole or split (4 tiles of 1,024)
+    wide = _t(rows, 4096)
+    for threshold in (False, True):
+        for splits in (1, 3):
+
+            def by_slot(threshold: bool = threshold, splits: int = splits) -> None:
                 sampling.launch_sample_tokens(
-                    x, slots, _t(slots_n), _i64(slots_n), _i64(rows), _i64(rows),
-                    _t(rows) if threshold else None, salt,
+                    wide, slots, _t(slots_n), _i64(slots_n), None, _i32(rows),
+                    _t(rows) if threshold else None, SALT_SAMPLE, _i64(slots_n), _i32(slots_n),
+                    splits,
                 )  # fmt: skip
 
-            calls.append((f"sample_tokens threshold={threshold} salt={salt}", sample))
+            label = f"sample_tokens threshold={threshold} by_slot splits={splits}"
+            calls.append((label, by_slot))
 
     def noise() -> None:
         sampling.launch_rng_noise(

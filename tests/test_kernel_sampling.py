@@ -8,7 +8,7 @@ import scipy.stats
 import torch
 
 from graphsafe_sampler import rng
-from graphsafe_sampler.kernels.sampling import rng_noise, sample_tokens
+from graphsafe_sampler.kernels.sampling import launch_sample_tokens, rng_noise, sample_tokens
 from graphsafe_sampler.params import GREEDY_TEMPERATURE
 from graphsafe_sampler.stages.top_k_top_p import (
     apply_top_k_top_p,
@@ -107,13 +107,15 @@ def _assert_same_tokens(got: torch.Tensor, want: torch.Tensor, perturbed: torch.
 
 
 @pytest.mark.parametrize(
-    ("rows", "vocab"),
-    [pytest.param(1, 111, id="R1-V111"), pytest.param(3, 1023, id="R3-V1023"),
-     pytest.param(17, 4099, id="R17-V4099")],
+    ("rows", "vocab", "splits"),
+    [pytest.param(1, 111, 1, id="R1-V111"), pytest.param(3, 1023, 1, id="R3-V1023"),
+     pytest.param(17, 4099, 1, id="R17-V4099"),
+     # 5 tiles of 1,024 over 3 programs a row: chunks of 2, 2 and 1 tiles
+     pytest.param(17, 4099, 3, id="R17-V4099-split3")],
 )  # fmt: skip
 @pytest.mark.parametrize("fused_threshold", [False, True], ids=["masked", "threshold"])
 def test_tokens_match_torch_backend(
-    rows: int, vocab: int, fused_threshold: bool, kernel_device: torch.device
+    rows: int, vocab: int, fused_threshold: bool, splits: int, kernel_device: torch.device
 ) -> None:
     gen = _gen()
     num_slots = rows + 2
@@ -138,9 +140,9 @@ def test_tokens_match_torch_backend(
         t = temperature[slots]
         x = logits / torch.where(t < GREEDY_TEMPERATURE, 1.0, t)[:, None]
         cut = top_p_threshold(x, top_p[slots], top_k_threshold(x, top_k[slots]))
-        sample_tokens(x, slots, temperature, seeds, positions, cut[:, 0], tokens)
+        sample_tokens(x, slots, temperature, seeds, positions, cut[:, 0], tokens, splits=splits)
     else:
-        sample_tokens(filtered, slots, temperature, seeds, positions, None, tokens)
+        sample_tokens(filtered, slots, temperature, seeds, positions, None, tokens, splits=splits)
     near_ties = _assert_same_tokens(tokens, want, perturbed)
     print(f"{near_ties} of {rows} rows differ within rounding")
 
@@ -189,6 +191,38 @@ def test_masked_and_nan_rows_match_torch_backend(kernel_device: torch.device) ->
         positions,
     )
     assert tokens.tolist() == want.tolist() == [0, 0, 123, 123, 33, 33]
+
+
+def test_split_rows_merge_exactly(kernel_device: torch.device) -> None:
+    """Rows split over programs (16-column tiles here, so 13 chunks of a 200-column row at
+    most) give the whole-row scan's tokens bit for bit: maxima tied across chunks (the
+    lowest index), a NaN only in a later chunk (the first NaN), rows all -inf (0) or -inf
+    but in the last chunk, greedy and random."""
+    gen = _gen()
+    rows, vocab = 8, 200
+    logits = torch.randn(rows, vocab, generator=gen).clamp(max=4.0)
+    logits[0:2, [37, 90, 191]] = 6.0  # ties in three chunks
+    logits[2:4] = float("-inf")
+    logits[4:6, 150] = float("nan")  # NaN after the maximum's chunk
+    logits[4:6, 199] = float("nan")
+    logits[4:6, 3] = 9.0
+    logits[6:8] = float("-inf")
+    logits[6:8, 197] = -40.0  # the last chunk's only finite logit
+    logits = logits.to(kernel_device)
+    slots = torch.arange(rows, device=kernel_device)
+    temperature = torch.tensor([0.0, 0.9] * 4 + [0.0], device=kernel_device)
+    seeds = torch.arange(rows + 1, device=kernel_device) * 999331 - 7
+    positions = torch.arange(rows, device=kernel_device) * 3 + 1
+    runs = []
+    for splits in (1, 2, 3, 5, 13):
+        tokens = torch.full((rows,), -1, dtype=torch.int32, device=kernel_device)
+        launch_sample_tokens(
+            logits, slots, temperature, seeds, positions, tokens, splits=splits, block_size=16
+        )
+        runs.append(tokens.cpu())
+    for tokens in runs[1:]:
+        assert torch.equal(tokens, runs[0])
+    assert runs[0][[0, 2, 3, 4, 5, 6, 7]].tolist() == [37, 0, 0, 150, 150, 197, 197]
 
 
 def test_non_contiguous_row_stride(kernel_device: torch.device) -> None:

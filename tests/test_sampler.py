@@ -223,7 +223,7 @@ def test_graph_safety_of_the_whole_sampler(backend: str) -> None:
         sampler.stage_grammar_bitmask(mask.astype(np.int32), rows=rows)
 
     # The interpreter runs each kernel in numpy, one program per row: fewer steps there.
-    num_steps = 8 if interpreted(backend, device) else 50
+    num_steps = 5 if interpreted(backend, device) else 50
     # Dynamo's trace (aot_eager) is what graph safety needs; inductor's code for the whole
     # Sampler is checked against eager by the demo's compiled loop (tests/test_demo.py).
     report = check_graph_safety(

@@ -20,7 +20,7 @@ from graphsafe_sampler.kernels.history import commit_history
 from graphsafe_sampler.kernels.logits_processing import process_logits
 from graphsafe_sampler.kernels.logprobs import compute_logprobs
 from graphsafe_sampler.kernels.min_p import apply_min_p
-from graphsafe_sampler.kernels.sampling import sample_tokens
+from graphsafe_sampler.kernels.sampling import sample_splits, sample_tokens
 from graphsafe_sampler.kernels.top_k_top_p import apply_top_k_top_p, top_k_top_p_threshold
 from graphsafe_sampler.output import LogprobsTensors
 from graphsafe_sampler.pipelines.base import Processed
@@ -110,11 +110,12 @@ class TritonPipeline:
     def sample(self, processed: Processed, slots: torch.Tensor) -> torch.Tensor:
         # int32, the output's type; the positions are read by slot in the kernel
         s = self.stages
-        tokens = torch.empty(slots.shape[0], dtype=torch.int32, device=slots.device)
+        num_rows, vocab = processed.logits.shape
+        tokens = torch.empty(num_rows, dtype=torch.int32, device=slots.device)
         sample_tokens(
             processed.logits, slots, s.temperature.temperature.device, s.sampling.seed.device,
             None, processed.cut, tokens, SALT_SAMPLE, s.sampling.prompt_len.device,
-            s.batch_state.num_generated.device,
+            s.batch_state.num_generated.device, sample_splits(num_rows, vocab, slots.device),
         )  # fmt: skip
         return tokens
 

@@ -142,6 +142,8 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     ones = torch.ones(slots.shape[0], dtype=torch.float64)
     random = _f(a["temperature_ptr"][slots] >= c["GREEDY_BELOW"])
     by_slot = float(c["BY_SLOT"])  # the position from the slot's tables, not per row
+    split = float(c["SPLIT"])
+    partials = ("partial_best_ptr", "partial_index_ptr", "partial_nan_ptr")
     return Work(
         reads={
             "logits_ptr": ones,
@@ -151,9 +153,21 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             "prompt_len_ptr": random * by_slot,
             "num_generated_ptr": random * by_slot,
             "tokens_ptr": 0 * ones,
+            **dict.fromkeys(partials, 0 * ones),
         },
-        writes={"tokens_ptr": ones},
+        # split rows: each program writes its chunk's answer, one row of partials a row
+        writes={"tokens_ptr": ones * (1 - split), **dict.fromkeys(partials, ones * split)},
         walks={tile_loop(k._sample_kernel, 0): ones},
+    )
+
+
+def _combine_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
+    """The split rows' merge: each row's partials read once, its token written."""
+    ones = torch.ones(a["tokens_ptr"].shape[0], dtype=torch.float64)
+    partials = ("partial_best_ptr", "partial_index_ptr", "partial_nan_ptr")
+    return Work(
+        reads={**dict.fromkeys(partials, ones), "tokens_ptr": 0 * ones},
+        writes={"tokens_ptr": ones},
     )
 
 
@@ -208,6 +222,7 @@ WORK: dict[str, Callable[[dict[str, Any], dict[str, Any]], Work]] = {
     "_process_logits_kernel": _process_logits_work,
     "_top_k_top_p_kernel": _top_k_top_p_work,
     "_sample_kernel": _sample_work,
+    "_combine_kernel": _combine_work,
     "_logprobs_kernel": _logprobs_work,
     "_commit_history_kernel": _commit_work,
     "_min_p_kernel": _min_p_work,

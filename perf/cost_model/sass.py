@@ -23,7 +23,8 @@ _LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
 _LABEL = re.compile(r"^\s*(\.L\w+):")
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
 _BRANCH = re.compile(r"\bBRA\b.*`\((\.L\w+)\)")
-TILE_LOOP = re.compile(r"for \w+ in range\(0, vocab_size, BLOCK_SIZE\)")
+# a walk over the row's tiles: the whole row, or a program's chunk of it (split rows)
+TILE_LOOP = re.compile(r"for \w+ in range\((0, vocab_size|begin, end), BLOCK_SIZE\)")
 """A kernel's walk over its row's tiles, as every kernel in kernels/ writes it."""
 
 
