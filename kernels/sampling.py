@@ -236,24 +236,23 @@ def launch_sample_tokens(
     prompt_len: torch.Tensor | None = None,  # [num_slots] int64, without positions
     num_generated: torch.Tensor | None = None,  # [num_slots] int32, without positions
     splits: int = 1,  # programs a row is split over (`sample_splits`)
+    # [num_rows, >= splits] float32, int32, int32 scratch, needed when splits > 1
+    partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     block_size: int = 1024,
 ) -> None:
     """Launch `_sample_kernel` over rows x splits, then (splits > 1) `_combine_kernel` over
-    the rows; with splits > 1 it allocates the [num_rows, splits] partials. Returns None."""
+    the rows; allocates nothing, returns None."""
     num_rows, vocab_size = logits.shape
     if vocab_size > _INT32_MAX - block_size:
         raise ValueError(f"vocab_size must be below 2**31 - {block_size}, got {vocab_size}")
-    tiles = triton.cdiv(vocab_size, block_size)
-    splits = max(1, min(splits, tiles))
-    chunk = triton.cdiv(tiles, splits) * block_size
-    splits = triton.cdiv(vocab_size, chunk)  # no program without a column
+    splits = split_count(vocab_size, splits, block_size)
+    chunk = triton.cdiv(triton.cdiv(vocab_size, block_size), splits) * block_size
     split = splits > 1
-    partials = [tokens] * 3  # unread without SPLIT
+    scratch = [tokens] * 3  # unread without SPLIT
     if split:
-        partials = [
-            torch.empty(num_rows, splits, dtype=dtype, device=logits.device)
-            for dtype in (torch.float32, torch.int32, torch.int32)
-        ]
+        if partials is None:
+            raise ValueError(f"{splits} splits need the partials' scratch")
+        scratch = [t.view(-1)[: num_rows * splits] for t in partials]
     _sample_kernel[(num_rows, splits)](
         logits,
         logits.stride(0),
@@ -265,7 +264,7 @@ def launch_sample_tokens(
         prompt_len if prompt_len is not None else seeds,  # unread without BY_SLOT
         num_generated if num_generated is not None else slots,
         tokens,
-        *partials,
+        *scratch,
         vocab_size,
         chunk,
         SALT=salt,
@@ -277,8 +276,16 @@ def launch_sample_tokens(
     )
     if split:
         _combine_kernel[(num_rows,)](
-            *partials, tokens, splits, SPLIT_BLOCK=triton.next_power_of_2(splits)
+            *scratch, tokens, splits, SPLIT_BLOCK=triton.next_power_of_2(splits)
         )
+
+
+def split_count(vocab_size: int, splits: int, block_size: int = 1024) -> int:
+    """The programs a row really gets for `splits` asked: chunks of whole tiles, none
+    empty."""
+    tiles = triton.cdiv(vocab_size, block_size)
+    chunk = triton.cdiv(tiles, max(1, min(splits, tiles)))
+    return triton.cdiv(tiles, chunk)
 
 
 def sample_splits(
@@ -363,9 +370,18 @@ def sample_tokens(
         raise TypeError(f"seeds must be int64, got {seeds.dtype}")
     if splits < 1:
         raise ValueError(f"splits must be >= 1, got {splits}")
+    splits = split_count(logits.shape[1], splits)
+    partials = None
+    if splits > 1:  # the chunks' answers, merged by the second kernel
+        shape, device = (num_rows, splits), logits.device
+        partials = (
+            torch.empty(shape, dtype=torch.float32, device=device),
+            torch.empty(shape, dtype=torch.int32, device=device),
+            torch.empty(shape, dtype=torch.int32, device=device),
+        )
     launch_sample_tokens(
         logits, slots, temperature, seeds, positions, tokens, threshold, salt, prompt_len,
-        num_generated, splits,
+        num_generated, splits, partials,
     )  # fmt: skip
 
 

@@ -225,7 +225,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
                 sampling.launch_sample_tokens(
                     wide, slots, _t(slots_n), _i64(slots_n), None, _i32(rows),
                     _t(rows) if threshold else None, SALT_SAMPLE, _i64(slots_n), _i32(slots_n),
-                    splits,
+                    splits, (_t(rows, splits), _i32(rows, splits), _i32(rows, splits)),
                 )  # fmt: skip
 
             label = f"sample_tokens threshold={threshold} by_slot splits={splits}"

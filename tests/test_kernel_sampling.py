@@ -214,11 +214,17 @@ def test_split_rows_merge_exactly(kernel_device: torch.device) -> None:
     seeds = torch.arange(rows + 1, device=kernel_device) * 999331 - 7
     positions = torch.arange(rows, device=kernel_device) * 3 + 1
     runs = []
+    scratch = (
+        torch.empty(rows, 13, device=kernel_device),
+        torch.empty(rows, 13, dtype=torch.int32, device=kernel_device),
+        torch.empty(rows, 13, dtype=torch.int32, device=kernel_device),
+    )
     for splits in (1, 2, 3, 5, 13):
         tokens = torch.full((rows,), -1, dtype=torch.int32, device=kernel_device)
         launch_sample_tokens(
-            logits, slots, temperature, seeds, positions, tokens, splits=splits, block_size=16
-        )
+            logits, slots, temperature, seeds, positions, tokens, splits=splits,
+            partials=scratch, block_size=16,
+        )  # fmt: skip
         runs.append(tokens.cpu())
     for tokens in runs[1:]:
         assert torch.equal(tokens, runs[0])
