@@ -24,9 +24,10 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy graphsafe_sampler kernels
 
-# One pytest-xdist worker per core (tests/conftest.py gives each one thread); worksteal,
+# One pytest-xdist worker per logical CPU (tests/conftest.py gives each one thread; "auto"
+# would count physical cores where psutil is installed: 1 on a 2-vCPU machine); worksteal,
 # since a few compile-heavy tests take a minute and most take milliseconds.
-PYTEST_WORKERS ?= auto
+PYTEST_WORKERS ?= logical
 pytest: venv
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
