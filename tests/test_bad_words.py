@@ -146,18 +146,26 @@ def _steer(
     return w[best]
 
 
+def _churn_rig(
+    backend: str,
+) -> tuple[random.Random, torch.Generator, list[int], Sampler, _WordDriver]:
+    """(host rng, torch generator, alphabet, sampler, driver) for a churn test, from a fresh
+    seed; the alphabet holds 0, the ring's initial fill."""
+    seed = _fresh_seed()
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    alphabet = [0, *rng.sample(range(1, V), 3)]
+    config = _config(backend)
+    sampler = Sampler(config, backend_device(backend))
+    return rng, gen, alphabet, sampler, _WordDriver(config, alphabet, seed)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_bans_match_the_reference_under_churn(backend: str) -> None:
     """Every step: each row's banned set equals the reference's after the request's outputs
     (committed by `forward`, with or without a commit mask, or several at a time by
     `commit_tokens`), and no sampled token is banned."""
-    seed = _fresh_seed()
-    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
-    alphabet = [0, *rng.sample(range(1, V), 3)]  # 0: the ring's initial fill
-    config = _config(backend)
-    device = backend_device(backend)
-    sampler = Sampler(config, device)
-    driver = _WordDriver(config, alphabet, seed)
+    rng, gen, alphabet, sampler, driver = _churn_rig(backend)
+    device = sampler.device
     multi = 0  # bans by words of 2 or more tokens: the rule's real work
     for step in range(20 if interpreted(backend, device) else 40):
         sampler.update_state(driver.next_update())
@@ -199,14 +207,9 @@ def test_speculative_positions_count_the_drafts_before_them(backend: str) -> Non
     after the outputs and drafts 0..j-1; no emitted token (accepted draft or not) is banned
     at its position; the commit of several tokens a row advances the ring for the next
     step."""
-    seed = _fresh_seed()
-    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
-    alphabet = [0, *rng.sample(range(1, V), 3)]  # 0: the ring's initial fill
-    config = _config(backend)
-    device = backend_device(backend)
-    sampler = Sampler(config, device)
+    rng, gen, alphabet, sampler, driver = _churn_rig(backend)
+    device = sampler.device
     rejection = RejectionSampler(sampler, S)
-    driver = _WordDriver(config, alphabet, seed)
     multi = accepted = 0
     for step in range(8 if interpreted(backend, device) else 30):
         sampler.update_state(driver.next_update())

@@ -1,14 +1,22 @@
-"""The device side of a check: waiting for it, noticing a broken CUDA context, and
-forbidding host syncs (on a GPU for real, on the CPU by op name)."""
+"""The device side of a check: waiting for it, noticing a broken CUDA context, running a
+part's checks in their time boxes, and forbidding host syncs (on a GPU for real, on the CPU
+by op name)."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
 from graphsafe_sampler.testing import SyncOpDetector
+
+from .report import error_result
+
+# (name, weight in the part's time, job(until: a time.monotonic() deadline) -> result)
+Job = tuple[str, float, Callable[[float], dict[str, Any]]]
 
 
 def sync(device: torch.device) -> None:
@@ -25,6 +33,27 @@ def cuda_alive(device: torch.device) -> bool:
     except Exception:
         return False
     return True
+
+
+def run_jobs(
+    jobs: Sequence[Job], deadline: float, device: torch.device
+) -> list[tuple[str, dict[str, Any]]]:
+    """Each job in turn, given its weight's share of the time left until `deadline` (so
+    time a job leaves unused goes to the later ones); a job that raises is an error, and
+    once the CUDA context broke the rest are errors without running."""
+    results = []
+    for i, (name, weight, job) in enumerate(jobs):
+        share = weight / sum(w for _, w, _ in jobs[i:])
+        until = time.monotonic() + (deadline - time.monotonic()) * share
+        if not cuda_alive(device):
+            result = {"status": "error", "reason": "the CUDA context is broken by an earlier error"}
+        else:
+            try:
+                result = job(until)
+            except Exception as exc:
+                result = error_result(exc)
+        results.append((name, result))
+    return results
 
 
 @contextlib.contextmanager

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -22,10 +21,10 @@ from graphsafe_sampler.testing import (
     check_graph_safety,
 )
 
-from .device import cuda_alive
+from .device import Job, run_jobs
 from .options import Options
 from .replay_check import CompiledReplayer, MakeReplayer, replay_check
-from .report import error_text, overall_status, record_check
+from .report import error_result, error_text, overall_status, record_check
 from .targets import all_feature_params, graph_config, sampler_or_reason
 
 GRAPH_CHECKS = (
@@ -144,7 +143,7 @@ def run_graph_part(opts: Options, deadline: float) -> dict[str, Any]:
         return job
 
     # (name, weight in the part's time, job): the harness repeats what the replay checks do.
-    jobs: list[tuple[str, float, Callable[[float], dict[str, Any]]]] = [
+    jobs: list[Job] = [
         (f"{backend}/{mode}/{kind}", weight, replay_job(graph_config(opts, backend, mode)))
         for backend, mode, weight in GRAPH_CHECKS
         if backend in opts.backends
@@ -153,17 +152,7 @@ def run_graph_part(opts: Options, deadline: float) -> dict[str, Any]:
         jobs.append(("harness/torch/check_graph_safety", 0.6, lambda until: _harness_check(opts)))
         jobs.append(("harness/unlisted-sync-op", 0.2, lambda until: _unlisted_sync_check(opts)))
     statuses = []
-    for i, (name, weight, job) in enumerate(jobs):
-        share = weight / sum(w for _, w, _ in jobs[i:])
-        until = time.monotonic() + (deadline - time.monotonic()) * share
-        if not cuda_alive(device):
-            check = {"status": "error", "reason": "the CUDA context is broken by an earlier error"}
-        else:
-            try:
-                check = job(until)
-            except Exception as exc:
-                check = {"status": "error", "error": error_text(exc, 2000),
-                         "traceback": traceback.format_exc()[-3000:]}  # fmt: skip
+    for name, check in run_jobs(jobs, deadline, device):
         record_check(opts, name, check)
         statuses.append(check["status"])
     return {"status": overall_status(statuses), "checks": [name for name, _, _ in jobs]}
@@ -188,7 +177,6 @@ def run_compiled_part(opts: Options, deadline: float) -> dict[str, Any]:
             check["status"] = "failed"
             check["failures"].append(f"compiled {frames} times as the batch churned (want 1)")
     except Exception as exc:
-        check = {"status": "error", "error": error_text(exc, 2000),
-                 "traceback": traceback.format_exc()[-3000:]}  # fmt: skip
+        check = error_result(exc)
     record_check(opts, name, check)
     return {"status": check["status"], "checks": [name]}

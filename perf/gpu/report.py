@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,13 @@ def say(message: str) -> None:
 def error_text(exc: BaseException, limit: int = 600) -> str:
     text = f"{type(exc).__name__}: {exc}"
     return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def error_result(exc: BaseException) -> dict[str, Any]:
+    """A check that raised: an error (never a skip), with the end of its traceback. Call it
+    in the `except` block, where the traceback is at hand."""
+    return {"status": "error", "error": error_text(exc, 2000),
+            "traceback": traceback.format_exc()[-3000:]}  # fmt: skip
 
 
 def overall_status(statuses: Sequence[str]) -> str:

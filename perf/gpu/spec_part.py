@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import random
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,12 +19,12 @@ from graphsafe_sampler.testing import BatchDriver, CudaGraphReplayer, MakeFxRepl
 
 from .book import BenchBook, case_result
 from .cases import SPEC_LEN, SPEC_STAGE, provider_name
-from .device import cuda_alive, sync
+from .device import Job, cuda_alive, run_jobs, sync
 from .environment import flashinfer_version
 from .measure import MAX_FAILURES_IN_A_ROW, SamplerPool, Timer, time_floor
 from .options import Options
 from .replay_check import SPEC_OUTPUT_NAMES, MakeReplayer, StepFn, replay_check
-from .report import error_text, overall_status, record_check
+from .report import overall_status, record_check
 from .targets import rejection_or_reason, spec_config
 
 DRAFT_NOISE = 1.0
@@ -297,7 +296,7 @@ def run_spec_part(opts: Options, deadline: float) -> dict[str, Any]:
         return job
 
     # (name, weight in the part's time, job); triton first, as in the graph part.
-    jobs: list[tuple[str, float, Callable[[float], dict[str, Any]]]] = [
+    jobs: list[Job] = [
         (f"{SPEC_STAGE}/{backend}/{drafts}/{kind}", SPEC_CHECK_WEIGHT,
          replay_job(backend, with_probs))
         for backend in ("triton", "torch")
@@ -308,17 +307,7 @@ def run_spec_part(opts: Options, deadline: float) -> dict[str, Any]:
     checks: list[str] = []
     statuses = []
     bench: dict[str, Any] = {}
-    for i, (name, weight, job) in enumerate(jobs):
-        share = weight / sum(w for _, w, _ in jobs[i:])
-        until = time.monotonic() + (deadline - time.monotonic()) * share
-        if not cuda_alive(device):
-            result = {"status": "error", "reason": "the CUDA context is broken by an earlier error"}
-        else:
-            try:
-                result = job(until)
-            except Exception as exc:
-                result = {"status": "error", "error": error_text(exc, 2000),
-                          "traceback": traceback.format_exc()[-3000:]}  # fmt: skip
+    for name, result in run_jobs(jobs, deadline, device):
         if name == "bench":
             bench = result
         else:
