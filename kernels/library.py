@@ -1,4 +1,5 @@
-"""Registering a kernel launch as a `torch.library` custom op, and the checks its ops share.
+"""Registering a kernel launch as a `torch.library` custom op, the checks its ops share, and
+the arithmetic of rows split over programs.
 
 Every op here works in place and returns None, so its fake (what `torch.compile` and
 `opcheck` run on meta tensors) allocates nothing and returns None: one generic fake serves
@@ -13,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import torch
+import triton
 
 F = TypeVar("F", bound=Callable[..., None])
 
@@ -70,3 +72,11 @@ def check_table(
         raise ValueError(f"{name} must have shape [{want}], got {tuple(t.shape)}")
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous")
+
+
+def split_count(vocab_size: int, splits: int, block_size: int = 1024) -> int:
+    """The programs a row really gets for `splits` asked: chunks of whole tiles, none
+    empty."""
+    tiles = triton.cdiv(vocab_size, block_size)
+    chunk = triton.cdiv(tiles, max(1, min(splits, tiles)))
+    return triton.cdiv(tiles, chunk)

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .constants import GREEDY_TEMPERATURE, SALT_SAMPLE
-from .library import check_logits, check_rows, inplace_op
+from .library import check_logits, check_rows, inplace_op, split_count
 
 _INT32_MAX = 2**31 - 1
 
@@ -278,14 +278,6 @@ def launch_sample_tokens(
         _combine_kernel[(num_rows,)](
             *scratch, tokens, splits, SPLIT_BLOCK=triton.next_power_of_2(splits)
         )
-
-
-def split_count(vocab_size: int, splits: int, block_size: int = 1024) -> int:
-    """The programs a row really gets for `splits` asked: chunks of whole tiles, none
-    empty."""
-    tiles = triton.cdiv(vocab_size, block_size)
-    chunk = triton.cdiv(tiles, max(1, min(splits, tiles)))
-    return triton.cdiv(tiles, chunk)
 
 
 def sample_splits(

@@ -1,13 +1,16 @@
-"""top-k then top-p in Triton, min_p's cut folded in first: one program per row, no sort.
+"""top-k then top-p in Triton, min_p's cut folded in first: two kernels, no sort.
 
 Each row's cut goes to `threshold[row]` (keep `logits >= threshold`, -inf when every filter
 is off); with APPLY the logits below it become -inf in place, without it the sampling kernel
 applies the cut on the fly and no mask is ever written. The semantics are exactly the PyTorch
-stage's (graphsafe_sampler/stages/top_k_top_p.py). The key idea: one streaming pass keeps
-the row's CANDIDATES (128) largest logits in a sorted buffer, which settles the usual row (k
-up to 128, a nucleus of up to about 127 tokens) in one read; what it cannot settle falls to
-a radix search on float32's order-preserving integer image, 4 bits a pass. The buffer, the
-search, the min_p fold, the reads per row and the exactness: docs/kernels.md, top-k/top-p.
+stage's (graphsafe_sampler/stages/top_k_top_p.py). The key idea: one streaming pass, split
+over the vocabulary (rows x splits programs), keeps each chunk's largest logits as a sorted
+float32 list, merging into it only what lies above a floor no cut can fall below; the cut
+kernel merges the lists into one CANDIDATES (128) buffer, which settles the usual row (k up
+to 128, a nucleus of up to about 127 tokens) with the row read once. What it cannot settle
+falls to a radix search on float32's order-preserving integer image, 4 bits a pass. The
+lists, the floors, the search, the min_p fold, the reads per row and the exactness:
+docs/kernels.md, top-k/top-p.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .library import check_logits, check_rows, inplace_op
+from .library import check_logits, check_rows, inplace_op, split_count
 
 
 @triton.jit
@@ -102,35 +105,138 @@ def _largest_key_reaching(
     return prefix, passes
 
 
-@triton.jit
-def _pack(x, cols, in_row):
-    """[BLOCK] float32 logits -> int64 candidate keys `key(x) << 31 | (2**31 - 1 - col)`:
-    ordered by logit, then lowest index first, all distinct; -1 (below every key) for NaN and
-    out-of-row lanes. key(x) < 2**32 and col < 2**31, so the key stays below 2**63."""
-    packed = (_float_to_key(x) << 31) | (2147483647 - cols.to(tl.int64))
-    return tl.where(in_row & (x == x), packed, -1)
+STATS = 8
+"""Statistics a chunk writes (`_candidates_kernel`): its max, min, NaN count, total mass
+exp(l - max), `complete` (every logit of the chunk above it is in its list) and the list's
+entries, padded to a power of two."""
 
 
 @triton.jit
-def _top_k_top_p_kernel(
-    logits_ptr,  # [num_rows, V] float32; updated in place with APPLY
+def _candidates_kernel(
+    logits_ptr,  # [num_rows, V] float32, read only
     logits_stride,  # elements between rows
     slots_ptr,  # [num_rows] int64 row -> slot
     top_k_ptr,  # [num_slots] int32; <= 0 or >= V is off
     top_p_ptr,  # [num_slots] float32; >= 1 is off
     min_p_ptr,  # [num_slots] float32; 0 is off (HAS_MIN_P)
+    stats_ptr,  # [num_rows, splits, STATS] float32, written for filtered rows
+    lists_ptr,  # [num_rows, splits, PARTIAL] float32, written when the row uses the buffer
+    vocab_size,
+    chunk,  # columns a program reads: whole tiles
+    buffer_size,  # CANDIDATES, or 0: no buffer (search only)
+    HAS_MIN_P: tl.constexpr,
+    PARTIAL: tl.constexpr,  # a chunk's list: a power of two <= BLOCK_SIZE
+    STATS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """Stage 1, over rows x splits: one read of a chunk of the row, its statistics and its
+    PARTIAL largest logits, sorted descending, -inf padded (docs/kernels.md, top-k/top-p).
+
+    A tile merges into the list only its logits above a floor no cut can fall below: the
+    list's k-th (top-k) or last (top-p alone) value so far, raised to max + ln(min_p) with
+    min_p. What is left out is at or below `complete`, which the cut kernel compares with
+    the cut, so the floors change which rows settle, never the answer."""
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    slot = tl.load(slots_ptr + row)
+    k = tl.load(top_k_ptr + slot)
+    top_p = tl.load(top_p_ptr + slot).to(tl.float32)
+    k_on = (k > 0) & (k < vocab_size)
+    p_on = top_p < 1.0
+    min_p = tl.zeros((), tl.float32)
+    if HAS_MIN_P:
+        min_p = tl.load(min_p_ptr + slot).to(tl.float32)
+    # rows whose filters are all off write nothing: the cut kernel reads their parameters
+    if k_on | p_on | (min_p != 0.0):
+        row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
+        use_buffer = (buffer_size > 0) & ((k_on & (k <= buffer_size)) | (~k_on & p_on))
+        # the list's rank whose value floors the next tile: the k-th, or the last
+        ranks = tl.arange(0, PARTIAL)
+        floor_rank = tl.where(k_on, tl.minimum(k, PARTIAL), PARTIAL) - 1
+        log_min_p = tl.log(tl.maximum(min_p, 1e-38))  # unused when min_p is 0
+        chunk_max = tl.full((), float("-inf"), tl.float32)
+        chunk_min = tl.full((), float("inf"), tl.float32)
+        nan_count = tl.zeros((), tl.int32)
+        total = tl.zeros((), tl.float32)
+        best = tl.full((PARTIAL,), float("-inf"), tl.float32)
+        entries = tl.zeros((), tl.int32)
+        complete = tl.full((), float("-inf"), tl.float32)
+        begin = part * chunk
+        end = tl.minimum(begin + chunk, vocab_size)
+        for start in range(begin, end, BLOCK_SIZE):
+            cols = start + tl.arange(0, BLOCK_SIZE)
+            in_chunk = cols < end
+            x = tl.load(row_ptr + cols, mask=in_chunk, other=float("nan"))
+            valid = x == x
+            tile_max = tl.max(tl.where(valid, x, float("-inf")), axis=0)
+            chunk_min = tl.minimum(chunk_min, tl.min(tl.where(valid, x, float("inf")), axis=0))
+            nan_count += tl.sum((~valid & in_chunk).to(tl.int32), axis=0)
+            new_max = tl.maximum(chunk_max, tile_max)
+            if use_buffer:
+                if p_on:  # only top-p weighs masses (top-k alone skips the exp per logit)
+                    # masses against the new running max; an all -inf prefix has none (its
+                    # exp(-inf - -inf) would be nan), so the base is then 0
+                    base = tl.where(new_max > float("-inf"), new_max, 0.0)
+                    total = total * tl.exp(chunk_max - base)
+                    total += tl.sum(tl.where(valid, tl.exp(x - base), 0.0), axis=0)
+                floor = tl.max(tl.where(ranks == floor_rank, best, float("-inf")), axis=0)
+                if HAS_MIN_P:  # noqa: SIM102 (a constexpr guard)
+                    if min_p != 0.0:  # below max + ln(min_p) now, below min_p's cut at the end
+                        floor = tl.maximum(floor, new_max + log_min_p)
+                # the tile's logits at or below the floor stay out of the list
+                kept_out = tl.where(valid & (x <= floor), x, float("-inf"))
+                complete = tl.maximum(complete, tl.max(kept_out, axis=0))
+                if tile_max > floor:
+                    hit = valid & (x > floor)
+                    top = tl.topk(tl.where(hit, x, float("-inf")), PARTIAL)
+                    # the list (descending) against the tile's top (ascending): the larger of
+                    # each pair are the union's PARTIAL largest, a bitonic sequence, sorted by
+                    # one bitonic merge (log2(PARTIAL) rounds)
+                    best = tl.bitonic_merge(tl.maximum(best, tl.flip(top, 0)), descending=True)
+                    hits = tl.sum(hit.to(tl.int32), axis=0)
+                    if entries + hits > PARTIAL:  # what fell off lies at or below the last
+                        complete = tl.maximum(complete, tl.min(best, axis=0))
+                    entries = tl.minimum(entries + hits, PARTIAL)
+            chunk_max = new_max
+        at = stats_ptr + (row.to(tl.int64) * tl.num_programs(1) + part) * STATS
+        tl.store(at + 0, chunk_max)
+        tl.store(at + 1, chunk_min)
+        tl.store(at + 2, nan_count.to(tl.float32))  # exact: V < 2**24
+        tl.store(at + 3, total)
+        tl.store(at + 4, complete)
+        tl.store(at + 5, entries.to(tl.float32))
+        if use_buffer:
+            lists = lists_ptr + (row.to(tl.int64) * tl.num_programs(1) + part) * PARTIAL
+            tl.store(lists + ranks, best)
+
+
+@triton.jit
+def _top_k_top_p_kernel(
+    logits_ptr,  # [num_rows, V] float32; read by the search, updated in place with APPLY
+    logits_stride,  # elements between rows
+    slots_ptr,  # [num_rows] int64 row -> slot
+    top_k_ptr,  # [num_slots] int32; <= 0 or >= V is off
+    top_p_ptr,  # [num_slots] float32; >= 1 is off
+    min_p_ptr,  # [num_slots] float32; 0 is off (HAS_MIN_P)
+    stats_ptr,  # [num_rows, splits, STATS] float32, from _candidates_kernel
+    lists_ptr,  # [num_rows, splits, PARTIAL] float32, from _candidates_kernel
     threshold_ptr,  # [num_rows] float32, written: keep logits >= threshold
     reads_ptr,  # [num_rows] int32, written with COUNT_READS: reads of the row made
     vocab_size,
+    splits,  # programs stage 1 gave a row
     buffer_size,  # CANDIDATES, or 0: no buffer (search only)
     APPLY: tl.constexpr,
     HAS_MIN_P: tl.constexpr,
     COUNT_READS: tl.constexpr,
-    CANDIDATES: tl.constexpr,  # the buffer's shape: a power of two <= BLOCK_SIZE
+    CANDIDATES: tl.constexpr,  # the merged buffer: a power of two
+    PARTIAL: tl.constexpr,  # each chunk's list; SPLIT_BLOCK * PARTIAL >= CANDIDATES
+    SPLIT_BLOCK: tl.constexpr,  # a power of two >= splits
+    STATS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    """One row's cut: stage 1, the candidate buffer; stage 2, the search, only where the
-    buffer cannot settle the row (docs/kernels.md, top-k/top-p)."""
+    """Stage 2, one program per row: the chunks' statistics and lists merged, the cut read
+    off the merged buffer, or searched for where the buffer cannot settle it
+    (docs/kernels.md, top-k/top-p)."""
     row = tl.program_id(0)
     slot = tl.load(slots_ptr + row)
     k = tl.load(top_k_ptr + slot)
@@ -142,63 +248,63 @@ def _top_k_top_p_kernel(
         min_p = tl.load(min_p_ptr + slot).to(tl.float32)
     threshold = tl.full((), float("-inf"), tl.float32)
     reads = tl.zeros((), tl.int32)
-    # rows whose filters (min_p, top-k, top-p) are all off read their parameters and exit
     if k_on | p_on | (min_p != 0.0):
         row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
-        # The one pass every filtered row makes: min, max, NaN count and, for top-k/top-p,
-        # the CANDIDATES largest logits (packed keys, `best`, sorted descending) and the
-        # row's total mass exp(l - l_max), accumulated online against the running max.
-        # (a k beyond the buffer leaves it nothing to settle: its k-th largest is at or
-        # below the buffer's last, so top-p after it cannot be settled either)
         use_buffer = (buffer_size > 0) & ((k_on & (k <= buffer_size)) | (~k_on & p_on))
-        row_max = tl.full((), float("-inf"), tl.float32)
-        row_min = tl.full((), float("inf"), tl.float32)
-        nan_count = tl.zeros((), tl.int32)
-        total = tl.zeros((), tl.float32)
-        best = tl.full((CANDIDATES,), -1, tl.int64)
-        for start in range(0, vocab_size, BLOCK_SIZE):
-            cols = start + tl.arange(0, BLOCK_SIZE)
-            in_row = cols < vocab_size
-            x = tl.load(row_ptr + cols, mask=in_row, other=float("nan"))
-            valid = x == x
-            tile_max = tl.max(tl.where(valid, x, float("-inf")), axis=0)
-            row_min = tl.minimum(row_min, tl.min(tl.where(valid, x, float("inf")), axis=0))
-            nan_count += tl.sum((~valid & in_row).to(tl.int32), axis=0)
-            if use_buffer:
-                if p_on:  # only top-p weighs masses (top-k alone skips the exp per logit)
-                    # masses against the new running max; an all -inf prefix has none (its
-                    # exp(-inf - -inf) would be nan), so the base is then 0
-                    new_max = tl.maximum(row_max, tile_max)
-                    base = tl.where(new_max > float("-inf"), new_max, 0.0)
-                    total = total * tl.exp(row_max - base)
-                    total += tl.sum(tl.where(valid, tl.exp(x - base), 0.0), axis=0)
-                packed = _pack(x, cols, in_row)
-                # a tile holding nothing above the running CANDIDATES-th key skips the merge
-                if tl.max(packed, axis=0) > tl.min(best, axis=0):
-                    tile_top = tl.topk(packed, CANDIDATES)
-                    both = tl.reshape(tl.join(best, tile_top), (2 * CANDIDATES,))
-                    best = tl.topk(both, CANDIDATES)
-            row_max = tl.maximum(row_max, tile_max)
+        # the chunks' statistics: [SPLIT_BLOCK]
+        parts = tl.arange(0, SPLIT_BLOCK)
+        used = parts < splits
+        at = stats_ptr + (row.to(tl.int64) * splits + parts) * STATS
+        maxes = tl.load(at + 0, mask=used, other=float("-inf"))
+        row_max = tl.max(maxes, axis=0)
+        row_min = tl.min(tl.load(at + 1, mask=used, other=float("inf")), axis=0)
+        nan_count = tl.sum(tl.load(at + 2, mask=used, other=0.0), axis=0).to(tl.int32)
         reads += 1
         max_key = _float_to_key(row_max)
-        num_valid = vocab_size - nan_count
         if HAS_MIN_P:  # noqa: SIM102 (a constexpr guard: Triton cannot `and` it with a tensor)
             # min_p's cut, never written: l >= l_max + ln(min_p) (kernels/min_p.py's formula).
             # A row holding NaN has a NaN min_p threshold there, which masks nothing: -inf.
             if (min_p != 0.0) & (nan_count == 0):
                 threshold = row_max + tl.log(min_p)
-        # The buffer's values, largest first; -inf past the row's valid logits.
+        # The merged buffer: the CANDIDATES largest of the chunks' lists, descending, -inf
+        # padded; every logit of the row above `complete` is in it.
         ranks = tl.arange(0, CANDIDATES)
-        in_buffer = best >= 0
-        values = tl.where(in_buffer, _key_to_float(best >> 31), float("-inf"))
-        last = tl.min(values, axis=0)  # the CANDIDATES-th largest, when num_valid >= CANDIDATES
+        values = tl.full((CANDIDATES,), float("-inf"), tl.float32)
+        complete = tl.full((), float("-inf"), tl.float32)
+        total = tl.zeros((), tl.float32)
+        if use_buffer:
+            # each chunk's mass against its own max, rescaled to the row's
+            bases = tl.where(maxes > float("-inf"), maxes, 0.0)
+            shift = tl.where(row_max > float("-inf"), row_max, 0.0)
+            masses = tl.load(at + 3, mask=used, other=0.0)
+            total = tl.sum(masses * tl.exp(bases - shift), axis=0)
+            complete = tl.max(tl.load(at + 4, mask=used, other=float("-inf")), axis=0)
+            entries = tl.sum(tl.load(at + 5, mask=used, other=0.0), axis=0)
+            lists = lists_ptr + row.to(tl.int64) * splits * PARTIAL
+            if SPLIT_BLOCK == 1:
+                values = tl.load(lists + ranks)  # PARTIAL == CANDIDATES: already merged
+            else:
+                entry = tl.arange(0, PARTIAL)
+                union = tl.load(
+                    lists + parts[:, None] * PARTIAL + entry[None, :],
+                    mask=used[:, None],
+                    other=float("-inf"),
+                )
+                values = tl.topk(tl.reshape(union, (SPLIT_BLOCK * PARTIAL,)), CANDIDATES)
+            if entries > CANDIDATES:  # the merge left some out: at or below its last
+                complete = tl.maximum(complete, tl.min(values, axis=0))
+        in_buffer = values > float("-inf")
         # top-k on the min_p survivors: the k-th largest of the whole row when at least k
         # logits pass the min_p cut, else below it (the cut then keeps every survivor)
         if k_on:
-            if use_buffer:
-                # exact: the k-th largest of the row is the buffer's k-th (-inf when the row
-                # holds fewer than k logits: then top-k keeps everything)
-                kth = tl.max(tl.where(ranks == k - 1, values, float("-inf")), axis=0)
+            # The buffer's k-th value v is the row's when v >= complete: the row and the
+            # buffer hold the same logits above v (fewer than k), and the buffer holds at
+            # least k at or above v (-inf when the row holds fewer than k logits: then
+            # top-k keeps everything). When v < complete the row's k-th lies at or below
+            # complete (fewer than k logits above it), so a min_p cut at or above
+            # complete is the answer, which max(v, cut) gives.
+            kth = tl.max(tl.where(ranks == k - 1, values, float("-inf")), axis=0)
+            if use_buffer & ((kth >= complete) | (complete <= threshold)):
                 threshold = tl.maximum(kth, threshold)
             else:
                 key, passes = _largest_key_reaching(
@@ -210,12 +316,12 @@ def _top_k_top_p_kernel(
         if p_on:
             # an all -inf row would give exp(-inf - -inf) = nan: its masses are 0 instead
             shift = tl.where(row_max > float("-inf"), row_max, 0.0)
-            # The survivors so far (logits >= threshold) are all in the buffer when the row
-            # has at most CANDIDATES logits or the buffer's last lies below the cut; with no
-            # cut at all (threshold -inf) the total is the streamed one, and the mass above
-            # any buffered logit strictly above the last is exact. Either way, the largest
-            # buffered logit whose mass at or above it reaches top_p of the total is the cut.
-            all_in = (num_valid <= buffer_size) | (last < threshold)
+            # The survivors so far (logits >= threshold) are all in the buffer when every
+            # logit above `complete` is and the cut lies above it; with no cut at all
+            # (threshold -inf) the total is the streamed one, and the mass at or above any
+            # buffered logit above `complete` is exact. Either way, the largest buffered
+            # logit whose mass at or above it reaches top_p of the total is the cut.
+            all_in = (complete < threshold) | (complete == float("-inf"))
             found = tl.zeros((), tl.int32)
             if use_buffer & (all_in | (threshold == float("-inf"))):
                 survivor = in_buffer & (values >= threshold)
@@ -225,7 +331,7 @@ def _top_k_top_p_kernel(
                     tl.where(values[None, :] >= values[:, None], mass[None, :], 0.0), axis=1
                 )
                 row_total = tl.where(all_in, tl.sum(mass, axis=0), total)
-                exact = survivor & (all_in | (values > last))
+                exact = tl.where(all_in, survivor, survivor & (values > complete))
                 reach = exact & (at_or_above >= top_p * row_total)
                 found = tl.sum(reach.to(tl.int32), axis=0)
                 cut = tl.max(tl.where(reach, values, float("-inf")), axis=0)
@@ -257,9 +363,42 @@ interpreter the default is 0: numpy runs the bitonic network op by op, about a s
 so the Sampler suites run the search alone there and the buffer has its own kernel tests."""
 
 
+MIN_PARTIAL = 32
+"""The shortest list a chunk keeps when the buffer is shared out over many chunks."""
+
+MAX_SPLITS = 64
+"""At most this many chunks a row: the cut kernel merges their lists in one program."""
+
+MIN_SPLIT_TILES = 2
+"""At least this many 1,024-element tiles a chunk (151,936 columns: at most 74 chunks)."""
+
+
 def default_candidates() -> int:
     """`CANDIDATES`, or 0 under the Triton interpreter (see `CANDIDATES`)."""
     return 0 if os.environ.get("TRITON_INTERPRET") == "1" else CANDIDATES
+
+
+def partial_size(candidates: int, splits: int) -> int:
+    """Each chunk's list for `splits` chunks a row: the buffer shared out, at least
+    MIN_PARTIAL (a row's k largest may crowd one chunk) and at most the buffer; 2 (a shape,
+    unused) without a buffer."""
+    if not candidates:
+        return 2
+    return min(candidates, max(candidates // triton.next_power_of_2(splits), MIN_PARTIAL))
+
+
+def top_k_top_p_splits(
+    num_rows: int, vocab_size: int, device: torch.device, num_sms: int | None = None
+) -> int:
+    """Programs per row for stage 1: enough for 2 per SM over the batch, at least
+    MIN_SPLIT_TILES tiles each and at most MAX_SPLITS (the cut kernel merges their lists in
+    one program). num_sms: the device's (default: asked of CUDA); off CUDA without it, 1."""
+    if num_sms is None:
+        if device.type != "cuda":
+            return 1
+        num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    by_tiles = triton.cdiv(vocab_size, 1024 * MIN_SPLIT_TILES)
+    return max(1, min(triton.cdiv(2 * num_sms, num_rows), by_tiles, MAX_SPLITS))
 
 
 def launch_top_k_top_p(
@@ -273,38 +412,60 @@ def launch_top_k_top_p(
     reads: torch.Tensor | None = None,  # [num_rows] int32, written: reads of each row made
     candidates: int | None = None,  # the buffer's size; None: default_candidates()
     block_size: int = 1024,
+    splits: int = 1,  # stage 1's programs per row (`top_k_top_p_splits`)
 ) -> None:
-    """Launch `_top_k_top_p_kernel` over the rows; allocates nothing, returns None."""
+    """Launch `_candidates_kernel` over rows x splits, then `_top_k_top_p_kernel` over the
+    rows; allocates the chunks' statistics and lists, returns None."""
     if candidates is None:
         candidates = default_candidates()
     if candidates and (candidates & (candidates - 1) or candidates > block_size):
         raise ValueError(
             f"candidates must be 0 or a power of two <= block_size {block_size}, got {candidates}"
         )
+    if splits < 1:
+        raise ValueError(f"splits must be >= 1, got {splits}")
     num_rows, vocab_size = logits.shape
+    splits = split_count(vocab_size, splits, block_size)
+    chunk = triton.cdiv(triton.cdiv(vocab_size, block_size), splits) * block_size
+    partial = partial_size(candidates, splits)
+    device = logits.device
+    stats = torch.empty((num_rows, splits, STATS), dtype=torch.float32, device=device)
+    lists = torch.empty((num_rows, splits, partial), dtype=torch.float32, device=device)
+    min_p_table = min_p if min_p is not None else top_p  # unread without HAS_MIN_P
+    # why 8 warps at 1,024-element tiles: tests/cuda_compile.py checks every variant for
+    # spills (the bitonic networks and the search's [BLOCK, 16] compare)
+    num_warps = 8 if block_size >= 512 else 4
+    _candidates_kernel[(num_rows, splits)](
+        logits, logits.stride(0), slots, top_k, top_p, min_p_table, stats, lists,
+        vocab_size, chunk, candidates,
+        HAS_MIN_P=min_p is not None, PARTIAL=partial, STATS=STATS, BLOCK_SIZE=block_size,
+        num_warps=num_warps,
+    )  # fmt: skip
     _top_k_top_p_kernel[(num_rows,)](
         logits,
         logits.stride(0),
         slots,
         top_k,
         top_p,
-        min_p if min_p is not None else top_p,  # unread without HAS_MIN_P
+        min_p_table,
+        stats,
+        lists,
         threshold,
         reads if reads is not None else threshold,  # unwritten without COUNT_READS
         vocab_size,
+        splits,
         candidates,
         APPLY=apply,
         HAS_MIN_P=min_p is not None,
         COUNT_READS=reads is not None,
-        # a shape even when off (k = 1 is tl.topk's special case; k <= the tile, which a GPU
-        # checks even in the branch that is never taken)
-        CANDIDATES=max(candidates, min(2, block_size)),
+        # a shape even when off (k <= the tile, which a GPU checks even in the branch that
+        # is never taken)
+        CANDIDATES=max(candidates, partial),
+        PARTIAL=partial,
+        SPLIT_BLOCK=triton.next_power_of_2(splits),
+        STATS=STATS,
         BLOCK_SIZE=block_size,
-        # why: with 1,024-element tiles at 4 warps ptxas (sm_90a) caps the kernel at 255
-        # registers and spills ~600 bytes a thread, with or without the buffer (the search's
-        # [BLOCK, 16] compare, the bitonic networks over int64 keys); 8 warps take 184 and
-        # spill none (tests/cuda_compile.py checks every variant)
-        num_warps=8 if block_size >= 512 else 4,
+        num_warps=num_warps,
     )
 
 
@@ -344,14 +505,18 @@ def top_k_top_p_threshold(
     top_p: torch.Tensor,
     threshold: torch.Tensor,
     min_p: torch.Tensor | None = None,
+    splits: int = 1,
 ) -> None:
     """Each row's top-k-then-top-p cut into `threshold` (keep logits >= it; -inf when off),
     without writing the logits. logits [num_rows, V] float32; slots [num_rows] int64; top_k
     [num_slots] int32 (<= 0 or >= V off); top_p [num_slots] float32 (>= 1 off); threshold
     [num_rows] float32. min_p [num_slots] float32 (0 off), when given: min_p's cut first,
-    folded into the threshold."""
+    folded into the threshold. splits: stage 1's programs per row (`top_k_top_p_splits`
+    picks it; the cut does not depend on it)."""
     _check_top_k_top_p(logits, slots, top_k, top_p, threshold, min_p)
-    launch_top_k_top_p(logits, slots, top_k, top_p, threshold, apply=False, min_p=min_p)
+    launch_top_k_top_p(
+        logits, slots, top_k, top_p, threshold, apply=False, min_p=min_p, splits=splits
+    )
 
 
 @inplace_op("apply_top_k_top_p", mutates_args=("logits", "threshold"))
@@ -362,8 +527,11 @@ def apply_top_k_top_p(
     top_p: torch.Tensor,
     threshold: torch.Tensor,
     min_p: torch.Tensor | None = None,
+    splits: int = 1,
 ) -> None:
     """`top_k_top_p_threshold`, then the logits below each row's cut become -inf in place
     (the PyTorch stage's apply_top_k_top_p, after min_p's mask when `min_p` is given)."""
     _check_top_k_top_p(logits, slots, top_k, top_p, threshold, min_p)
-    launch_top_k_top_p(logits, slots, top_k, top_p, threshold, apply=True, min_p=min_p)
+    launch_top_k_top_p(
+        logits, slots, top_k, top_p, threshold, apply=True, min_p=min_p, splits=splits
+    )

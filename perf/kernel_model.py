@@ -50,10 +50,12 @@ program over its row of each tensor:
                      overflow entries); 1 more      blocks in use; overflow entries in use
                      read and write at a full
                      overflow table
-    top_k_top_p      filtered rows: 1 read, + 8     threshold written; per-slot k, p, min_p
-                     search passes per unsettled
-                     filter, + 1 read and 1 write
-                     with APPLY; others: none
+    candidates       filtered rows: 1 read, in      chunk statistics written; lists
+                     chunks (stage 1 of top-k/      written where the buffer is used
+                     top-p)
+    top_k_top_p      8 search passes per            chunk statistics and lists read;
+                     unsettled filter, + 1 read     threshold written; per-slot k, p,
+                     and 1 write with APPLY         min_p
     sample           1 read                         threshold; seed and position: random
                                                     rows
     logprobs         1 read of the source (the      K + 1 ids and values, rank, lse written
@@ -64,11 +66,12 @@ program over its row of each tensor:
                      1 write
     any other        every tile loop walked once    one row of each tensor argument read
 
-Settled rows: top-k with k <= CANDIDATES (128) is exact from the candidate buffer in its one
-read, and so is top-p after it (its survivors are all in the buffer, barring ties at the k-th
-value). Top-p alone, or any filter the buffer cannot take, is charged the search's maximum,
-8 passes (it stops earlier when the candidate keys share leading digits or it decides early;
-the buffer settles a nucleus of up to ~127 tokens, which depends on the logits). Arguments
+Settled rows: top-k with k <= CANDIDATES (128) is exact from the candidate buffer (the
+chunks' lists merged) after stage 1's one read, and so is top-p after it (its survivors are
+all in the buffer, barring ties at the k-th value). Top-p alone, or any filter the buffer
+cannot take, is charged the search's maximum, 8 passes (it stops earlier when the candidate
+keys share leading digits or it decides early; the buffer settles a nucleus of up to ~127
+tokens, which depends on the logits). Arguments
 the table does not name are charged one row read per program: an upper bound.
 
 Limits: static (the SASS is counted, every branch inside a loop as taken, and no kernel
@@ -130,20 +133,31 @@ def _triton_on_cpu(num_sms: int) -> Iterator[None]:
     """Lift the Triton backend's refusal of a CPU device without the interpreter
     (`config.triton_available`, also imported by perf/gpu/targets.py): in this process
     nothing runs on the device, every launch is recorded instead. And split the sampling
-    kernel's rows as on a GPU of `num_sms` SMs (off CUDA the pipeline does not split)."""
+    and top-k/top-p kernels' rows as on a GPU of `num_sms` SMs (off CUDA the pipeline does
+    not split)."""
     import gpu.targets
 
     import graphsafe_sampler.config as config
     import graphsafe_sampler.pipelines.triton_pipeline as pipeline
     from graphsafe_sampler.kernels.sampling import sample_splits
+    from graphsafe_sampler.kernels.top_k_top_p import top_k_top_p_splits
 
-    saved = config.triton_available, gpu.targets.triton_available, pipeline.sample_splits
+    saved = (
+        config.triton_available, gpu.targets.triton_available, pipeline.sample_splits,
+        pipeline.top_k_top_p_splits,
+    )  # fmt: skip
     config.triton_available = gpu.targets.triton_available = lambda device: True
     pipeline.sample_splits = lambda rows, vocab, device: sample_splits(rows, vocab, device, num_sms)
+    pipeline.top_k_top_p_splits = lambda rows, vocab, device: top_k_top_p_splits(
+        rows, vocab, device, num_sms
+    )
     try:
         yield
     finally:
-        config.triton_available, gpu.targets.triton_available, pipeline.sample_splits = saved
+        (
+            config.triton_available, gpu.targets.triton_available, pipeline.sample_splits,
+            pipeline.top_k_top_p_splits,
+        ) = saved  # fmt: skip
 
 
 def record_step(case: str, rows: int, vocab: int, num_sms: int = H200.sms) -> list[Any]:

@@ -202,6 +202,19 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
 
     calls.append(("top_k_top_p reads= candidates=16 block=64", counted))
 
+    # stage 1 split over the vocabulary (a GPU's batch of 64 rows, and of 1): the cut kernel
+    # merges 5 lists of 32 and 64 lists of 32
+    wide = _t(rows, 151_936)
+    for splits in (5, 64):
+
+        def split(splits: int = splits) -> None:
+            top_k_top_p.launch_top_k_top_p(
+                wide, slots, _i32(slots_n), _t(slots_n), _t(rows), False, _t(slots_n),
+                splits=splits,
+            )  # fmt: skip
+
+        calls.append((f"top_k_top_p min_p=True splits={splits}", split))
+
     from graphsafe_sampler.kernels.constants import SALT_BONUS, SALT_RECOVER, SALT_SAMPLE
 
     # the rejection sampler's races and the kernel tests: positions given, int64 tokens

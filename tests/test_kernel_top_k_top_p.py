@@ -319,6 +319,7 @@ def _launch(
     min_p: torch.Tensor | None,
     candidates: int,
     block_size: int,
+    splits: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (kept mask [rows, V], threshold [rows], reads [rows]) of the launcher with
     `candidates`, checking that apply=True writes exactly that mask and the same cut."""
@@ -328,11 +329,14 @@ def _launch(
     threshold = torch.full((rows,), float("nan"), device=logits.device)
     reads = torch.full((rows,), -1, dtype=torch.int32, device=logits.device)
     untouched = logits.clone()
-    launch(untouched, slots, top_k, top_p, threshold, False, min_p, reads, candidates, block_size)
+    launch(
+        untouched, slots, top_k, top_p, threshold, False, min_p, reads, candidates, block_size,
+        splits,
+    )  # fmt: skip
     torch.testing.assert_close(untouched, logits, rtol=0, atol=0, equal_nan=True)
     masked = logits.clone()
     applied = torch.empty_like(threshold)
-    launch(masked, slots, top_k, top_p, applied, True, min_p, None, candidates, block_size)
+    launch(masked, slots, top_k, top_p, applied, True, min_p, None, candidates, block_size, splits)
     torch.testing.assert_close(applied, threshold, rtol=0, atol=0, equal_nan=True)
     kept = logits >= threshold[:, None]
     want = torch.where(kept | torch.isnan(logits), logits, float("-inf"))
@@ -443,6 +447,45 @@ def test_candidate_buffer_edges(kernel_device: torch.device) -> None:
     assert int(got[5].sum()) == 12
     assert int(got[6].sum()) == 15 and int(reads[6]) == 1
     print(f"reads {reads.tolist()}, thresholds {threshold.tolist()}")
+
+
+def test_split_rows_merge_their_lists(
+    monkeypatch: pytest.MonkeyPatch, kernel_device: torch.device
+) -> None:
+    """Stage 1 split over 4 chunks a row, each keeping a list of 4 (MIN_PARTIAL lowered from
+    32, so that a chunk can hold more of a row's k largest than its list): the cut equals
+    the search's (top-k exactly, top-p within float32 rounding, the chunks' masses summed in
+    another order), the lists and floors change only which rows are searched, and a row
+    whose k largest fit the lists is read once."""
+    from graphsafe_sampler.bench.logits import llm_like_logits
+    from graphsafe_sampler.kernels import top_k_top_p
+
+    monkeypatch.setattr(top_k_top_p, "MIN_PARTIAL", 4)
+    assert top_k_top_p.partial_size(16, 4) == 4
+    gen = _gen()
+    rows, vocab, candidates = 4, 320, 16
+    seed = int(torch.randint(0, 2**31, (1,), generator=gen))
+    logits = torch.round(llm_like_logits(rows, vocab, peakedness=1.2, seed=seed) * 16) / 16
+    logits[1, 64:70] = float("nan")  # min_p off for this row; its floor only in one chunk
+    logits[2, 130:140] = logits[2].max() + 1.0  # 10 largest in one chunk: more than its list
+    top_k = torch.tensor([3, 8, 10, 0], dtype=torch.int32)
+    top_p = torch.tensor([1.0, 0.8, 1.0, 0.6])
+    min_p = torch.tensor([0.0, 0.05, 0.0, 0.1])
+    slots = torch.arange(rows)
+    args = [t.to(kernel_device) for t in (logits, slots, top_k, top_p, min_p)]
+    got, _, reads = _launch(*args, candidates, 64, splits=4)
+    want, _, search_reads = _launch(*args, 0, 64)
+    for r in range(rows):
+        k, p = int(top_k[r]), float(top_p[r])
+        if p >= 1.0:
+            assert torch.equal(got[r], want[r]), r
+        else:
+            _check_top_p_differences(args[0][r], got[r], want[r], k, p)
+    reads, search_reads = reads.cpu(), search_reads.cpu()
+    assert int(reads[0]) == 1  # k = 3 <= each list
+    assert int(reads[2]) > 1  # 10 tied largest in one chunk's list of 4: searched
+    assert bool((reads <= search_reads).all())
+    print(f"reads {reads.tolist()} (search alone {search_reads.tolist()})")
 
 
 def test_candidates_must_be_a_power_of_two_within_a_tile() -> None:

@@ -68,6 +68,13 @@ def test_every_kernel_variant_compiles_for_sm90(report: dict[str, Any]) -> None:
         r["constexprs"]["CANDIDATES"] for r in results if r["kernel"] == "_top_k_top_p_kernel"
     }
     assert {128, 2, 16} <= buffers
+    # stage 1's chunk lists, whole and shared out over chunks; each variant leaves room for
+    # at least 2 CTAs an SM (8 warps: 65,536 registers / (8 x 32 x 2) = 128 a thread)
+    stage1 = [r for r in results if r["kernel"] == "_candidates_kernel"]
+    assert {128, 32, 2, 16} <= {r["constexprs"]["PARTIAL"] for r in stage1}
+    assert all(r["registers"] <= 128 for r in stage1), [
+        (r["label"], r["registers"]) for r in stage1
+    ]
     # process_logits is bit-identical to torch's separate multiply and add: no fma in its PTX
     process = [r for r in results if r["kernel"] == "_process_logits_kernel"]
     assert len(process) == 5 and all(r["fma_in_ptx"] is False for r in process)

@@ -21,7 +21,11 @@ from graphsafe_sampler.kernels.logits_processing import process_logits
 from graphsafe_sampler.kernels.logprobs import compute_logprobs
 from graphsafe_sampler.kernels.min_p import apply_min_p
 from graphsafe_sampler.kernels.sampling import sample_splits, sample_tokens
-from graphsafe_sampler.kernels.top_k_top_p import apply_top_k_top_p, top_k_top_p_threshold
+from graphsafe_sampler.kernels.top_k_top_p import (
+    apply_top_k_top_p,
+    top_k_top_p_splits,
+    top_k_top_p_threshold,
+)
 from graphsafe_sampler.output import LogprobsTensors
 from graphsafe_sampler.pipelines.base import Processed
 from graphsafe_sampler.pipelines.torch_pipeline import TorchPipeline
@@ -103,7 +107,7 @@ class TritonPipeline:
         top_k, top_p = s.top_k_top_p.top_k.device, s.top_k_top_p.top_p.device
         min_p = s.min_p.min_p.device if self.fold_min_p else None
         op = apply_top_k_top_p if write_mask else top_k_top_p_threshold
-        op(x, slots, top_k, top_p, cut, min_p)
+        op(x, slots, top_k, top_p, cut, min_p, top_k_top_p_splits(*x.shape, x.device))
         # is_greedy: the kernels read the temperature themselves (greedy_rows when needed)
         return Processed(x, None if write_mask else cut, None, None)
 

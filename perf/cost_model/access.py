@@ -101,23 +101,48 @@ def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     )
 
 
-def _top_k_top_p_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
-    from graphsafe_sampler.kernels import top_k_top_p as k
-
+def _top_k_top_p_rows(a: dict[str, Any], c: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Per row: filtered (any of min_p, top-k, top-p on), buffered (stage 1 keeps lists) and
+    the search's passes, under the module docstring's settled rows."""
     slots, vocab, buffer = a["slots_ptr"], a["vocab_size"], a["buffer_size"]
     top_k, top_p = a["top_k_ptr"][slots], a["top_p_ptr"][slots]
     min_p = a["min_p_ptr"][slots] if c["HAS_MIN_P"] else torch.zeros_like(top_p)
     k_on, p_on = (top_k > 0) & (top_k < vocab), top_p < 1.0
-    filtered = _f(k_on | p_on | (min_p != 0.0))
+    filtered = k_on | p_on | (min_p != 0.0)
+    buffered = filtered & (buffer > 0) & ((k_on & (top_k <= buffer)) | (~k_on & p_on))
     settled_k = k_on & (buffer > 0) & (top_k <= buffer)
-    # the module docstring's settled rows: top-p is settled only after a buffered top-k
+    # top-p is settled only after a buffered top-k
     searches = _f(k_on & ~settled_k) + _f(p_on & ~settled_k)
-    passes = filtered * searches * SEARCH_PASSES
-    apply = filtered * float(c["APPLY"])
-    ones = torch.ones_like(filtered)
+    return {
+        "filtered": _f(filtered),
+        "buffered": _f(buffered),
+        "passes": _f(filtered) * searches * SEARCH_PASSES,
+    }
+
+
+def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
+    from graphsafe_sampler.kernels import top_k_top_p as k
+
+    rows = _top_k_top_p_rows(a, c)
+    ones = torch.ones_like(rows["filtered"])
+    return Work(
+        reads={"logits_ptr": rows["filtered"], "min_p_ptr": ones * float(c["HAS_MIN_P"])},
+        writes={"stats_ptr": rows["filtered"], "lists_ptr": rows["buffered"]},
+        walks={tile_loop(k._candidates_kernel, 0): rows["filtered"]},
+    )
+
+
+def _top_k_top_p_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
+    from graphsafe_sampler.kernels import top_k_top_p as k
+
+    rows = _top_k_top_p_rows(a, c)
+    apply = rows["filtered"] * float(c["APPLY"])
+    ones = torch.ones_like(apply)
     return Work(
         reads={
-            "logits_ptr": filtered + passes + apply,
+            "logits_ptr": rows["passes"] + apply,
+            "stats_ptr": rows["filtered"],
+            "lists_ptr": rows["buffered"],
             "min_p_ptr": ones * float(c["HAS_MIN_P"]),
             "threshold_ptr": 0 * ones,
             "reads_ptr": 0 * ones,
@@ -128,9 +153,8 @@ def _top_k_top_p_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             "reads_ptr": ones * float(c["COUNT_READS"]),
         },
         walks={
-            tile_loop(k._top_k_top_p_kernel, 0): filtered,
-            tile_loop(k._largest_key_reaching, 0): passes,
-            tile_loop(k._top_k_top_p_kernel, 1): apply,
+            tile_loop(k._largest_key_reaching, 0): rows["passes"],
+            tile_loop(k._top_k_top_p_kernel, 0): apply,
         },
     )
 
@@ -220,6 +244,7 @@ def _min_p_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
 
 WORK: dict[str, Callable[[dict[str, Any], dict[str, Any]], Work]] = {
     "_process_logits_kernel": _process_logits_work,
+    "_candidates_kernel": _candidates_work,
     "_top_k_top_p_kernel": _top_k_top_p_work,
     "_sample_kernel": _sample_work,
     "_combine_kernel": _combine_work,

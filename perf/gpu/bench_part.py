@@ -120,14 +120,16 @@ def _time_candidates(book: BenchBook, timer: Timer, x: torch.Tensor, case: str) 
     """Time `top_k_top_p_threshold` on x at the stage's top_k and top_p (with min_p for
     "all") with the candidate buffer (one read a settled row) and with the search alone
     (candidates 0), recording each one's mean reads of a row. On CUDA the buffer is the
-    kernel's default size over 1,024-element tiles; on the interpreter (--cpu-smoke) 64 over
-    128 (still enough for top_k 50; the full size takes seconds a row there)."""
-    from graphsafe_sampler.kernels.top_k_top_p import CANDIDATES
+    kernel's default size over 1,024-element tiles, stage 1 split as the pipeline splits
+    it; on the interpreter (--cpu-smoke) 64 over 128 (still enough for top_k 50; the full
+    size takes seconds a row there)."""
+    from graphsafe_sampler.kernels.top_k_top_p import CANDIDATES, top_k_top_p_splits
     from graphsafe_sampler.kernels.top_k_top_p import launch_top_k_top_p as launch
 
     device = x.device
     rows, vocab = x.shape
     candidates, block = (CANDIDATES, 1024) if device.type == "cuda" else (64, 128)
+    splits = top_k_top_p_splits(rows, vocab, device)  # the pipeline's: 1 off CUDA
     slots = torch.arange(rows, device=device)
     top_k = torch.full((rows,), stages.TOP_K, dtype=torch.int32, device=device)
     top_p = torch.full((rows,), stages.TOP_P, dtype=torch.float32, device=device)
@@ -135,14 +137,17 @@ def _time_candidates(book: BenchBook, timer: Timer, x: torch.Tensor, case: str) 
     threshold = torch.empty(rows, device=device)
     reads = torch.empty(rows, dtype=torch.int32, device=device)
     for c in (candidates, 0):
-        launch(x, slots, top_k, top_p, threshold, False, min_p, reads, c, block)
+        launch(x, slots, top_k, top_p, threshold, False, min_p, reads, c, block, splits)
         mean_reads = float(reads.float().mean())  # untimed, outside any capture
 
         def call(c: int = c) -> None:
-            launch(x, slots, top_k, top_p, threshold, False, min_p, None, c, block)
+            launch(x, slots, top_k, top_p, threshold, False, min_p, None, c, block, splits)
 
         timed = timer(call)
-        extra = {"candidates": c, "block_size": block, "mean_reads": round(mean_reads, 2)}
+        extra = {
+            "candidates": c, "block_size": block, "splits": splits,
+            "mean_reads": round(mean_reads, 2),
+        }  # fmt: skip
         book.add(case_result(case, f"{CANDIDATES_PROVIDER}-c{c}", rows, vocab, timed, extra))
 
 
