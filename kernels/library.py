@@ -80,3 +80,29 @@ def split_count(vocab_size: int, splits: int, block_size: int = 1024) -> int:
     tiles = triton.cdiv(vocab_size, block_size)
     chunk = triton.cdiv(tiles, max(1, min(splits, tiles)))
     return triton.cdiv(tiles, chunk)
+
+
+def row_splits(
+    num_rows: int,
+    vocab_size: int,
+    device: torch.device,
+    num_sms: int | None = None,
+    min_tiles: int = 1,
+    max_splits: int | None = None,
+    block_size: int = 1024,
+) -> int:
+    """Programs per row for a kernel that splits its rows over the vocabulary: enough for 2
+    per SM over the batch (a row of 151,936 is 149 tiles, which one SM would walk alone), at
+    least `min_tiles` tiles each, at most `max_splits` (a merge kernel reads them all in one
+    program). num_sms: the device's (default: asked of CUDA); off CUDA without it, 1 (the
+    interpreter runs programs one after another)."""
+    if num_sms is None:
+        if device.type != "cuda":
+            return 1
+        num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    splits = min(
+        triton.cdiv(2 * num_sms, num_rows), triton.cdiv(vocab_size, block_size * min_tiles)
+    )
+    if max_splits is not None:
+        splits = min(splits, max_splits)
+    return max(1, splits)

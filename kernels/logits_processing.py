@@ -1,6 +1,6 @@
-"""docs/design.md §4 steps 2-6 in Triton, one program per row: bad words, logit bias,
-min_tokens, the allowed-token and grammar bitmasks, repetition/frequency/presence penalties,
-temperature, from the raw logits (any float dtype) into a float32 buffer.
+"""docs/design.md §4 steps 2-6 in Triton, one program per row or per chunk of one: bad words,
+logit bias, min_tokens, the allowed-token and grammar bitmasks, repetition/frequency/presence
+penalties, temperature, from the raw logits (any float dtype) into a float32 buffer.
 
 The key idea: one dense pass reads each raw element once and writes it once (no float32 copy
 first); the few sparse tokens are then fixed up: the biased ones recomputed from their raw
@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .constants import GREEDY_TEMPERATURE, SATURATED
-from .library import check_logits, check_rows, check_table, inplace_op
+from .library import check_logits, check_rows, check_table, inplace_op, row_splits, split_count
 
 
 @triton.jit
@@ -50,6 +50,8 @@ def _ban_bad_words(
     bad_word_ptr,  # [num_slots, T] int32: the word of each entry
     window_ptr,  # [num_slots, L] int32: output g at g % L
     drafts_ptr,  # [num_rows, D] int64 (HAS_DRAFTS)
+    begin,  # the program's columns: [begin, end)
+    end,
     num_bad,  # T
     window_len,  # L
     num_drafts,  # D
@@ -58,9 +60,9 @@ def _ban_bad_words(
 ):
     """Store -inf on each word's last token where the outputs before this row end with the
     word's prefix (the bad-words stage's rule and layout: a word's entries are contiguous,
-    used entries first). A scan of the entries' votes per run of equal word ids gives, at
-    a word's last entry, whether every entry of its word matched; a word spanning two
-    blocks carries the previous block's last run."""
+    used entries first), for the tokens in [begin, end). A scan of the entries' votes per
+    run of equal word ids gives, at a word's last entry, whether every entry of its word
+    matched; a word spanning two blocks carries the previous block's last run."""
     table = slot.to(tl.int64) * num_bad
     carry_word = -1
     carry_vote = 1
@@ -94,7 +96,7 @@ def _ban_bad_words(
             last = entry == start + BAD_BLOCK - 1
             carry_word = tl.sum(tl.where(last, word, 0))
             carry_vote = tl.sum(tl.where(last, matched, 0))
-            ban = used & (back == 0) & (matched == 1)
+            ban = used & (back == 0) & (matched == 1) & (token >= begin) & (token < end)
             tl.store(row_ptr + token, tl.full((BAD_BLOCK,), float("-inf"), tl.float32), ban)
 
 
@@ -190,6 +192,7 @@ def _process_logits_kernel(
     num_drafts,  # D
     num_bad,  # T
     window_len,  # L
+    chunk,  # columns a program processes: whole tiles (the row, unsplit)
     GREEDY_BELOW: tl.constexpr,
     SATURATED: tl.constexpr,
     HAS_GRAMMAR: tl.constexpr,
@@ -202,8 +205,15 @@ def _process_logits_kernel(
     """Steps 1-7 of docs/kernels.md, logits processing (the comments carry their numbers),
     from `source` into `logits`, with a barrier after each phase whose stores the next one
     reads or overwrites: the dense pass (steps 3-6), the biased tokens again from their
-    source value plus the bias (steps 1, 3-6), step 7, then the -inf stores (step 2)."""
+    source value plus the bias (steps 1, 3-6), step 7, then the -inf stores (step 2).
+
+    A row may be split over programs (grid rows x splits), each owning the columns
+    [begin, end) of whole tiles: it makes every phase on its own columns only (the sparse
+    tables are read whole, their entries outside it skipped), so the barriers order all
+    the stores to a column, which one program makes."""
     row = tl.program_id(0)
+    begin = tl.program_id(1) * chunk
+    end = tl.minimum(begin + chunk, vocab_size)
     slot = tl.load(slots_ptr + row)
     source_row = source_ptr + row.to(tl.int64) * source_stride
     row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
@@ -224,9 +234,9 @@ def _process_logits_kernel(
     counts_row = counts_ptr + slot.to(tl.int64) * vocab_size
 
     # 3-6. the dense pass: every token read once from the source, written once
-    for start in range(0, vocab_size, BLOCK_SIZE):
+    for start in range(begin, end, BLOCK_SIZE):
         cols = start + tl.arange(0, BLOCK_SIZE)
-        in_row = cols < vocab_size
+        in_row = cols < end
         x = tl.load(source_row + cols, mask=in_row, other=0.0).to(tl.float32)
         x = _penalise_and_scale(
             x, cols, in_row, row, allowed_row, grammar_row, prompt_row, counts_row, drafts_ptr,
@@ -245,6 +255,7 @@ def _process_logits_kernel(
         value = tl.load(bias_values_ptr + slot * num_bias + entry, mask=used, other=0.0)
         used &= value != 0.0
         token = tl.load(bias_ids_ptr + slot * num_bias + entry, mask=used, other=0)
+        used &= (token >= begin) & (token < end)
         x = tl.load(source_row + token, mask=used, other=0.0).to(tl.float32) + value
         x = _penalise_and_scale(
             x, token, used, row, allowed_row, grammar_row, prompt_row, counts_row, drafts_ptr,
@@ -265,12 +276,13 @@ def _process_logits_kernel(
         index = 0
         listed = tl.load(overflow_token_ptr + table_row)
         while listed >= 0:
-            excess = tl.load(overflow_excess_ptr + table_row + index)
-            value = tl.load(row_ptr + listed)
-            value = value - frequency * excess.to(tl.float32)
-            if scale_here:
-                value = tl.math.div_rn(value, temperature)
-            tl.store(row_ptr + listed, value)
+            if (listed >= begin) & (listed < end):
+                excess = tl.load(overflow_excess_ptr + table_row + index)
+                value = tl.load(row_ptr + listed)
+                value = value - frequency * excess.to(tl.float32)
+                if scale_here:
+                    value = tl.math.div_rn(value, temperature)
+                tl.store(row_ptr + listed, value)
             index += 1
             listed = tl.load(
                 overflow_token_ptr + table_row + index, mask=index < num_overflow, other=-1
@@ -279,9 +291,9 @@ def _process_logits_kernel(
             # a full table may leave tokens at 255 without an entry: every byte of 255 still
             # lacks its temperature, listed or not
             tl.debug_barrier()
-            for start in range(0, vocab_size, BLOCK_SIZE):
+            for start in range(begin, end, BLOCK_SIZE):
                 cols = start + tl.arange(0, BLOCK_SIZE)
-                in_row = cols < vocab_size
+                in_row = cols < end
                 count = tl.load(counts_row + cols, mask=in_row, other=0).to(tl.int32)
                 at_255 = in_row & (count == SATURATED)
                 x = tl.load(row_ptr + cols, mask=at_255, other=0.0)
@@ -295,14 +307,24 @@ def _process_logits_kernel(
     if HAS_BAD_WORDS:
         _ban_bad_words(
             row_ptr, row, slot, generated, preceding, bad_tokens_ptr, bad_back_ptr, bad_word_ptr,
-            window_ptr, drafts_ptr, num_bad, window_len, num_drafts, HAS_DRAFTS, BAD_BLOCK,
+            window_ptr, drafts_ptr, begin, end, num_bad, window_len, num_drafts, HAS_DRAFTS,
+            BAD_BLOCK,
         )  # fmt: skip
     if generated + preceding < tl.load(min_tokens_ptr + slot):
         for start in range(0, num_stop, SPARSE_BLOCK):
             entry = start + tl.arange(0, SPARSE_BLOCK)
             used = entry < num_stop
             token = tl.load(stop_ids_ptr + slot * num_stop + entry, mask=used, other=0)
+            used &= (token >= begin) & (token < end)
             tl.store(row_ptr + token, tl.full((SPARSE_BLOCK,), float("-inf"), tl.float32), used)
+
+
+def process_splits(
+    num_rows: int, vocab_size: int, device: torch.device, num_sms: int | None = None
+) -> int:
+    """Programs per row for `process_logits` (`library.row_splits`: 2 per SM over the batch,
+    at least one tile each; 1 off CUDA)."""
+    return row_splits(num_rows, vocab_size, device, num_sms)
 
 
 def launch_process_logits(
@@ -333,12 +355,15 @@ def launch_process_logits(
     block_size: int = 1024,
     sparse_block: int = 128,
     bad_block: int = 128,
+    splits: int = 1,  # programs a row is split over (`process_splits`)
 ) -> None:
-    """Launch `_process_logits_kernel` over the rows; tables must be contiguous. Allocates
-    nothing, returns None."""
+    """Launch `_process_logits_kernel` over rows x splits; tables must be contiguous.
+    Allocates nothing, returns None."""
     num_rows, vocab_size = logits.shape
     num_bad = bad_tokens.shape[1] if bad_tokens is not None else 0
-    _process_logits_kernel[(num_rows,)](
+    splits = split_count(vocab_size, splits, block_size)
+    chunk = triton.cdiv(triton.cdiv(vocab_size, block_size), splits) * block_size
+    _process_logits_kernel[(num_rows, splits)](
         source,
         source.stride(0),
         logits,
@@ -373,6 +398,7 @@ def launch_process_logits(
         drafts.shape[1] if drafts is not None else 0,
         num_bad,
         window.shape[1] if window is not None else 1,
+        chunk,
         GREEDY_BELOW=GREEDY_TEMPERATURE,
         SATURATED=SATURATED,
         HAS_GRAMMAR=grammar is not None,
@@ -415,6 +441,7 @@ def process_logits(
     bad_back: torch.Tensor | None = None,
     bad_word: torch.Tensor | None = None,
     window: torch.Tensor | None = None,
+    splits: int = 1,
 ) -> None:
     """Bad words, logit bias, min_tokens, allowed and grammar bitmasks, penalties and
     temperature: `source` [num_rows, V] float32, float16 or bfloat16 (read only, its rows
@@ -433,6 +460,8 @@ def process_logits(
     bad_tokens, bad_back, bad_word int32 [num_slots, T] and window int32 [num_slots, L] (all
     four or none): the bad-words stage's layout (a word's entries contiguous, used entries
     first; back 0 marks the token to ban, -1 an unused entry; output g of a slot at g % L).
+    splits: programs per row, each processing a chunk of whole tiles (`process_splits` picks
+    it; the output does not depend on it).
     """
     check_logits(logits)
     num_rows, vocab_size = logits.shape
@@ -495,9 +524,12 @@ def process_logits(
             check_table(name, t, torch.int32, shape)
         if num_bad == 0 or window.shape[1] == 0:
             raise ValueError("the bad-words tables need T >= 1 entries and a window of L >= 1")
+    if splits < 1:
+        raise ValueError(f"splits must be >= 1, got {splits}")
     launch_process_logits(
         source, logits, slots, bias_ids, bias_values, min_tokens, num_generated, stop_ids,
         allowed,
         grammar, counts, overflow_token, overflow_excess, prompt_mask, repetition, frequency,
         presence, temperature, drafts, num_preceding, bad_tokens, bad_back, bad_word, window,
+        splits=splits,
     )  # fmt: skip

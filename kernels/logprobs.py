@@ -15,101 +15,62 @@ import torch
 import triton
 import triton.language as tl
 
-from .library import check_rows, check_table, inplace_op
+from .library import check_rows, check_table, inplace_op, row_splits, split_count
 
 _NO_TOKEN = 2**31 - 1  # the id of an empty top-K slot: loses every tie
 
 
 @triton.jit
-def _logprobs_kernel(
-    source_ptr,  # [num_rows, V] float32/float16/bfloat16, read only
-    source_stride,  # elements between rows
-    tokens_ptr,  # [num_rows] int32 or int64 sampled token per row
-    token_ids_ptr,  # [num_rows, K + 1] int32, written: sampled, then top K
-    logprobs_ptr,  # [num_rows, K + 1] float32, written
-    ranks_ptr,  # [num_rows] int32, written
-    lse_ptr,  # [num_rows] float32, written (0 where not finite)
+def _top_k_update(top_v, top_i, x, cols, in_tile, lanes, K: tl.constexpr, NO_TOKEN: tl.constexpr):
+    """The running top K (values descending, K_BLOCK lanes) merged with a tile's values x at
+    ids cols (in_tile: the lanes that hold one), by K selections of the largest value left,
+    lowest id first among equal values (what a stable descending sort gives; torch.topk
+    documents no order for ties). NaN is never picked. With K = 0 it unrolls to nothing."""
+    taken_run = lanes >= K
+    taken_tile = ~in_tile
+    new_v = tl.full(top_v.shape, float("-inf"), tl.float32)
+    new_i = tl.full(top_i.shape, NO_TOKEN, tl.int32)
+    for j in tl.static_range(K):
+        best = tl.maximum(
+            tl.max(tl.where(taken_run, float("-inf"), top_v), axis=0),
+            tl.max(tl.where(taken_tile, float("-inf"), x), axis=0),
+        )
+        pick = tl.minimum(
+            tl.min(tl.where(~taken_run & (top_v == best), top_i, NO_TOKEN), axis=0),
+            tl.min(tl.where(~taken_tile & (x == best), cols, NO_TOKEN), axis=0),
+        )
+        new_v = tl.where(lanes == j, best, new_v)
+        new_i = tl.where(lanes == j, pick, new_i)
+        taken_run |= top_i == pick
+        taken_tile |= cols == pick
+    return new_v, new_i
+
+
+@triton.jit
+def _finish_row(
+    row,
+    row_ptr,
     vocab_size,
+    token,
+    sampled,  # float32: the sampled token's value
+    top_v,  # [K_BLOCK] float32: the row's top K values, descending
+    top_i,  # [K_BLOCK] int32: their ids
+    run_max,  # float32: the row's max
+    run_sum,  # float32: sum(exp(x - run_max)) (run_max -inf: 0)
+    count_ge,  # int32: tokens with x >= sampled
+    below,  # float32: the largest value under `sampled`
+    token_ids_ptr,
+    logprobs_ptr,
+    ranks_ptr,
+    lse_ptr,
     K: tl.constexpr,
     K_BLOCK: tl.constexpr,
     SUBTRACT_LSE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
-    NO_TOKEN: tl.constexpr,
 ):
-    """Per row r with sampled token t = tokens[r], over the source row x (raw or processed
-    logits, as the logprobs mode says; float32, float16 or bfloat16, read as float32):
-
-    - lse = log(sum(exp(x))), online (running max and rescaled sum); written to lse[r], with
-      0 where it is not finite (a row with every token at -inf), the shift the reference
-      applies;
-    - the top K values in descending order: a running top-K (K_BLOCK registers) merged with
-      a tile only when the tile can change it (its max beats the K-th value), by K
-      selections of the largest value left, lowest index first among equal values (what a
-      stable descending sort gives; torch.topk documents no order for ties); NaN is never
-      picked;
-    - the rank: the reference counts tokens with `x - lse >= x[t] - lse` in float32
-      (logprobs modes; the shift can merge neighbours) or `x >= x[t]` (logits modes).
-      Rounding is monotone, so every token with x >= x[t] counts either way, and the pass
-      counts those and keeps the largest value below x[t]. Only if that value merges with
-      x[t] after the shift does a second pass over the row count the merged tokens (rare:
-      they must sit within an ulp of the shifted value).
-
-    Outputs: token_ids[r] = [t, top ids...] int32, logprobs[r] = [x[t], top values...]
-    minus lse in the logprobs modes (SUBTRACT_LSE), ranks[r] int32.
-    """
-    row = tl.program_id(0)
-    row_ptr = source_ptr + row.to(tl.int64) * source_stride
-    token = tl.load(tokens_ptr + row)
-    sampled = tl.load(row_ptr + token).to(tl.float32)
-
+    """lse, the rank (with the rare second pass over the row) and the row's outputs, from
+    its statistics (`_logprobs_kernel`'s docstring)."""
     lanes = tl.arange(0, K_BLOCK)
-    top_v = tl.full((K_BLOCK,), float("-inf"), tl.float32)
-    top_i = tl.full((K_BLOCK,), NO_TOKEN, tl.int32)
-    kth_v = tl.full((), float("-inf"), tl.float32)
-    kth_i = tl.full((), NO_TOKEN, tl.int32)
-    run_max = tl.full((), float("-inf"), tl.float32)
-    run_sum = tl.zeros((), tl.float32)
-    count_ge = tl.zeros((), tl.int32)
-    below = tl.full((), float("-inf"), tl.float32)  # the largest value under `sampled`
-    for start in range(0, vocab_size, BLOCK_SIZE):
-        cols = start + tl.arange(0, BLOCK_SIZE)
-        in_row = cols < vocab_size
-        x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf")).to(tl.float32)
-        # logsumexp, online; a -inf max shifts by 0 so that -inf - -inf never makes NaN
-        tile_max = tl.max(x, axis=0)
-        new_max = tl.maximum(run_max, tile_max)
-        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-        run_sum = run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(x - shift), axis=0)
-        run_max = new_max
-        # rank: tokens at or above the sampled value, and the nearest one below it
-        count_ge += tl.sum((in_row & (x >= sampled)).to(tl.int32), axis=0)
-        below = tl.maximum(below, tl.max(tl.where(x < sampled, x, float("-inf")), axis=0))
-        # top K: a tile changes it only with a value above the K-th, or one equal to an
-        # empty K-th slot's -inf (earlier tiles' ids are lower, so they win equal values)
-        # (with K = 0 the selections unroll to nothing)
-        if (tile_max > kth_v) | ((tile_max == kth_v) & (kth_i == NO_TOKEN)):
-            taken_run = lanes >= K
-            taken_tile = ~in_row
-            new_v = tl.full((K_BLOCK,), float("-inf"), tl.float32)
-            new_i = tl.full((K_BLOCK,), NO_TOKEN, tl.int32)
-            for j in tl.static_range(K):
-                best = tl.maximum(
-                    tl.max(tl.where(taken_run, float("-inf"), top_v), axis=0),
-                    tl.max(tl.where(taken_tile, float("-inf"), x), axis=0),
-                )
-                pick = tl.minimum(
-                    tl.min(tl.where(~taken_run & (top_v == best), top_i, NO_TOKEN), axis=0),
-                    tl.min(tl.where(~taken_tile & (x == best), cols, NO_TOKEN), axis=0),
-                )
-                new_v = tl.where(lanes == j, best, new_v)
-                new_i = tl.where(lanes == j, pick, new_i)
-                taken_run |= top_i == pick
-                taken_tile |= cols == pick
-            top_v = new_v
-            top_i = new_i
-            kth_v = tl.max(tl.where(lanes == K - 1, top_v, float("-inf")), axis=0)
-            kth_i = tl.min(tl.where(lanes == K - 1, top_i, NO_TOKEN), axis=0)
-
     lse = run_max + tl.log(run_sum)
     # as `_logprobs`: a row with every token masked keeps -inf logprobs, not NaN
     finite = (lse == lse) & (tl.abs(lse) != float("inf"))
@@ -137,6 +98,174 @@ def _logprobs_kernel(
     tl.store(lse_ptr + row, lse)
 
 
+@triton.jit
+def _logprobs_kernel(
+    source_ptr,  # [num_rows, V] float32/float16/bfloat16, read only
+    source_stride,  # elements between rows
+    tokens_ptr,  # [num_rows] int32 or int64 sampled token per row
+    token_ids_ptr,  # [num_rows, K + 1] int32, written (not SPLIT): sampled, then top K
+    logprobs_ptr,  # [num_rows, K + 1] float32, written (not SPLIT)
+    ranks_ptr,  # [num_rows] int32, written (not SPLIT)
+    lse_ptr,  # [num_rows] float32, written (not SPLIT; 0 where not finite)
+    stats_ptr,  # [num_rows, splits, 4] float32, written (SPLIT): max, sum, count, below
+    part_v_ptr,  # [num_rows, splits, K_BLOCK] float32, written (SPLIT): the chunk's top K
+    part_i_ptr,  # [num_rows, splits, K_BLOCK] int32, written (SPLIT): their ids
+    vocab_size,
+    chunk,  # columns a program reads: whole tiles (the row, without SPLIT)
+    K: tl.constexpr,
+    K_BLOCK: tl.constexpr,
+    SUBTRACT_LSE: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    NO_TOKEN: tl.constexpr,
+):
+    """Per row r with sampled token t = tokens[r], over the source row x (raw or processed
+    logits, as the logprobs mode says; float32, float16 or bfloat16, read as float32):
+
+    - lse = log(sum(exp(x))), online (running max and rescaled sum); written to lse[r], with
+      0 where it is not finite (a row with every token at -inf), the shift the reference
+      applies;
+    - the top K values in descending order: a running top-K (K_BLOCK registers) merged with
+      a tile only when the tile can change it (its max beats the K-th value), by K
+      selections of the largest value left, lowest index first among equal values
+      (`_top_k_update`); NaN is never picked;
+    - the rank: the reference counts tokens with `x - lse >= x[t] - lse` in float32
+      (logprobs modes; the shift can merge neighbours) or `x >= x[t]` (logits modes).
+      Rounding is monotone, so every token with x >= x[t] counts either way, and the pass
+      counts those and keeps the largest value below x[t]. Only if that value merges with
+      x[t] after the shift does a second pass over the row count the merged tokens (rare:
+      they must sit within an ulp of the shifted value).
+
+    Outputs: token_ids[r] = [t, top ids...] int32, logprobs[r] = [x[t], top values...]
+    minus lse in the logprobs modes (SUBTRACT_LSE), ranks[r] int32.
+
+    With SPLIT the row is split over programs (grid rows x splits), each scanning a chunk of
+    whole tiles and writing its statistics and top K; `_logprobs_combine_kernel` merges them
+    (the top K of a row is the top K of its chunks' top Ks) and writes the outputs.
+    """
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    row_ptr = source_ptr + row.to(tl.int64) * source_stride
+    token = tl.load(tokens_ptr + row)
+    sampled = tl.load(row_ptr + token).to(tl.float32)
+
+    lanes = tl.arange(0, K_BLOCK)
+    top_v = tl.full((K_BLOCK,), float("-inf"), tl.float32)
+    top_i = tl.full((K_BLOCK,), NO_TOKEN, tl.int32)
+    kth_v = tl.full((), float("-inf"), tl.float32)
+    kth_i = tl.full((), NO_TOKEN, tl.int32)
+    run_max = tl.full((), float("-inf"), tl.float32)
+    run_sum = tl.zeros((), tl.float32)
+    count_ge = tl.zeros((), tl.int32)
+    below = tl.full((), float("-inf"), tl.float32)  # the largest value under `sampled`
+    begin = part * chunk
+    end = tl.minimum(begin + chunk, vocab_size)
+    for start in range(begin, end, BLOCK_SIZE):
+        cols = start + tl.arange(0, BLOCK_SIZE)
+        in_row = cols < end
+        x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf")).to(tl.float32)
+        # logsumexp, online; a -inf max shifts by 0 so that -inf - -inf never makes NaN
+        tile_max = tl.max(x, axis=0)
+        new_max = tl.maximum(run_max, tile_max)
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+        run_sum = run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(x - shift), axis=0)
+        run_max = new_max
+        # rank: tokens at or above the sampled value, and the nearest one below it
+        count_ge += tl.sum((in_row & (x >= sampled)).to(tl.int32), axis=0)
+        below = tl.maximum(below, tl.max(tl.where(x < sampled, x, float("-inf")), axis=0))
+        # top K: a tile changes it only with a value above the K-th, or one equal to an
+        # empty K-th slot's -inf (earlier tiles' ids are lower, so they win equal values)
+        if (tile_max > kth_v) | ((tile_max == kth_v) & (kth_i == NO_TOKEN)):
+            top_v, top_i = _top_k_update(top_v, top_i, x, cols, in_row, lanes, K, NO_TOKEN)
+            kth_v = tl.max(tl.where(lanes == K - 1, top_v, float("-inf")), axis=0)
+            kth_i = tl.min(tl.where(lanes == K - 1, top_i, NO_TOKEN), axis=0)
+    if SPLIT:
+        at = row.to(tl.int64) * tl.num_programs(1) + part
+        tl.store(stats_ptr + at * 4 + 0, run_max)
+        tl.store(stats_ptr + at * 4 + 1, run_sum)
+        tl.store(stats_ptr + at * 4 + 2, count_ge.to(tl.float32))  # exact: V < 2**24
+        tl.store(stats_ptr + at * 4 + 3, below)
+        tl.store(part_v_ptr + at * K_BLOCK + lanes, top_v)
+        tl.store(part_i_ptr + at * K_BLOCK + lanes, top_i)
+    else:
+        _finish_row(
+            row, row_ptr, vocab_size, token, sampled, top_v, top_i, run_max, run_sum, count_ge,
+            below, token_ids_ptr, logprobs_ptr, ranks_ptr, lse_ptr, K, K_BLOCK, SUBTRACT_LSE,
+            BLOCK_SIZE,
+        )  # fmt: skip
+
+
+@triton.jit
+def _logprobs_combine_kernel(
+    source_ptr,  # [num_rows, V]: read only by the rare second pass
+    source_stride,
+    tokens_ptr,  # [num_rows] int32 or int64
+    token_ids_ptr,  # [num_rows, K + 1] int32, written
+    logprobs_ptr,  # [num_rows, K + 1] float32, written
+    ranks_ptr,  # [num_rows] int32, written
+    lse_ptr,  # [num_rows] float32, written
+    stats_ptr,  # [num_rows, splits, 4] float32
+    part_v_ptr,  # [num_rows, splits, K_BLOCK] float32
+    part_i_ptr,  # [num_rows, splits, K_BLOCK] int32
+    vocab_size,
+    splits,
+    K: tl.constexpr,
+    K_BLOCK: tl.constexpr,
+    SUBTRACT_LSE: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr,  # a power of two >= splits
+    BLOCK_SIZE: tl.constexpr,
+    NO_TOKEN: tl.constexpr,
+):
+    """A split row's chunks merged: the max, the sum rescaled to it, the counts added, the
+    largest value below the sampled one, the top K of the chunks' top Ks (the same
+    selections), then the outputs as one program would have written them."""
+    row = tl.program_id(0)
+    row_ptr = source_ptr + row.to(tl.int64) * source_stride
+    token = tl.load(tokens_ptr + row)
+    sampled = tl.load(row_ptr + token).to(tl.float32)
+    parts = tl.arange(0, SPLIT_BLOCK)
+    used = parts < splits
+    at = (row.to(tl.int64) * splits + parts) * 4
+    maxes = tl.load(stats_ptr + at + 0, mask=used, other=float("-inf"))
+    sums = tl.load(stats_ptr + at + 1, mask=used, other=0.0)
+    count_ge = tl.sum(tl.load(stats_ptr + at + 2, mask=used, other=0.0), axis=0).to(tl.int32)
+    below = tl.max(tl.load(stats_ptr + at + 3, mask=used, other=float("-inf")), axis=0)
+    run_max = tl.max(maxes, axis=0)
+    # each chunk's sum is against its own shift (0 for an all -inf chunk, whose sum is 0)
+    shift = tl.where(run_max == float("-inf"), 0.0, run_max)
+    shifts = tl.where(maxes == float("-inf"), 0.0, maxes)
+    run_sum = tl.sum(sums * tl.exp(shifts - shift), axis=0)
+    lanes = tl.arange(0, K_BLOCK)
+    flat = (row.to(tl.int64) * splits + parts[:, None]) * K_BLOCK + lanes[None, :]
+    union_v = tl.load(part_v_ptr + flat, mask=used[:, None], other=float("-inf"))
+    union_i = tl.load(part_i_ptr + flat, mask=used[:, None], other=NO_TOKEN)
+    union_v = tl.reshape(union_v, (SPLIT_BLOCK * K_BLOCK,))
+    union_i = tl.reshape(union_i, (SPLIT_BLOCK * K_BLOCK,))
+    top_v = tl.full((K_BLOCK,), float("-inf"), tl.float32)
+    top_i = tl.full((K_BLOCK,), NO_TOKEN, tl.int32)
+    top_v, top_i = _top_k_update(
+        top_v, top_i, union_v, union_i, union_i != NO_TOKEN, lanes, K, NO_TOKEN
+    )
+    _finish_row(
+        row, row_ptr, vocab_size, token, sampled, top_v, top_i, run_max, run_sum, count_ge,
+        below, token_ids_ptr, logprobs_ptr, ranks_ptr, lse_ptr, K, K_BLOCK, SUBTRACT_LSE,
+        BLOCK_SIZE,
+    )  # fmt: skip
+
+
+MAX_SPLITS = 64
+"""At most this many chunks a row: the combine kernel selects the top K of their top Ks in
+one program."""
+
+
+def logprobs_splits(
+    num_rows: int, vocab_size: int, device: torch.device, num_sms: int | None = None
+) -> int:
+    """Programs per row for `compute_logprobs` (`library.row_splits`: 2 per SM over the
+    batch, at least one tile each, at most MAX_SPLITS; 1 off CUDA)."""
+    return row_splits(num_rows, vocab_size, device, num_sms, max_splits=MAX_SPLITS)
+
+
 def launch_logprobs(
     source: torch.Tensor,  # [num_rows, V] float32/float16/bfloat16
     tokens: torch.Tensor,  # [num_rows] int32 or int64
@@ -146,26 +275,40 @@ def launch_logprobs(
     lse: torch.Tensor,  # [num_rows] float32, written
     subtract_lse: bool,
     block_size: int = 1024,
+    splits: int = 1,  # programs a row is split over (`logprobs_splits`)
+    # [num_rows, >= splits, 4] float32, [.., K_BLOCK] float32 and int32 scratch (splits > 1)
+    partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    """Launch `_logprobs_kernel` over the rows; outputs must be contiguous. Allocates
-    nothing, returns None."""
+    """Launch `_logprobs_kernel` over rows x splits, then (splits > 1)
+    `_logprobs_combine_kernel` over the rows; outputs must be contiguous. Allocates nothing,
+    returns None."""
     num_rows, vocab_size = source.shape
     k = token_ids.shape[1] - 1
-    _logprobs_kernel[(num_rows,)](
-        source,
-        source.stride(0),
-        tokens,
-        token_ids,
-        logprobs,
-        ranks,
-        lse,
-        vocab_size,
-        K=k,
-        K_BLOCK=max(triton.next_power_of_2(k), 2),
-        SUBTRACT_LSE=subtract_lse,
-        BLOCK_SIZE=block_size,
-        NO_TOKEN=_NO_TOKEN,
-    )
+    k_block = logprobs_k_block(k)
+    splits = split_count(vocab_size, splits, block_size)
+    chunk = triton.cdiv(triton.cdiv(vocab_size, block_size), splits) * block_size
+    split = splits > 1
+    stats, part_v, part_i = lse, lse, ranks  # unused without SPLIT
+    if split:
+        if partials is None:
+            raise ValueError(f"{splits} splits need the partials' scratch")
+        stats, part_v, part_i = partials
+    common = dict(K=k, K_BLOCK=k_block, SUBTRACT_LSE=subtract_lse, BLOCK_SIZE=block_size)
+    _logprobs_kernel[(num_rows, splits)](
+        source, source.stride(0), tokens, token_ids, logprobs, ranks, lse, stats, part_v,
+        part_i, vocab_size, chunk, SPLIT=split, NO_TOKEN=_NO_TOKEN, **common,
+    )  # fmt: skip
+    if split:
+        _logprobs_combine_kernel[(num_rows,)](
+            source, source.stride(0), tokens, token_ids, logprobs, ranks, lse, stats, part_v,
+            part_i, vocab_size, splits, SPLIT_BLOCK=triton.next_power_of_2(splits),
+            NO_TOKEN=_NO_TOKEN, **common,
+        )  # fmt: skip
+
+
+def logprobs_k_block(k: int) -> int:
+    """The top K's lanes: a power of two >= K, at least 2."""
+    return max(triton.next_power_of_2(k), 2)
 
 
 @inplace_op("compute_logprobs", mutates_args=("token_ids", "logprobs", "ranks", "lse"))
@@ -177,6 +320,7 @@ def compute_logprobs(
     ranks: torch.Tensor,
     lse: torch.Tensor,
     subtract_lse: bool,
+    splits: int = 1,
 ) -> None:
     """The logprobs stage in one pass per row: column 0 the sampled token, columns 1..K the
     top K in descending order, minus the row's logsumexp when `subtract_lse` (the
@@ -185,7 +329,9 @@ def compute_logprobs(
     source [num_rows, V] float32/float16/bfloat16 (raw or processed logits, read only);
     tokens [num_rows] int32 or int64 in [0, V). Written: token_ids [num_rows, K + 1] int32, logprobs
     [num_rows, K + 1] float32, ranks [num_rows] int32, lse [num_rows] float32 (the row's
-    logsumexp, 0 where not finite).
+    logsumexp, 0 where not finite). splits: programs per row, each scanning a chunk of whole
+    tiles, merged by a second kernel (`logprobs_splits` picks it; the outputs do not depend
+    on it beyond the float32 order of the sum).
     """
     if source.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"source must be float32, float16 or bfloat16, got {source.dtype}")
@@ -202,4 +348,17 @@ def compute_logprobs(
     k = token_ids.shape[1] - 1
     if not 0 <= k <= vocab_size:
         raise ValueError(f"token_ids must have K + 1 columns with 0 <= K <= {vocab_size}")
-    launch_logprobs(source, tokens, token_ids, logprobs, ranks, lse, subtract_lse)
+    if splits < 1:
+        raise ValueError(f"splits must be >= 1, got {splits}")
+    splits = split_count(vocab_size, splits)
+    partials = None
+    if splits > 1:  # the chunks' statistics and top Ks, merged by the second kernel
+        lanes, device = logprobs_k_block(k), source.device
+        partials = (
+            torch.empty((num_rows, splits, 4), dtype=torch.float32, device=device),
+            torch.empty((num_rows, splits, lanes), dtype=torch.float32, device=device),
+            torch.empty((num_rows, splits, lanes), dtype=torch.int32, device=device),
+        )
+    launch_logprobs(
+        source, tokens, token_ids, logprobs, ranks, lse, subtract_lse, 1024, splits, partials
+    )

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .constants import GREEDY_TEMPERATURE, SALT_SAMPLE
-from .library import check_logits, check_rows, inplace_op, split_count
+from .library import check_logits, check_rows, inplace_op, row_splits, split_count
 
 _INT32_MAX = 2**31 - 1
 
@@ -283,15 +283,9 @@ def launch_sample_tokens(
 def sample_splits(
     num_rows: int, vocab_size: int, device: torch.device, num_sms: int | None = None
 ) -> int:
-    """Programs per row for `sample_tokens`: enough for 2 per SM over the batch (a row of
-    151,936 is 149 tiles, which one SM would walk alone), at least one tile each. num_sms:
-    the device's (default: asked of CUDA); off CUDA without it, 1 (the interpreter runs
-    programs one after another)."""
-    if num_sms is None:
-        if device.type != "cuda":
-            return 1
-        num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(triton.cdiv(2 * num_sms, num_rows), triton.cdiv(vocab_size, 1024)))
+    """Programs per row for `sample_tokens` (`library.row_splits`: 2 per SM over the batch,
+    at least one tile each; 1 off CUDA)."""
+    return row_splits(num_rows, vocab_size, device, num_sms)
 
 
 def launch_rng_noise(

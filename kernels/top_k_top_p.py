@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .library import check_logits, check_rows, inplace_op, split_count
+from .library import check_logits, check_rows, inplace_op, row_splits, split_count
 
 
 @triton.jit
@@ -390,15 +390,10 @@ def partial_size(candidates: int, splits: int) -> int:
 def top_k_top_p_splits(
     num_rows: int, vocab_size: int, device: torch.device, num_sms: int | None = None
 ) -> int:
-    """Programs per row for stage 1: enough for 2 per SM over the batch, at least
-    MIN_SPLIT_TILES tiles each and at most MAX_SPLITS (the cut kernel merges their lists in
-    one program). num_sms: the device's (default: asked of CUDA); off CUDA without it, 1."""
-    if num_sms is None:
-        if device.type != "cuda":
-            return 1
-        num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    by_tiles = triton.cdiv(vocab_size, 1024 * MIN_SPLIT_TILES)
-    return max(1, min(triton.cdiv(2 * num_sms, num_rows), by_tiles, MAX_SPLITS))
+    """Programs per row for stage 1 (`library.row_splits`: 2 per SM over the batch, at least
+    MIN_SPLIT_TILES tiles each, at most MAX_SPLITS, since the cut kernel merges their lists
+    in one program; 1 off CUDA)."""
+    return row_splits(num_rows, vocab_size, device, num_sms, MIN_SPLIT_TILES, MAX_SPLITS)
 
 
 def launch_top_k_top_p(

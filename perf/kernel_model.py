@@ -132,32 +132,36 @@ def assumptions(gpu: Gpu = H200) -> dict[str, Any]:
 def _triton_on_cpu(num_sms: int) -> Iterator[None]:
     """Lift the Triton backend's refusal of a CPU device without the interpreter
     (`config.triton_available`, also imported by perf/gpu/targets.py): in this process
-    nothing runs on the device, every launch is recorded instead. And split the sampling
-    and top-k/top-p kernels' rows as on a GPU of `num_sms` SMs (off CUDA the pipeline does
-    not split)."""
+    nothing runs on the device, every launch is recorded instead. And split the rows of the
+    kernels that split them (processing, top-k/top-p, sampling, logprobs) as on a GPU of
+    `num_sms` SMs (off CUDA the pipeline does not split)."""
     import gpu.targets
 
     import graphsafe_sampler.config as config
     import graphsafe_sampler.pipelines.triton_pipeline as pipeline
+    from graphsafe_sampler.kernels.logits_processing import process_splits
+    from graphsafe_sampler.kernels.logprobs import logprobs_splits
     from graphsafe_sampler.kernels.sampling import sample_splits
     from graphsafe_sampler.kernels.top_k_top_p import top_k_top_p_splits
 
-    saved = (
-        config.triton_available, gpu.targets.triton_available, pipeline.sample_splits,
-        pipeline.top_k_top_p_splits,
-    )  # fmt: skip
+    splitters: dict[str, Callable[..., int]] = {
+        "sample_splits": sample_splits,
+        "top_k_top_p_splits": top_k_top_p_splits,
+        "logprobs_splits": logprobs_splits,
+        "process_splits": process_splits,
+    }
+    saved = config.triton_available, gpu.targets.triton_available
     config.triton_available = gpu.targets.triton_available = lambda device: True
-    pipeline.sample_splits = lambda rows, vocab, device: sample_splits(rows, vocab, device, num_sms)
-    pipeline.top_k_top_p_splits = lambda rows, vocab, device: top_k_top_p_splits(
-        rows, vocab, device, num_sms
-    )
+    for name, splitter in splitters.items():
+        setattr(
+            pipeline, name, lambda rows, vocab, device, f=splitter: f(rows, vocab, device, num_sms)
+        )
     try:
         yield
     finally:
-        (
-            config.triton_available, gpu.targets.triton_available, pipeline.sample_splits,
-            pipeline.top_k_top_p_splits,
-        ) = saved  # fmt: skip
+        config.triton_available, gpu.targets.triton_available = saved
+        for name, splitter in splitters.items():
+            setattr(pipeline, name, splitter)
 
 
 def record_step(case: str, rows: int, vocab: int, num_sms: int = H200.sms) -> list[Any]:

@@ -202,18 +202,16 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
 
     calls.append(("top_k_top_p reads= candidates=16 block=64", counted))
 
-    # stage 1 split over the vocabulary (a GPU's batch of 64 rows, and of 1): the cut kernel
-    # merges 5 lists of 32 and 64 lists of 32
+    # stage 1 split over the vocabulary as at B = 1 on a GPU: the cut kernel merges 64 lists
+    # of 32 (the widest union it takes)
     wide = _t(rows, 151_936)
-    for splits in (5, 64):
 
-        def split(splits: int = splits) -> None:
-            top_k_top_p.launch_top_k_top_p(
-                wide, slots, _i32(slots_n), _t(slots_n), _t(rows), False, _t(slots_n),
-                splits=splits,
-            )  # fmt: skip
+    def split() -> None:
+        top_k_top_p.launch_top_k_top_p(
+            wide, slots, _i32(slots_n), _t(slots_n), _t(rows), False, _t(slots_n), splits=64
+        )
 
-        calls.append((f"top_k_top_p min_p=True splits={splits}", split))
+    calls.append(("top_k_top_p min_p=True splits=64", split))
 
     from graphsafe_sampler.kernels.constants import SALT_BONUS, SALT_RECOVER, SALT_SAMPLE
 
@@ -261,6 +259,16 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
                 )  # fmt: skip
 
             calls.append((f"compute_logprobs {dtype} subtract_lse={subtract_lse}", lp))
+
+    # split rows (a GPU's small batch): chunks' partials, merged by the combine kernel; K 20
+    def split_lp() -> None:
+        partials = (_t(rows, 64, 4), _t(rows, 64, 32), _i32(rows, 64, 32))
+        logprobs.launch_logprobs(
+            _t(rows, 151_936), _i64(rows), _i32(rows, 21), _t(rows, 21), _i32(rows), _t(rows),
+            True, 1024, 64, partials,
+        )  # fmt: skip
+
+    calls.append(("compute_logprobs splits=64 K=20 subtract_lse=True", split_lp))
 
     calls.append(("apply_min_p", lambda: min_p.launch_min_p(x, slots, _t(slots_n))))
 

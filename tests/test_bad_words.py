@@ -391,13 +391,17 @@ def test_words_fill_the_token_capacity_and_match_the_last_outputs(backend: str) 
 # ----------------------------------------------------------------- the kernel's blocks
 
 
-@pytest.mark.parametrize("with_drafts", [False, True], ids=["plain", "drafts"])
+@pytest.mark.parametrize(
+    ("with_drafts", "splits"), [(False, 1), (True, 1), (True, 3)],
+    ids=["plain", "drafts", "drafts-split"],
+)  # fmt: skip
 def test_kernel_carries_words_across_its_blocks(
-    kernel_device: torch.device, with_drafts: bool
+    kernel_device: torch.device, with_drafts: bool, splits: int
 ) -> None:
     """`process_logits` scans the entries in blocks (8 here, 128 by default): words that
     straddle a block boundary, or fill one whole block and run into the next, must ban
-    exactly what the stage's PyTorch scatter bans, on every row, with and without drafts."""
+    exactly what the stage's PyTorch scatter bans, on every row, with and without drafts,
+    and with each row split over programs of 16-column tiles (each bans in its chunk)."""
     from graphsafe_sampler.kernels.logits_processing import launch_process_logits
 
     seed = _fresh_seed()
@@ -437,7 +441,7 @@ def test_kernel_carries_words_across_its_blocks(
         s.penalties.frequency.device, s.penalties.presence.device,
         s.temperature.temperature.device, drafts, preceding, s.bad_words.tokens.device,
         s.bad_words.back.device, s.bad_words.word.device, s.bad_words.window.device,
-        bad_block=8,
+        block_size=16, bad_block=8, splits=splits,
     )  # fmt: skip
     banned = want.isneginf()
     assert banned.sum() > ROWS  # the words match the short alphabet's histories often

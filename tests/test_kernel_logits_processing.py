@@ -233,10 +233,15 @@ def _float64_reference(
 
 
 def _kernel(
-    logits: torch.Tensor, slots: torch.Tensor, state: State, grammar: torch.Tensor | None
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    state: State,
+    grammar: torch.Tensor | None,
+    splits: int = 1,
 ) -> torch.Tensor:
     got = torch.full_like(logits, float("nan"))  # every element must be written
-    process_logits(logits, got, slots, *state.kernel_args(), grammar, *state.penalty_args())
+    args = (*state.kernel_args(), grammar, *state.penalty_args())
+    process_logits(logits, got, slots, *args, splits=splits)
     return got
 
 
@@ -301,6 +306,21 @@ def test_matches_torch_backend(
     assert torch.equal(got, _torch_backend(logits, slots, state, grammar))
 
 
+@pytest.mark.parametrize("splits", [2, 5])
+def test_split_rows_match_torch_backend(splits: int, kernel_device: torch.device) -> None:
+    """A row split over programs (chunks of whole 1,024-element tiles; 5 tiles here), each
+    making every phase on its own columns: bit for bit the PyTorch backend, full sparse
+    tables, biases, stop ids and saturated tokens spread over the chunks."""
+    gen = _gen()
+    rows, vocab = 4, 4099
+    state = _random_state(rows + 1, vocab, gen, device=kernel_device)
+    slots = torch.tensor([0, 2, 1, 3], device=kernel_device)
+    logits = (torch.randn(rows, vocab, generator=gen) * 4).to(kernel_device)
+    grammar = _random_grammar(rows, vocab, gen, kernel_device)
+    got = _kernel(logits, slots, state, grammar, splits)
+    assert torch.equal(got, _torch_backend(logits, slots, state, grammar))
+
+
 def test_skipped_excess_is_caught(kernel_device: torch.device) -> None:
     """A kernel that ignored the overflow entries (here: fed emptied tables, as a kernel
     without step 7 would read them) differs from the PyTorch backend exactly at the
@@ -349,11 +369,13 @@ def test_matches_float64_reference(rows: int, vocab: int, kernel_device: torch.d
     assert not np.allclose(got[finite], bytes_only[finite], rtol=2e-6, atol=2e-5)
 
 
-def test_full_overflow_table(kernel_device: torch.device) -> None:
+@pytest.mark.parametrize(("vocab", "splits"), [(111, 1), (3000, 3)], ids=["V111", "V3000-S3"])
+def test_full_overflow_table(vocab: int, splits: int, kernel_device: torch.device) -> None:
     """Past max_model_len the table fills and a token saturates into the spare column, with
-    no entry: the kernel still equals the PyTorch backend (the extra temperature pass)."""
+    no entry: the kernel still equals the PyTorch backend (the extra temperature pass, over
+    each program's chunk when the row is split)."""
     gen = _gen()
-    vocab, num_reqs = 111, 2
+    num_reqs = 2
     # max_model_len 300: E = 2 entries
     config = SamplerConfig(num_reqs, vocab, max_model_len=300)
     batch = BatchState(config, kernel_device)
@@ -378,7 +400,7 @@ def test_full_overflow_table(kernel_device: torch.device) -> None:
     slots = torch.tensor([0, 1, 2], device=kernel_device)
     logits = (torch.randn(3, vocab, generator=gen) * 4).to(kernel_device)
     assert torch.equal(
-        _kernel(logits, slots, state, None), _torch_backend(logits, slots, state, None)
+        _kernel(logits, slots, state, None, splits), _torch_backend(logits, slots, state, None)
     )
 
 

@@ -29,7 +29,7 @@ def _torch_logprobs(
 
 
 def _kernel(
-    source: torch.Tensor, tokens: torch.Tensor, k: int, subtract_lse: bool
+    source: torch.Tensor, tokens: torch.Tensor, k: int, subtract_lse: bool, splits: int = 1
 ) -> tuple[LogprobsTensors, torch.Tensor]:
     """Outputs poisoned first, so an element the kernel never wrote shows up."""
     rows, device = source.shape[0], source.device
@@ -37,7 +37,7 @@ def _kernel(
     values = torch.full((rows, k + 1), float("nan"), device=device)
     ranks = torch.full((rows,), -7, dtype=torch.int32, device=device)
     lse = torch.full((rows,), float("nan"), device=device)
-    compute_logprobs(source, tokens, ids, values, ranks, lse, subtract_lse)
+    compute_logprobs(source, tokens, ids, values, ranks, lse, subtract_lse, splits)
     return LogprobsTensors(ids, values, ranks), lse
 
 
@@ -142,6 +142,29 @@ def test_ties_take_the_lowest_index(k: int, kernel_device: torch.device) -> None
     assert torch.equal(
         got.selected_token_ranks.long(), (raw >= raw.gather(1, tokens[:, None])).sum(-1)
     )
+
+
+@pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logits"])
+def test_split_rows_merge_to_one_programs_outputs(mode: str, kernel_device: torch.device) -> None:
+    """A row split over 2 and 5 programs (chunks of whole 1,024-element tiles, the last of 3
+    columns, fewer than K) merges to one program's outputs: the same ids, values and ranks
+    (the logits modes bit for bit), lse within float32 rounding of its other summation
+    order; and, on quantised logits that tie everywhere, the same lowest-index-first ids."""
+    gen = _gen()
+    raw, processed, tokens = _logits_and_tokens(3, 4099, gen, kernel_device)
+    raw[1] = (raw[1] * 2).round()  # ties across the chunks
+    source = raw if mode.startswith("raw") else processed
+    subtract_lse = mode.endswith("logprobs")
+    want = _torch_logprobs(mode, 20, raw, processed, tokens)
+    whole, whole_lse = _kernel(source, tokens, 20, subtract_lse)
+    for splits in (2, 5):
+        got, lse = _kernel(source, tokens, 20, subtract_lse, splits)
+        _check(got, lse, want, source, tokens, subtract_lse)
+        assert torch.equal(got.logprob_token_ids, whole.logprob_token_ids), splits
+        torch.testing.assert_close(lse, whole_lse, rtol=2e-6, atol=1e-6)
+        if not subtract_lse:
+            assert torch.equal(got.logprobs, whole.logprobs)
+            assert torch.equal(got.selected_token_ranks, whole.selected_token_ranks)
 
 
 def test_rank_counts_tokens_merged_by_the_shift(kernel_device: torch.device) -> None:

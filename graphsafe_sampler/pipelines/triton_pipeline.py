@@ -17,8 +17,8 @@ import torch
 
 from graphsafe_sampler.kernels.constants import SALT_BONUS, SALT_RECOVER, SALT_SAMPLE
 from graphsafe_sampler.kernels.history import commit_history
-from graphsafe_sampler.kernels.logits_processing import process_logits
-from graphsafe_sampler.kernels.logprobs import compute_logprobs
+from graphsafe_sampler.kernels.logits_processing import process_logits, process_splits
+from graphsafe_sampler.kernels.logprobs import compute_logprobs, logprobs_splits
 from graphsafe_sampler.kernels.min_p import apply_min_p
 from graphsafe_sampler.kernels.sampling import sample_splits, sample_tokens
 from graphsafe_sampler.kernels.top_k_top_p import (
@@ -98,6 +98,7 @@ class TritonPipeline:
             s.bad_words.back.device,
             s.bad_words.word.device,
             s.bad_words.window.device,
+            process_splits(*logits.shape, logits.device),
         )
         if not self.fold_min_p:
             apply_min_p(x, slots, s.min_p.min_p.device)
@@ -165,7 +166,8 @@ class TritonPipeline:
         values = torch.empty(num_rows, self.k + 1, dtype=torch.float32, device=device)
         ranks = torch.empty(num_rows, dtype=torch.int32, device=device)
         lse = torch.empty(num_rows, dtype=torch.float32, device=device)
-        compute_logprobs(source, tokens, token_ids, values, ranks, lse, subtract_lse)
+        splits = logprobs_splits(*source.shape, device)
+        compute_logprobs(source, tokens, token_ids, values, ranks, lse, subtract_lse, splits)
         return LogprobsTensors(token_ids, values, ranks)
 
     def commit(self, slots: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor | None) -> None:

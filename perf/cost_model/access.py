@@ -201,10 +201,38 @@ def _logprobs_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     rows, vocab = a["source_ptr"].shape
     ones = torch.ones(rows, dtype=torch.float64)
     written = ("token_ids_ptr", "logprobs_ptr", "ranks_ptr", "lse_ptr")
+    partials = ("stats_ptr", "part_v_ptr", "part_i_ptr")
+    split = float(c["SPLIT"])  # each program writes its chunk's partials, not the outputs
     return Work(
-        reads={"source_ptr": ones * (1 + 1 / vocab), **dict.fromkeys(written, 0 * ones)},
+        reads={
+            "source_ptr": ones * (1 + 1 / vocab),
+            **dict.fromkeys(written + partials, 0 * ones),
+        },
+        writes={
+            **dict.fromkeys(written, ones * (1 - split)),
+            **dict.fromkeys(partials, ones * split),
+        },
+        walks={tile_loop(k._logprobs_kernel, 0): ones, tile_loop(k._finish_row, 0): 0 * ones},
+    )
+
+
+def _logprobs_combine_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
+    """The split rows' merge: each row's partials read once (and its sampled value), the
+    outputs written; the rare second pass never."""
+    from graphsafe_sampler.kernels import logprobs as k
+
+    rows, vocab = a["source_ptr"].shape
+    ones = torch.ones(rows, dtype=torch.float64)
+    written = ("token_ids_ptr", "logprobs_ptr", "ranks_ptr", "lse_ptr")
+    partials = ("stats_ptr", "part_v_ptr", "part_i_ptr")
+    return Work(
+        reads={
+            "source_ptr": ones / vocab,
+            **dict.fromkeys(partials, ones),
+            **dict.fromkeys(written, 0 * ones),
+        },
         writes=dict.fromkeys(written, ones),
-        walks={tile_loop(k._logprobs_kernel, 0): ones, tile_loop(k._logprobs_kernel, 1): 0 * ones},
+        walks={tile_loop(k._finish_row, 0): 0 * ones},
     )
 
 
@@ -249,6 +277,7 @@ WORK: dict[str, Callable[[dict[str, Any], dict[str, Any]], Work]] = {
     "_sample_kernel": _sample_work,
     "_combine_kernel": _combine_work,
     "_logprobs_kernel": _logprobs_work,
+    "_logprobs_combine_kernel": _logprobs_combine_work,
     "_commit_history_kernel": _commit_work,
     "_min_p_kernel": _min_p_work,
 }
