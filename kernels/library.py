@@ -15,8 +15,15 @@ from typing import Any, TypeVar
 
 import torch
 import triton
+import triton.language as tl
 
 F = TypeVar("F", bound=Callable[..., None])
+
+PIPELINE_STAGES = tl.constexpr(3)
+"""Stages of the software pipeline on each kernel's walk over its row's tiles
+(`tl.range(..., num_stages=PIPELINE_STAGES)`): on sm_80 and later the loads of the next 2
+tiles are in flight (`cp.async`) while one is computed, instead of each tile waiting out the
+memory's latency alone. Costs a shared-memory buffer of 2 tiles a program."""
 
 
 def _no_output(*args: Any, **kwargs: Any) -> None:

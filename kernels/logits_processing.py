@@ -21,7 +21,15 @@ import triton
 import triton.language as tl
 
 from .constants import GREEDY_TEMPERATURE, SATURATED
-from .library import check_logits, check_rows, check_table, inplace_op, row_splits, split_count
+from .library import (
+    PIPELINE_STAGES,
+    check_logits,
+    check_rows,
+    check_table,
+    inplace_op,
+    row_splits,
+    split_count,
+)
 
 
 @triton.jit
@@ -234,7 +242,7 @@ def _process_logits_kernel(
     counts_row = counts_ptr + slot.to(tl.int64) * vocab_size
 
     # 3-6. the dense pass: every token read once from the source, written once
-    for start in range(begin, end, BLOCK_SIZE):
+    for start in tl.range(begin, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
         cols = start + tl.arange(0, BLOCK_SIZE)
         in_row = cols < end
         x = tl.load(source_row + cols, mask=in_row, other=0.0).to(tl.float32)

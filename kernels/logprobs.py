@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .library import check_rows, check_table, inplace_op, row_splits, split_count
+from .library import PIPELINE_STAGES, check_rows, check_table, inplace_op, row_splits, split_count
 
 _NO_TOKEN = 2**31 - 1  # the id of an empty top-K slot: loses every tie
 
@@ -160,7 +160,7 @@ def _logprobs_kernel(
     below = tl.full((), float("-inf"), tl.float32)  # the largest value under `sampled`
     begin = part * chunk
     end = tl.minimum(begin + chunk, vocab_size)
-    for start in range(begin, end, BLOCK_SIZE):
+    for start in tl.range(begin, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
         cols = start + tl.arange(0, BLOCK_SIZE)
         in_row = cols < end
         x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf")).to(tl.float32)

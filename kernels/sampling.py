@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .constants import GREEDY_TEMPERATURE, SALT_SAMPLE
-from .library import check_logits, check_rows, inplace_op, row_splits, split_count
+from .library import PIPELINE_STAGES, check_logits, check_rows, inplace_op, row_splits, split_count
 
 _INT32_MAX = 2**31 - 1
 
@@ -148,7 +148,7 @@ def _sample_kernel(
     best = tl.full((), float("-inf"), tl.float32)
     best_index = begin
     first_nan = tl.full((), 2147483647, tl.int32)
-    for start in range(begin, end, BLOCK_SIZE):
+    for start in tl.range(begin, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
         cols = start + tl.arange(0, BLOCK_SIZE)
         in_row = cols < end
         x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf"))

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .library import check_logits, check_rows, inplace_op, row_splits, split_count
+from .library import PIPELINE_STAGES, check_logits, check_rows, inplace_op, row_splits, split_count
 
 
 @triton.jit
@@ -74,7 +74,7 @@ def _largest_key_reaching(
         counts = tl.zeros((16,), tl.int32)  # logits with key >= prefix + c * 2**s
         masses = tl.zeros((16,), tl.float32)
         above = tl.zeros((), tl.int32)  # logits above the whole range
-        for start in range(0, vocab_size, BLOCK_SIZE):
+        for start in tl.range(0, vocab_size, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
             cols = start + tl.arange(0, BLOCK_SIZE)
             x = tl.load(row_ptr + cols, mask=cols < vocab_size, other=float("nan"))
             valid = x == x  # in the row and not NaN
@@ -163,7 +163,7 @@ def _candidates_kernel(
         complete = tl.full((), float("-inf"), tl.float32)
         begin = part * chunk
         end = tl.minimum(begin + chunk, vocab_size)
-        for start in range(begin, end, BLOCK_SIZE):
+        for start in tl.range(begin, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
             cols = start + tl.arange(0, BLOCK_SIZE)
             in_chunk = cols < end
             x = tl.load(row_ptr + cols, mask=in_chunk, other=float("nan"))

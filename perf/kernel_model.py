@@ -25,7 +25,9 @@ Per launch (µs), the formula:
 
     est     = max(bytes / (HBM peak × achievable fraction), waves × serial) + launch overhead
     waves   = ceil(programs / (SMs × CTAs per SM))
-    serial  = Σ over the program's tile loops: walks × tiles × (latency + I × warps / share / clock)
+    serial  = Σ over the program's tile loops: walks × tiles × (latency + I × warps / share /
+              clock); a pipelined loop (its SASS copies loads with LDGSTS): latency + walks ×
+              tiles × max(I × warps / share / clock, latency / (PIPELINE_STAGES - 1))
     tiles   = ceil(V / BLOCK_SIZE), or ceil(chunk / BLOCK_SIZE) for a kernel that splits its
               rows over programs; I = the loop body's SASS instructions (per thread per
               iteration); share = min(warps, issue rate / CTAs resident on an SM), in warp-
@@ -76,9 +78,9 @@ the table does not name are charged one row read per program: an upper bound.
 
 Limits: static (the SASS is counted, every branch inside a loop as taken, and no kernel
 runs), no caches (every byte is an HBM byte, though the logits of a small batch sit in the
-50 MB L2 between kernels), no overlap of a loop's loads with its compute, warps issue at the
-full rate, the same clock under load, and no GPU: the figures to believe are the GPU
-check's. perf/README.md, "Cost model (estimate)", has the assumptions and their sources.
+50 MB L2 between kernels), no overlap of an unpipelined loop's loads with its compute,
+warps issue at the full rate, the same clock under load, and no GPU: the figures to believe
+are the GPU check's. perf/README.md, "Cost model (estimate)", has the assumptions and their sources.
 """
 
 from __future__ import annotations
@@ -107,6 +109,14 @@ from cost_model.aten_ops import AtenCounter, AtenOp  # noqa: E402
 from cost_model.machine import H200, Gpu, aten_time, ctas_per_sm, launch_time  # noqa: E402
 from cost_model.sass import Compiler, Variant  # noqa: E402
 
+
+def pipeline_stages() -> int:
+    """The kernels' software-pipeline depth on their tile loops (kernels/library.py)."""
+    from graphsafe_sampler.kernels.library import PIPELINE_STAGES
+
+    return int(PIPELINE_STAGES.value)
+
+
 DEFAULT_ROWS = (1, 64, 256)
 DEFAULT_VOCAB = 151_936
 DEFAULT_CASES = ("all", "top_k_top_p")
@@ -114,6 +124,7 @@ DEFAULT_CASES = ("all", "top_k_top_p")
 
 def assumptions(gpu: Gpu = H200) -> dict[str, Any]:
     """Every figure and rule the estimate rests on, printed with each report."""
+    stages = pipeline_stages()
     return {
         **asdict(gpu),
         "achievable_bandwidth_tbps": round(gpu.bytes_per_us / 1e6, 3),
@@ -121,7 +132,11 @@ def assumptions(gpu: Gpu = H200) -> dict[str, Any]:
         "logprobs_second_pass": "never (rare: a token within an ulp of the sampled one)",
         "branches_in_loops": "all taken (static SASS count: an upper bound)",
         "caches": "none: every byte is an HBM byte",
-        "loads": "unpipelined: each tile of a serial loop waits one memory latency",
+        "loads": (
+            "a loop whose SASS copies its loads asynchronously (LDGSTS) is pipelined "
+            f"{stages} stages deep: after the first tile, each tile costs the larger of its "
+            f"compute and latency / {stages - 1}; any other loop waits one latency a tile"
+        ),
     }
 
 
@@ -221,18 +236,21 @@ def _launch_entry(launch: Any, variant: Variant, rows: int, vocab: int, gpu: Gpu
     # a kernel that splits its rows scans `chunk` columns a program (sampling)
     tiles = math.ceil(int(launch.args.get("chunk", vocab)) / block)
     loops = []
-    tile_loops: dict[tuple[str, int], int] = {}  # (file, line) -> the largest body there
+    # (file, line) -> the largest body there, and whether the loop is pipelined
+    tile_loops: dict[tuple[str, int], tuple[int, bool]] = {}
     for loop in variant.loops:
         walks = work.walks.get((loop.file, loop.line))
         entry = replace(loop, walks_per_row=float(walks.max()) if walks is not None else 0.0)
         loops.append(entry)
         if loop.tile_loop and entry.walks_per_row:
             key = (loop.file, loop.line)
-            tile_loops[key] = max(tile_loops.get(key, 0), loop.instructions)
+            largest, pipelined = tile_loops.get(key, (0, True))
+            tile_loops[key] = (max(largest, loop.instructions), pipelined and loop.pipelined)
     # the slowest program sets the wave's end: the most walks of any row, loop by loop
+    stages = pipeline_stages()
     serial = [
-        (float(work.walks[key].max()) * tiles, instructions)
-        for key, instructions in tile_loops.items()
+        (float(work.walks[key].max()) * tiles, instructions, stages if pipelined else 1)
+        for key, (instructions, pipelined) in tile_loops.items()
     ]
     ctas = ctas_per_sm(variant.num_warps, variant.registers, variant.shared_bytes, gpu)
     timing = launch_time(read + written, programs, ctas, variant.num_warps, serial, gpu)

@@ -63,13 +63,19 @@ def test_launch_time_hand_computed() -> None:
     gpu = machine.Gpu(clock_ghz=2.0)  # 3.84 TB/s achievable, 800 ns, 2 µs a launch, 132 SMs
     # 264 programs at 2 CTAs an SM: one wave, 2 resident share 4 issue slots -> 2 each; a
     # tile: 800 ns + 100 instructions × 4 warps / 2 a clock / 2 GHz = 900 ns; 10 tiles: 9 µs
-    t = machine.launch_time(3.84e6, 264, 2, 4, [(10, 100)], gpu)
+    t = machine.launch_time(3.84e6, 264, 2, 4, [(10, 100, 1)], gpu)
     assert (t.waves, t.memory_us) == (1, pytest.approx(1.0))
     assert t.serial_us == pytest.approx(9.0) and t.est_us == pytest.approx(11.0)
     # 300 programs at 1 CTA an SM: 3 waves of one resident program issuing 4 a clock; a
     # tile: 800 ns + 100 × 4 / 4 / 2 GHz = 850 ns; 10 tiles: 8.5 µs a wave
-    t = machine.launch_time(0, 300, 1, 4, [(10, 100)], gpu)
+    t = machine.launch_time(0, 300, 1, 4, [(10, 100, 1)], gpu)
     assert t.waves == 3 and t.est_us == pytest.approx(3 * 8.5 + 2)
+    # pipelined 3 deep: the first tile's 800 ns, then each tile the larger of its 50 ns of
+    # compute and 800 / 2 = 400 ns: 0.8 + 10 × 0.4 = 4.8 µs a wave; compute-bound at 1,000
+    # instructions (500 ns a tile): 0.8 + 10 × 0.5 = 5.8 µs
+    t = machine.launch_time(0, 300, 1, 4, [(10, 100, 3)], gpu)
+    assert t.serial_us == pytest.approx(4.8)
+    assert machine.launch_time(0, 300, 1, 4, [(10, 1000, 3)], gpu).serial_us == pytest.approx(5.8)
     # no tile loop: the bytes alone, 38.4 MB at 3.84 TB/s = 10 µs
     assert machine.launch_time(3.84e7, 1000, 8, 4, [], gpu).est_us == pytest.approx(12.0)
     assert machine.aten_time(3.84e6, gpu).est_us == pytest.approx(3.0)
@@ -127,6 +133,15 @@ def test_find_loops_takes_back_edges_only(tmp_path: Path) -> None:
     assert (loop.file, loop.line, loop.instructions, loop.tile_loop) == ("kernel.py", 1, 4, True)
     # a thread's iteration covers 1,024 / (32 × 4) = 8 elements: 4 / 8 instructions each
     assert (loop.elements_per_thread, loop.instructions_per_element) == (8, 0.5)
+    assert not loop.pipelined
+    # a tl.range walk whose body copies its loads asynchronously is a pipelined tile loop
+    src.write_text(
+        "for start in tl.range(begin, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):\n",
+        encoding="utf-8",
+    )
+    copied = SASS.replace("IADD3 R1, R1, 0x1, RZ", "LDGSTS.E.BYPASS.128 [R2], desc[UR4][R4.64]")
+    (loop,) = sass.find_loops(copied.format(src=src), num_warps=4, block_size=1024)
+    assert loop.tile_loop and loop.pipelined
 
 
 @pytest.fixture(scope="module")
@@ -200,4 +215,6 @@ def test_every_launch_has_its_occupancy_and_hot_loop(model: dict[str, Any]) -> N
                     assert walked and all(
                         loop["instructions_per_element"] > 0 for loop in walked
                     ), e["loops"]
+                    # the walk is software-pipelined: its loads are copied asynchronously
+                    assert all(loop["pipelined"] for loop in walked), e["loops"]
                     assert e["serial_us"] > 0

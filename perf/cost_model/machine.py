@@ -60,17 +60,23 @@ def launch_time(
     programs: int,
     ctas: int,
     num_warps: int,
-    tile_loops: Sequence[tuple[float, int]],  # (tiles walked by a program, loop instructions)
+    # (tiles walked by a program, loop instructions, pipeline stages: 1 = unpipelined)
+    tile_loops: Sequence[tuple[float, int, int]],
     gpu: Gpu = H200,
 ) -> Timing:
     """The module docstring's formula for one Triton launch."""
     waves = math.ceil(programs / (gpu.sms * ctas))
     resident = min(ctas, math.ceil(programs / gpu.sms))
     share = min(num_warps, gpu.issue_per_clock / resident)  # warp-instructions a clock
-    serial_ns = sum(
-        tiles * (gpu.memory_latency_ns + instructions * num_warps / share / gpu.clock_ghz)
-        for tiles, instructions in tile_loops
-    )
+    serial_ns = 0.0
+    for tiles, instructions, stages in tile_loops:
+        compute = instructions * num_warps / share / gpu.clock_ghz
+        if stages > 1 and tiles:  # the first tile waits; then S - 1 tiles are in flight
+            serial_ns += gpu.memory_latency_ns + tiles * max(
+                compute, gpu.memory_latency_ns / (stages - 1)
+            )
+        else:
+            serial_ns += tiles * (gpu.memory_latency_ns + compute)
     memory_us = bytes_moved / gpu.bytes_per_us
     serial_us = serial_ns / 1e3
     est = max(memory_us, waves * serial_us) + gpu.launch_overhead_us

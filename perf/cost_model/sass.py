@@ -24,7 +24,7 @@ _LABEL = re.compile(r"^\s*(\.L\w+):")
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
 _BRANCH = re.compile(r"\bBRA\b.*`\((\.L\w+)\)")
 # a walk over the row's tiles: the whole row, or a program's chunk of it (split rows)
-TILE_LOOP = re.compile(r"for \w+ in range\((0, vocab_size|begin, end), BLOCK_SIZE\)")
+TILE_LOOP = re.compile(r"for \w+ in (tl\.)?range\((0, vocab_size|begin, end), BLOCK_SIZE\b")
 """A kernel's walk over its row's tiles, as every kernel in kernels/ writes it."""
 
 
@@ -37,6 +37,9 @@ class Loop:
     source: str
     instructions: int  # static, head to back edge (per thread, per iteration)
     tile_loop: bool
+    # loads copied asynchronously into shared memory (LDGSTS, `cp.async`): a software-pipelined
+    # loop, whose next tiles' loads are in flight while one is computed
+    pipelined: bool = False
     elements_per_thread: float | None = None  # BLOCK_SIZE / (32 × warps), tile loops
     instructions_per_element: float | None = None
     walks_per_row: float = 0.0  # the most any program walks it (tile loops)
@@ -72,11 +75,15 @@ def find_loops(sass: str, num_warps: int, block_size: int | None) -> list[Loop]:
     loops = []
     for head, (end, where, at) in sorted(ends.items()):
         source = linecache.getline(where, at).strip()
-        count = sum(1 for offset, *_ in code if head <= offset <= end)
-        loop = Loop(os.path.basename(where), at, source, count, bool(TILE_LOOP.search(source)))
+        body = [text for offset, text, *_ in code if head <= offset <= end]
+        pipelined = any(re.search(r"\bLDGSTS\b", text) for text in body)
+        loop = Loop(
+            os.path.basename(where), at, source, len(body), bool(TILE_LOOP.search(source)),
+            pipelined,
+        )  # fmt: skip
         if loop.tile_loop and block_size:
             loop.elements_per_thread = block_size / (32 * num_warps)
-            loop.instructions_per_element = round(count / loop.elements_per_thread, 2)
+            loop.instructions_per_element = round(len(body) / loop.elements_per_thread, 2)
         loops.append(loop)
     return loops
 
