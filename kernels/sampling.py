@@ -21,6 +21,10 @@ from .library import PIPELINE_STAGES, check_logits, check_rows, inplace_op, row_
 
 _INT32_MAX = 2**31 - 1
 
+GUMBEL_MAX = tl.constexpr(23.0)
+"""Above every noise `_gumbel` draws: -log(e) with e >= 2**-33 (rng.py's clamp of h at
+0.5) is at most 33 ln 2 = 22.874, plus room for the GPU's approximate log."""
+
 
 @triton.jit
 def _fmix32(x):
@@ -120,6 +124,11 @@ def _sample_kernel(
     threshold[r] (HAS_THRESHOLD) count as -inf. A row holding NaN returns its first NaN's
     index and a row with every token at -inf returns 0, as torch.argmax does.
 
+    A random row's tile is hashed only when its largest logit plus GUMBEL_MAX beats the
+    best so far: the rest cannot win (fl(x + g) <= fl(x + GUMBEL_MAX) <= best), so the
+    token is the same, and a row cut by top-k/top-p hashes only the tiles holding a
+    survivor.
+
     Program (row, split) scans columns [split * chunk, (split + 1) * chunk). With SPLIT, it
     writes its chunk's best value (NaN left out), lowest index and first NaN for
     `_combine_kernel`, so that a few rows still spread over every SM."""
@@ -154,13 +163,19 @@ def _sample_kernel(
         x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf"))
         # x < threshold is False for NaN: a NaN stays, as under masked_fill
         x = tl.where(x < threshold, float("-inf"), x)
-        if is_random:
-            x = x + _gumbel(_token_hash(cols, offset, mult))
         # torch.argmax treats NaN as the maximum: remember the first one, and leave NaN out
-        # of the best (it decides alone)
+        # of the best (it decides alone); the noise keeps NaN NaN and nothing else NaN
         is_nan = x != x
         first_nan = tl.minimum(first_nan, tl.min(tl.where(is_nan, cols, 2147483647), axis=0))
         x = tl.where(is_nan, float("-inf"), x)
+        if is_random:
+            # a tile whose largest logit plus the largest noise cannot beat the best (a tie
+            # keeps the earlier best) is not hashed: a tile wholly below the cut, or far
+            # below the best, costs its load and two reductions
+            if tl.max(x, axis=0) + GUMBEL_MAX > best:
+                x = x + _gumbel(_token_hash(cols, offset, mult))
+            else:
+                x = tl.full((BLOCK_SIZE,), float("-inf"), tl.float32)
         tile_max = tl.max(x, axis=0)
         tile_index = tl.min(tl.where((x == tile_max) & in_row, cols, 2147483647), axis=0)
         better = tile_max > best

@@ -147,6 +147,45 @@ def test_tokens_match_torch_backend(
     print(f"{near_ties} of {rows} rows differ within rounding")
 
 
+def test_tiles_that_cannot_win_are_skipped_not_lost(kernel_device: torch.device) -> None:
+    """The kernel hashes a tile only when its max plus GUMBEL_MAX beats the best so far.
+    Rows of one leader d above a flat bulk of 0s (d in [4, 14]: the bulk wins about as
+    often as the leader, with tiles whose max lies 4-14 below the best) and rows cut to
+    their top 3: the kernel's tokens are the float reference's. A bound below the gap
+    would hand every such row to its leader; and no draw of the noise reaches the bound."""
+    from graphsafe_sampler.kernels.sampling import GUMBEL_MAX
+
+    extremes = torch.tensor([0, 1, 2**31, 2**32 - 2, 2**32 - 1])
+    noise = -torch.log(rng.exponentials_from_hashes(extremes).double())
+    assert float(noise.max()) < GUMBEL_MAX.value - 0.1  # 33 ln 2 = 22.87 at h = 0
+    gen = _gen()
+    rows, vocab = 48, 4099
+    logits = torch.zeros(rows, vocab)
+    leader = torch.randint(0, 1024, (rows,), generator=gen)
+    logits[torch.arange(rows), leader] = 4.0 + 10.0 * torch.rand(rows, generator=gen)
+    logits[rows // 2 :] = torch.randn(rows - rows // 2, vocab, generator=gen) * 3
+    num_slots = rows
+    slots = torch.arange(rows)
+    temperature = torch.ones(num_slots)
+    top_k = torch.full((num_slots,), -1, dtype=torch.int32)
+    top_k[rows // 2 :] = 3  # a cut: every tile without a survivor is skipped
+    top_p = torch.ones(num_slots)
+    seeds = torch.randint(-(2**63), 2**63 - 1, (num_slots,), generator=gen)
+    positions = torch.randint(0, 2**40, (rows,), generator=gen)
+    logits, slots, temperature, top_k, top_p, seeds, positions = (
+        t.to(kernel_device) for t in (logits, slots, temperature, top_k, top_p, seeds, positions)
+    )
+    filtered, want, perturbed = _torch_tokens(
+        logits, slots, temperature, top_k, top_p, seeds, positions
+    )
+    tokens = torch.full((rows,), -1, dtype=torch.int64, device=kernel_device)
+    sample_tokens(filtered, slots, temperature, seeds, positions, None, tokens)
+    _assert_same_tokens(tokens, want, perturbed)
+    bulk_wins = int((want[: rows // 2].cpu() != leader[: rows // 2]).sum())
+    print(f"the bulk won {bulk_wins} of {rows // 2} leader rows")
+    assert bulk_wins > 0  # the test can tell a lost tile from a skipped one
+
+
 def test_greedy_and_random_rows_merge(kernel_device: torch.device) -> None:
     gen = _gen()
     rows, vocab = 8, 300
