@@ -76,8 +76,15 @@ keys share leading digits or it decides early; the buffer settles a nucleus of u
 tokens, which depends on the logits). Arguments
 the table does not name are charged one row read per program: an upper bound.
 
-Limits: static (the SASS is counted, every branch inside a loop as taken, and no kernel
-runs), no caches (every byte is an HBM byte, though the logits of a small batch sit in the
+Branches: an `if` inside a tile loop counts as taken (the static upper bound) unless the
+access table gives the fraction of iterations that run its block: the sampling kernel's
+hash, run on the tiles holding a survivor of top-k (k / tiles of them, at least one tile of
+a program's chunk). The block is found in the SASS as the instructions a predicated branch
+at the `if`'s line jumps over; each instruction counts with the product of the fractions of
+the blocks holding it.
+
+Limits: static (the SASS is counted, every other branch inside a loop as taken, and no
+kernel runs), no caches (every byte is an HBM byte, though the logits of a small batch sit in the
 50 MB L2 between kernels), no overlap of an unpipelined loop's loads with its compute,
 warps issue at the full rate, the same clock under load, and no GPU: the figures to believe
 are the GPU check's. perf/README.md, "Cost model (estimate)", has the assumptions and their sources.
@@ -104,7 +111,14 @@ TESTS = HERE.parent / "tests"
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from cost_model.access import SEARCH_PASSES, WORK, generic_work, row_bytes  # noqa: E402
+from cost_model.access import (  # noqa: E402
+    SEARCH_PASSES,
+    SURVIVORS,
+    WORK,
+    generic_work,
+    kept_by_top_k,
+    row_bytes,
+)
 from cost_model.aten_ops import AtenCounter, AtenOp  # noqa: E402
 from cost_model.machine import H200, Gpu, aten_time, ctas_per_sm, launch_time  # noqa: E402
 from cost_model.sass import Compiler, Variant  # noqa: E402
@@ -217,10 +231,18 @@ def record_step(case: str, rows: int, vocab: int, num_sms: int = H200.sms) -> li
 # ---------------------------------------------------------------------------- the model
 
 
-def _launch_entry(launch: Any, variant: Variant, rows: int, vocab: int, gpu: Gpu) -> dict[str, Any]:
+def _launch_entry(
+    launch: Any,
+    variant: Variant,
+    rows: int,
+    vocab: int,
+    gpu: Gpu,
+    context: dict[str, Any] | None = None,  # what earlier launches of the step tell later ones
+) -> dict[str, Any]:
     programs = math.prod(launch.grid)
     model = WORK.get(launch.kernel.__name__)
-    work = model(launch.args, launch.constexprs) if model else generic_work(variant, programs)
+    args = {**launch.args, **(context or {})}  # the extras are the model's, never bytes
+    work = model(args, launch.constexprs) if model else generic_work(variant, programs)
     read = written = logits = 0.0
     for name, value in launch.args.items():
         if not isinstance(value, torch.Tensor):
@@ -236,16 +258,23 @@ def _launch_entry(launch: Any, variant: Variant, rows: int, vocab: int, gpu: Gpu
     # a kernel that splits its rows scans `chunk` columns a program (sampling)
     tiles = math.ceil(int(launch.args.get("chunk", vocab)) / block)
     loops = []
-    # (file, line) -> the largest body there, and whether the loop is pipelined
-    tile_loops: dict[tuple[str, int], tuple[int, bool]] = {}
+    # the slowest program's branch fractions: the largest over the rows
+    taken = {where: float(fraction.max()) for where, fraction in work.taken.items()}
+    # (file, line) -> the largest expected body there, and whether the loop is pipelined
+    tile_loops: dict[tuple[str, int], tuple[float, bool]] = {}
     for loop in variant.loops:
         walks = work.walks.get((loop.file, loop.line))
-        entry = replace(loop, walks_per_row=float(walks.max()) if walks is not None else 0.0)
+        expected = loop.instructions_with(taken)
+        entry = replace(
+            loop,
+            walks_per_row=float(walks.max()) if walks is not None else 0.0,
+            expected_instructions=round(expected, 1),
+        )
         loops.append(entry)
         if loop.tile_loop and entry.walks_per_row:
             key = (loop.file, loop.line)
-            largest, pipelined = tile_loops.get(key, (0, True))
-            tile_loops[key] = (max(largest, loop.instructions), pipelined and loop.pipelined)
+            largest, pipelined = tile_loops.get(key, (0.0, True))
+            tile_loops[key] = (max(largest, expected), pipelined and loop.pipelined)
     # the slowest program sets the wave's end: the most walks of any row, loop by loop
     stages = pipeline_stages()
     serial = [
@@ -291,14 +320,18 @@ def model_step(
 ) -> dict[str, Any]:
     """One (case, rows): its launches in order, and the step's totals."""
     launches, free = [], []
+    context: dict[str, Any] = {}
     for event in record_step(case, rows, vocab, gpu.sms):
         if isinstance(event, AtenOp):
             if event.launches:
                 launches.append(_aten_entry(event, rows, vocab, gpu))
             else:
                 free.append(event.name)
-        else:
-            launches.append(_launch_entry(event, compiler.get(event), rows, vocab, gpu))
+            continue
+        entry = _launch_entry(event, compiler.get(event), rows, vocab, gpu, context)
+        launches.append(entry)
+        if event.kernel.__name__ == "_top_k_top_p_kernel":
+            context[SURVIVORS] = kept_by_top_k(event.args)
     triton_launches = sum(1 for entry in launches if entry["kind"] == "triton")
     return {
         "launches": launches,
@@ -390,9 +423,15 @@ def format_report(model: dict[str, Any]) -> str:
                         if loop["instructions_per_element"] is not None
                         else "not a tile loop"
                     )
+                    expected = loop["expected_instructions"]
+                    weighed = (
+                        f" ({expected:g} expected)"
+                        if expected is not None and expected != loop["instructions"]
+                        else ""
+                    )
                     out.append(
-                        f"      loop {loop['file']}:{loop['line']} {loop['instructions']} instr, "
-                        f"{per_element}: {loop['source'][:60]}"
+                        f"      loop {loop['file']}:{loop['line']} {loop['instructions']} instr"
+                        f"{weighed}, {per_element}: {loop['source'][:60]}"
                     )
             s = data["step"]
             out.append(

@@ -144,6 +144,34 @@ def test_find_loops_takes_back_edges_only(tmp_path: Path) -> None:
     assert loop.tile_loop and loop.pipelined
 
 
+BRANCHED = """\
+.L_x_0:
+\t//## File "{src}", line 1
+        /*0000*/                   IADD3 R1, R1, 0x1, RZ ;
+\t//## File "{src}", line 2
+        /*0010*/              @!P1 BRA `(.L_x_1) ;
+\t//## File "{src}", line 3
+        /*0020*/                   FMUL R3, R3, R1 ;
+        /*0030*/                   FMUL R3, R3, R3 ;
+.L_x_1:
+\t//## File "{src}", line 1
+        /*0040*/              @!P0 BRA `(.L_x_0) ;
+        /*0050*/                   EXIT ;
+"""
+
+
+def test_a_weighed_branch_counts_its_block_by_its_fraction(tmp_path: Path) -> None:
+    """The `if` on line 2 jumps over 2 of the loop's 5 instructions: run half the time, the
+    body costs 4 a iteration; a branch the access table does not name counts as taken."""
+    src = tmp_path / "kernel.py"
+    src.write_text("for start in range(0, vocab_size, BLOCK_SIZE):\n", encoding="utf-8")
+    (loop,) = sass.find_loops(BRANCHED.format(src=src), num_warps=4, block_size=1024)
+    assert loop.instructions == 5 and loop.branches == [("kernel.py", 2, 0x20, 0x30)]
+    assert loop.instructions_with({("kernel.py", 2): 0.5}) == pytest.approx(4.0)
+    assert loop.instructions_with({("kernel.py", 2): 0.0}) == pytest.approx(3.0)
+    assert loop.instructions_with({("other.py", 2): 0.0}) == pytest.approx(5.0)
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The model at rows {1, 3}, V = 4,099, both cases, from the command line (~15 s)."""

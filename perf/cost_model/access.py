@@ -16,6 +16,10 @@ import torch
 
 from .sass import TILE_LOOP, Variant
 
+SURVIVORS = "model:survivors"
+"""A pseudo-argument perf/kernel_model.py hands the sampling kernel's access model: per row,
+the tokens top-k keeps (k, or V where top-k is off), from the step's top-k/top-p launch."""
+
 SEARCH_PASSES = 8
 """Passes of the top-k/top-p radix search over a row the buffer does not settle: its maximum
 (4 bits of the 32-bit key a pass; docs/kernels.md, the kernel's passes and their cost)."""
@@ -29,6 +33,20 @@ class Work:
     reads: dict[str, torch.Tensor] = field(default_factory=dict)
     writes: dict[str, torch.Tensor] = field(default_factory=dict)
     walks: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
+    # the fraction of a tile loop's iterations in which the `if` at (file, line) runs its
+    # block (unnamed branches: always, the static upper bound)
+    taken: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
+
+
+@cache
+def source_line(function: Any, statement: str) -> tuple[str, int]:
+    """(file name, line) of the one line of a @triton.jit function that starts with
+    `statement` (stripped)."""
+    lines, start = inspect.getsourcelines(function.fn)
+    found = [start + i for i, text in enumerate(lines) if text.strip().startswith(statement)]
+    if len(found) != 1:
+        raise ValueError(f"{statement!r} is on lines {found} of {function.fn.__name__}")
+    return os.path.basename(inspect.getsourcefile(function.fn) or ""), found[0]
 
 
 @cache
@@ -120,6 +138,14 @@ def _top_k_top_p_rows(a: dict[str, Any], c: dict[str, Any]) -> dict[str, torch.T
     }
 
 
+def kept_by_top_k(a: dict[str, Any]) -> torch.Tensor:
+    """[rows] float64 from a top-k/top-p launch's arguments: the tokens top-k keeps, k where
+    it is on, else V (ties at the k-th left out)."""
+    slots, vocab = a["slots_ptr"], a["vocab_size"]
+    top_k = a["top_k_ptr"][slots].to(torch.float64)
+    return torch.where((top_k > 0) & (top_k < vocab), top_k, float(vocab))
+
+
 def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     from graphsafe_sampler.kernels import top_k_top_p as k
 
@@ -167,6 +193,15 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     random = _f(a["temperature_ptr"][slots] >= c["GREEDY_BELOW"])
     by_slot = float(c["BY_SLOT"])  # the position from the slot's tables, not per row
     split = float(c["SPLIT"])
+    # the tiles a random row hashes (kernels/sampling.py): with a cut, those holding one of
+    # the survivors, taken as top-k's k spread over the row's tiles (at least one tile of a
+    # program's chunk); without one, or with top-p/min_p alone, every tile (an upper bound)
+    tiles = math.ceil(a["vocab_size"] / c["BLOCK_SIZE"])
+    chunk_tiles = math.ceil(a["chunk"] / c["BLOCK_SIZE"])
+    hashed = ones.clone()
+    survivors = a.get(SURVIVORS)  # per row, from the step's top-k/top-p launch
+    if c["HAS_THRESHOLD"] and survivors is not None:
+        hashed = torch.clamp(survivors / tiles, min=1 / chunk_tiles, max=1.0)
     partials = ("partial_best_ptr", "partial_index_ptr", "partial_nan_ptr")
     return Work(
         reads={
@@ -182,6 +217,7 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         # split rows: each program writes its chunk's answer, one row of partials a row
         writes={"tokens_ptr": ones * (1 - split), **dict.fromkeys(partials, ones * split)},
         walks={tile_loop(k._sample_kernel, 0): ones},
+        taken={source_line(k._sample_kernel, "if tl.max(x, axis=0) + GUMBEL_MAX > best:"): hashed},
     )
 
 

@@ -61,7 +61,7 @@ def launch_time(
     ctas: int,
     num_warps: int,
     # (tiles walked by a program, loop instructions, pipeline stages: 1 = unpipelined)
-    tile_loops: Sequence[tuple[float, int, int]],
+    tile_loops: Sequence[tuple[float, float, int]],
     gpu: Gpu = H200,
 ) -> Timing:
     """The module docstring's formula for one Triton launch."""

@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,30 @@ class Loop:
     elements_per_thread: float | None = None  # BLOCK_SIZE / (32 × warps), tile loops
     instructions_per_element: float | None = None
     walks_per_row: float = 0.0  # the most any program walks it (tile loops)
+    head: int = 0  # offsets of the body's first and last instruction (16 bytes each)
+    end: int = 0
+    # forward conditional branches within the body: (file, line of the `if`, first, last
+    # offset of the instructions they jump over, its then-block)
+    branches: list[tuple[str, int, int, int]] = field(default_factory=list)
+    expected_instructions: float | None = None  # with the access table's branch fractions
+
+    def instructions_with(self, taken: dict[tuple[str, int], float]) -> float:
+        """The body's instructions a thread issues an iteration when the branch at (file,
+        line) runs its block in a fraction of the iterations (1 for any branch not named):
+        each instruction weighed by the product of the fractions of the blocks holding it."""
+        weighed = [
+            (first, last, taken[(where, at)])
+            for where, at, first, last in self.branches
+            if (where, at) in taken
+        ]
+        total = 0.0
+        for offset in range(self.head, self.end + 16, 16):
+            weight = 1.0
+            for first, last, fraction in weighed:
+                if first <= offset <= last:
+                    weight *= fraction
+            total += weight
+        return total
 
 
 def find_loops(sass: str, num_warps: int, block_size: int | None) -> list[Loop]:
@@ -77,9 +101,17 @@ def find_loops(sass: str, num_warps: int, block_size: int | None) -> list[Loop]:
         source = linecache.getline(where, at).strip()
         body = [text for offset, text, *_ in code if head <= offset <= end]
         pipelined = any(re.search(r"\bLDGSTS\b", text) for text in body)
+        # a predicated branch forward to a label inside the body skips the block between
+        branches = []
+        for offset, text, file, line in code:
+            branch = _BRANCH.search(text)
+            if branch and head <= offset < end and re.match(r"@!?U?P\w+\s+BRA\b", text):
+                target = labels.get(branch.group(1), offset)
+                if offset < target <= end:
+                    branches.append((os.path.basename(file), line, offset + 16, target - 16))
         loop = Loop(
             os.path.basename(where), at, source, len(body), bool(TILE_LOOP.search(source)),
-            pipelined,
+            pipelined, head=head, end=end, branches=branches,
         )  # fmt: skip
         if loop.tile_loop and block_size:
             loop.elements_per_thread = block_size / (32 * num_warps)
