@@ -133,8 +133,13 @@ class Recorder:
         )
 
 
+DEVICE = torch.device("cpu")
+"""Where `_launches` puts its tensors: the CPU here (the recorder never runs a kernel);
+perf/gpu/kernels_part.py sets CUDA and runs every call for real."""
+
+
 def _t(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.zeros(shape, dtype=dtype)
+    return torch.zeros(shape, dtype=dtype, device=DEVICE)
 
 
 def _i64(*shape: int) -> torch.Tensor:

@@ -55,6 +55,9 @@ def test_cpu_smoke_run_writes_every_result(tmp_path: Path) -> None:
     assert parts["tests"] == {"status": "skipped", "reason": "--skip"}
     no_cuda = "--cpu-smoke runs the CPU versions only" if CUDA else "no CUDA device"
     assert parts["flashinfer"] == {"status": "skipped", "reason": no_cuda}
+    assert parts["kernels"] == {"status": "skipped", "reason": no_cuda}
+    assert list(parts) == ["env", "kernels", "graph", "spec", "tests", "bench", "flashinfer",
+                           "compiled"]  # fmt: skip
     assert parts["compiled"]["status"] == "skipped"
     assert "--smoke-compile" in parts["compiled"]["reason"]
     assert parts["graph"]["log"] == "graph.log" and (out / "graph.log").exists()
@@ -102,6 +105,10 @@ def test_cpu_smoke_run_writes_every_result(tmp_path: Path) -> None:
     floors = {(c.rows, c.vocab) for c in results.cases if c.provider == "clone"}
     # The speculative step's floors: requests x (S + 1) target-logits rows.
     assert floors == {(1, 1000), (5, 1000)}
+    reads = {(c.rows, c.vocab) for c in results.cases if c.provider == bench_cases.READ_FLOOR}
+    assert reads == floors  # the one-read floor (amax) beside every copy floor
+    peer = {(c.stage, c.rows) for c in results.cases if c.provider == bench_cases.VLLM_STYLE}
+    assert peer == {(case, 1) for case in bench_cases.BENCH_CASES}
     eager = {(c.stage, c.rows) for c in results.cases if c.provider == "sampler-eager"}
     spec = {(bench_cases.SPEC_STAGE, 5)}
     assert eager == {(case, 1) for case in bench_cases.BENCH_CASES} | spec
@@ -120,10 +127,22 @@ def test_cpu_smoke_run_writes_every_result(tmp_path: Path) -> None:
         ("all", 1, 64),
         ("all", 1, 0),
     }
-    reads = {c.extra["candidates"]: c.extra["mean_reads"] for c in kernel}
-    assert reads[64] == 1.0 and reads[0] > 1.0  # top_k 50 settled by the buffer: one read
+    mean_reads = {c.extra["candidates"]: c.extra["mean_reads"] for c in kernel}
+    assert mean_reads[64] == 1.0 and mean_reads[0] > 1.0  # top_k 50: one read, the buffer's
     assert "## top-k/top-p kernel: candidate buffer vs search alone" in md
-    assert md.count("\n| all | ") == 1 + 2  # the sampler's line, then the kernel's
+    # the Triton step of "all", each launch alone, in the step's order (once on the CPU)
+    step = sorted(
+        (c for c in results.cases if c.provider.startswith(bench_cases.KERNEL_PROVIDER)),
+        key=lambda c: int(c.provider.rsplit("-", 1)[1]),
+    )
+    names = [c.extra["kernel"] for c in step]
+    assert {c.stage for c in step} == {"all"} and names[0] == "_process_logits_kernel"
+    assert names.index("_candidates_kernel") < names.index("_top_k_top_p_kernel")
+    assert names.index("_top_k_top_p_kernel") < names.index("_sample_kernel")
+    assert "_logprobs_kernel" in names and names[-1] == "_commit_history_kernel"
+    assert "## The Triton step, kernel by kernel" in md
+    # the sampler's line, the candidate buffer's two, then a line per kernel of the step
+    assert md.count("\n| all | ") == 1 + 2 + len(step)
     assert md.count("\n| rejection | ") == 1 and "`rejection`: speculative decoding" in md
 
 
@@ -287,10 +306,10 @@ def test_case_grid_runs_big_shapes_last() -> None:
 
 def test_budget_shares_and_skip_reasons() -> None:
     parts = options.PARTS_BY_NAME
-    assert options.allot(440, parts["graph"], options.PARTS) == pytest.approx(440 * 0.16)
-    later = [parts["bench"], parts["spec"], parts["flashinfer"], parts["compiled"]]
-    assert options.allot(300, parts["bench"], later) == pytest.approx(300 * 0.34 / 0.66)
-    assert options.allot(300, parts["spec"], later[1:]) == pytest.approx(300 * 0.12 / 0.32)
+    assert options.allot(280, parts["kernels"], options.PARTS) == pytest.approx(280 * 0.10)
+    later = [parts["bench"], parts["flashinfer"], parts["compiled"]]
+    assert options.allot(200, parts["bench"], later) == pytest.approx(200 * 0.30 / 0.48)
+    assert options.allot(200, parts["flashinfer"], later[1:]) == pytest.approx(200 * 0.08 / 0.18)
     assert options.allot(-5, parts["bench"], later) == 0.0
     assert options.allot(90, parts["compiled"], [parts["compiled"]]) == 90
     with pytest.raises(ValueError, match="not among the pending parts"):
@@ -324,13 +343,15 @@ def test_a_spent_budget_skips_every_part(tmp_path: Path) -> None:
 
 def test_options_defaults_and_round_trip() -> None:
     gpu = options.options_from_args(options.build_parser().parse_args(["o"]))
-    assert gpu.rows == (1, 64, 256, 1024) and gpu.vocabs == (128_256, 151_936)
-    assert gpu.steps >= 100 and gpu.cases == bench_cases.BENCH_CASES and gpu.budget_s == 450
+    # the issue's table: B 1, 64, 256 at V 151,936, the headline cases, in about 5 minutes
+    assert gpu.rows == (1, 64, 256) and gpu.vocabs == (151_936,)
+    assert gpu.steps >= 100 and gpu.cases == bench_cases.HEADLINE_CASES and gpu.budget_s == 280
     # The speculative benchmark: the headline 64 requests first, then the other grid rows.
-    assert gpu.spec_rows == () and spec_part.spec_bench_rows(gpu.rows) == [64, 1, 256, 1024]
+    assert gpu.spec_rows == () and spec_part.spec_bench_rows(gpu.rows) == [64, 1, 256]
     assert spec_part.spec_bench_rows((3, 2)) == [2, 3]
     smoke = _tiny_options(argv=["--rows", "2", "--skip", "tests", "bench"])
     assert smoke.rows == (2,) and smoke.vocabs == (1000,) and smoke.skip == ("tests", "bench")
+    assert smoke.cases == bench_cases.BENCH_CASES
     assert smoke.spec_rows == (1, 3)
     assert options.Options.from_json(json.loads(json.dumps(smoke.to_json()))) == smoke
     with pytest.raises(SystemExit, match="--steps must be >= 1"):
@@ -371,6 +392,19 @@ def test_subprocess_is_killed_at_its_timeout(tmp_path: Path) -> None:
     )
 
 
+def test_background_job_is_waited_for_then_stopped(tmp_path: Path) -> None:
+    """The cost model's runner: a job that ends in time is "ok"; one still running when the
+    run has no time left is stopped, its output kept."""
+    env = dict(os.environ)
+    log = tmp_path / "job.log"
+    done = processes.Background([sys.executable, "-c", "print('model')"], log, env)
+    assert done.finish(30)[:2] == ("ok", 0)
+    slow = [sys.executable, "-c", "print('hi', flush=True); import time; time.sleep(60)"]
+    status, rc, seconds = processes.Background(slow, log, env).finish(1.0)
+    assert (status, rc) == ("timeout", None) and seconds < 20
+    assert "model" in log.read_text() and "hi" in log.read_text()
+
+
 def _case(stage: str, provider: str, median: float, rows: int = 64) -> CaseResult:
     extra = {"function": "fi_fn"} if provider == "flashinfer" else {}
     return CaseResult(stage, provider, rows, 128_256, "float32", median, median, median,
@@ -380,6 +414,7 @@ def _case(stage: str, provider: str, median: float, rows: int = 64) -> CaseResul
 def test_markdown_table_ratios_to_floor_and_flashinfer() -> None:
     cases = [
         _case("floor", "clone", 10.0),
+        _case("floor", bench_cases.READ_FLOOR, 5.0),
         _case("top_k_top_p", "sampler-compiled-graph", 40.0),
         _case("top_k_top_p", "sampler-graph", 80.0),
         _case("top_k_top_p", "flashinfer", 20.0),
@@ -387,17 +422,79 @@ def test_markdown_table_ratios_to_floor_and_flashinfer() -> None:
         _case("greedy", "sampler-graph", 15.0),
     ]
     fill_ratios(cases)
+    book.fill_read_ratios(cases)
     book.fill_flashinfer_ratios(cases)
-    assert cases[1].extra == {"ratio_to_flashinfer": 2.0, "flashinfer_ref": "top_k_top_p"}
-    assert cases[4].extra["ratio_to_flashinfer"] == 1.5  # against FlashInfer's top-k/top-p
+    assert cases[2].extra == {
+        "ratio_to_read": 8.0, "ratio_to_flashinfer": 2.0, "flashinfer_ref": "top_k_top_p"
+    }  # fmt: skip
+    assert cases[5].extra["ratio_to_flashinfer"] == 1.5  # against FlashInfer's top-k/top-p
     md = book.format_markdown(Results({"device_name": "H200", "notes": ["a note"]}, cases))
-    assert "| 64 | 128256 | 32.8 | 10.0 |" in md  # the floor: MB, µs
-    row = "| top_k_top_p | 64 | 128256 | 10.0 | 40.0 (4.00) | 80.0 (8.00) | 1.00 | 20.0 | fi_fn |"
-    assert row + " 2.00 |" in md
-    assert "| penalties | 64 | 128256 | 10.0 | 30.0 (3.00) | – | 1.00 | – |  | 1.50 † |" in md
+    # the floors: MB, the copy's µs (and GB/s, none here), then the one read's µs and GB/s
+    assert "| 64 | 128256 | 32.8 | 10.0 | – | 5.0 | 1.00 |" in md
+    row = "| top_k_top_p | 64 | 128256 | 10.0 | 40.0 (4.00) | 80.0 (8.00) | 1.00 | 8.00 | 20.0 |"
+    assert row + " fi_fn | 2.00 |" in md
+    assert (
+        "| penalties | 64 | 128256 | 10.0 | 30.0 (3.00) | – | 1.00 | 6.00 | – |  | 1.50 † |" in md
+    )
     # greedy has no compiled case: the eager provider is its headline.
-    assert "| greedy | 64 | 128256 | 10.0 | – | 15.0 (1.50) | 1.00 | – |  | 0.75 † |" in md
+    assert "| greedy | 64 | 128256 | 10.0 | – | 15.0 (1.50) | 1.00 | 3.00 | – |  | 0.75 † |" in md
     assert md.index("| top_k_top_p |") < md.index("| greedy |") and "- a note" in md
+
+
+def test_kernel_lines_carry_the_models_estimate_of_the_same_launch() -> None:
+    """A timed launch of the step gets the estimate of the model's launch with the same case,
+    rows, index and kernel name, and only that; a vocabulary the model was not computed for
+    gets none."""
+    timed = [_case("all", f"{bench_cases.KERNEL_PROVIDER}{i}", 7.0 + i) for i in range(3)]
+    names = ("_process_logits_kernel", "_sample_kernel", "_x_kernel")
+    for case, name in zip(timed, names, strict=True):
+        case.extra.update(kernel=name, grid=[64, 5])
+    launches = [{"name": "_process_logits_kernel", "est_us": 31.5},
+                {"name": "_sample_kernel", "est_us": 22.7},
+                {"name": "_other_kernel", "est_us": 1.0}]  # fmt: skip
+    model = {"vocab": 128_256, "cases": {"all": {"64": {"launches": launches}}}}
+    assert book.model_estimates(model, timed[0])["est_us"] == 31.5
+    assert book.model_estimates(model, timed[2]) == {}  # another kernel at that index
+    assert book.model_estimates({**model, "vocab": 151_936}, timed[0]) == {}
+    md = book.format_markdown(Results({}, timed), model)
+    assert "| all | 64 | 128256 | 1 | _sample_kernel | 64x5 | 8.0 | – | 22.7 |" in md
+    assert "| all | 64 | 128256 | 2 | _x_kernel | 64x5 | 9.0 | – | – |" in md
+
+
+def test_kernels_part_runs_every_variant_and_names_failures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernels part on a stand-in for tests/cuda_compile.py: a variant that raises is
+    named, the others still run, and a kernel of kernels/ that no variant launched fails
+    the part (on a GPU the list is cuda_compile's, each call compiling and running)."""
+    from types import SimpleNamespace
+
+    from gpu import kernels_part
+
+    ran: list[str] = []
+
+    def boom() -> None:
+        raise RuntimeError("ptxas: out of registers")
+
+    fake = SimpleNamespace(
+        DEVICE=None,
+        _launches=lambda: [
+            ("a", lambda: ran.append("a")),
+            ("b", boom),
+            ("c", lambda: ran.append("c")),
+        ],
+        kernels_in_package=lambda: {"_never_kernel"},
+    )
+    monkeypatch.setattr(kernels_part, "_cuda_compile", lambda: fake)
+    opts = _tiny_options(argv=[])
+    opts.out_dir = str(tmp_path)
+    result = kernels_part.run_kernels_part(opts, time.monotonic() + 60)
+    assert ran == ["a", "c"] and torch.device("cpu") == fake.DEVICE
+    assert result["status"] == "failed" and result["failed"] == ["b"]
+    assert result["missing_kernels"] == ["_never_kernel"]
+    doc = _json(tmp_path / kernels_part.KERNELS_JSON)
+    assert [v["ok"] for v in doc["variants"]] == [True, False, True]
+    assert "out of registers" in doc["variants"][1]["error"]
 
 
 def test_compiled_bench_pass_compiles_once_for_every_rows_above_one(tmp_path: Path) -> None:

@@ -6,16 +6,19 @@
     environment.py    the environment report (env.json)
     targets.py        the Samplers the checks build: every-feature configs, backends
     replay_check.py   a step captured once, replayed against an eager twin under churn
+    kernels_part.py   the kernels part: every kernel variant compiled and run on CUDA
     graph_part.py     the graph and compiled parts: Sampler.forward replayed, the harness
     cases.py          the benchmark grid: cases, shapes, requests, provider names
     book.py           bench.json and bench.md: the benchmark table
-    measure.py        the timer, the logits, the benchmark's Samplers, the floor
-    bench_part.py     the bench part: floor, eager and compiled Samplers on graph replay
+    measure.py        the timer, the logits, the benchmark's Samplers and peers, the floors
+    bench_part.py     the bench part: floors, the Sampler eager and compiled, each kernel,
+                      the vLLM-style peer
     spec_part.py      the spec part: RejectionSampler replayed, then timed
     flashinfer_part.py  FlashInfer on the same grid
     processes.py      subprocesses killed at their timeout
     tests_part.py     pytest on CUDA
-    run.py            the orchestration: each part in its own subprocess, summary.json
+    run.py            the orchestration: each part in its own subprocess, the cost model
+                      beside them, summary.json
 
 Importing the package makes `graphsafe_sampler` importable from a bare checkout (the
 script runs on a fresh GPU machine, maybe before `pip install -e .`).

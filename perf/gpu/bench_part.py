@@ -18,6 +18,8 @@ from .book import BenchBook, case_result
 from .cases import (
     CANDIDATE_CASES,
     CANDIDATES_PROVIDER,
+    KERNEL_PROVIDER,
+    VLLM_STYLE,
     case_grid,
     case_logprobs,
     compiled_order,
@@ -25,7 +27,14 @@ from .cases import (
 )
 from .device import cuda_alive, sync
 from .environment import flashinfer_version
-from .measure import MAX_FAILURES_IN_A_ROW, LogitsCache, SamplerPool, Timer, time_floor
+from .measure import (
+    MAX_FAILURES_IN_A_ROW,
+    LogitsCache,
+    PeerPool,
+    SamplerPool,
+    Timer,
+    time_floor,
+)
 from .options import Options
 
 EAGER_PASS_SHARE = 0.55
@@ -46,6 +55,7 @@ def run_bench_part(opts: Options, deadline: float) -> dict[str, Any]:
     grid = case_grid(opts.rows, opts.vocabs, opts.cases)
     logits = LogitsCache(device, max(opts.rows), opts.seed)
     pool = SamplerPool(device, max(opts.rows), opts.seed)
+    peers = PeerPool(device, pool)
     cuda = device.type == "cuda"
     compiling = cuda or opts.smoke_compile
     # The eager pass may take EAGER_PASS_SHARE of the part when a compiled pass follows.
@@ -103,6 +113,17 @@ def run_bench_part(opts: Options, deadline: float) -> dict[str, Any]:
 
             name = provider_name(kind, device)
             measure(f"{case} {name} R{rows}-V{vocab}", run, name)
+            # the Triton step kernel by kernel (on the interpreter: one shape, it is slow)
+            smoke_kernels = rows == min(opts.rows) and case == CANDIDATE_CASES[-1]
+            if backend == "triton" and case in CANDIDATE_CASES and (cuda or smoke_kernels):
+                each = functools.partial(_time_kernels, book, timer, sampler, x, case)
+                measure(f"{case} {KERNEL_PROVIDER}* R{rows}-V{vocab}", each, KERNEL_PROVIDER)
+        peer = peers.get(vocab, case_logprobs(case))
+        if isinstance(peer, str):
+            book.note(f"{VLLM_STYLE}: {peer}")
+        else:
+            vllm = functools.partial(_time_peer, book, timer, pool, peer, x, case)
+            measure(f"{case} {VLLM_STYLE} R{rows}-V{vocab}", vllm, VLLM_STYLE)
         # on the interpreter (--cpu-smoke) the buffer costs seconds a row: one shape only
         smoke_shape = rows == min(opts.rows) and case == CANDIDATE_CASES[-1]
         if case in CANDIDATE_CASES and "triton" in opts.backends and (cuda or smoke_shape):
@@ -114,6 +135,56 @@ def run_bench_part(opts: Options, deadline: float) -> dict[str, Any]:
     errors = book.results.context.get("errors")
     status = "error" if broken else "failed" if errors else "incomplete" if incomplete else "passed"
     return {"status": status, "cases": len(book.results.cases), "errors": len(errors or [])}
+
+
+def _time_peer(
+    book: BenchBook, timer: Timer, pool: SamplerPool, peer: Any, x: torch.Tensor, case: str
+) -> None:
+    """The vLLM-V1-style eager peer on the case's requests, timed eagerly (vLLM runs its
+    sampler after the graph; it syncs with the host); it writes into its logits, so each
+    call copies them first (the copy floor of the shape)."""
+    rows, vocab = x.shape
+    pool.load(peer, case, rows)
+    logits = torch.empty_like(x)
+    timed = timer(lambda: peer(logits.copy_(x)), eager=True)
+    extra = {"includes": "a copy of the logits (the peer writes into them)"}
+    book.add(case_result(case, VLLM_STYLE, rows, vocab, timed, extra))
+
+
+def _time_kernels(
+    book: BenchBook, timer: Timer, sampler: Sampler, x: torch.Tensor, case: str
+) -> None:
+    """Each Triton launch of one `sampler(x)`, recorded with its arguments and replayed
+    alone (provider `step-kernel-<index>`, extra: its name and grid), in the step's order; the
+    cost model's estimate of the same launch goes beside it in bench.md."""
+    from graphsafe_sampler.kernels.sampling import _sample_kernel
+
+    # JITFunction compiled, InterpretedFunction under TRITON_INTERPRET=1 (the CPU smoke run)
+    function = type(_sample_kernel)
+    rows, vocab = x.shape
+    launches: list[tuple[Any, tuple[Any, ...], Any, dict[str, Any]]] = []
+    original = function.run
+
+    def record(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        launches.append((self, args, grid, kwargs))
+        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    function.run = record
+    try:
+        sampler(x)
+    finally:
+        function.run = original
+    sync(timer.device)
+    for index, (kernel, args, grid, kwargs) in enumerate(launches):
+
+        def launch(kernel: Any = kernel, args: Any = args, grid: Any = grid,
+                   kwargs: Any = kwargs) -> None:  # fmt: skip
+            original(kernel, *args, grid=grid, warmup=False, **kwargs)
+
+        timed = timer(launch)
+        shape = list(grid(kwargs) if callable(grid) else grid)
+        extra = {"kernel": kernel.__name__, "grid": shape}
+        book.add(case_result(case, f"{KERNEL_PROVIDER}{index}", rows, vocab, timed, extra))
 
 
 def _time_candidates(book: BenchBook, timer: Timer, x: torch.Tensor, case: str) -> None:

@@ -18,9 +18,20 @@ from graphsafe_sampler.bench.results import (
     logits_gbps,
 )
 
-from .cases import BENCH_CASES, CANDIDATES_PROVIDER, FLASHINFER, SAMPLER_PROVIDERS, SPEC_STAGE
+from .cases import (
+    BENCH_CASES,
+    CANDIDATES_PROVIDER,
+    FLASHINFER,
+    KERNEL_PROVIDER,
+    READ_FLOOR,
+    SAMPLER_PROVIDERS,
+    SPEC_STAGE,
+)
 from .options import Options
 from .report import BENCH_JSON, BENCH_MD, error_text, say, write_json
+
+FLOORS = (FLOOR_PROVIDER, READ_FLOOR)
+"""The two floors of a shape: the copy of the logits and their one read."""
 
 
 class BenchBook:
@@ -69,11 +80,23 @@ class BenchBook:
 
     def write(self) -> None:
         fill_ratios(self.results.cases)
+        fill_read_ratios(self.results.cases)
         fill_flashinfer_ratios(self.results.cases)
         write_json(self.path, self.results.to_json())
         tmp = self.md_path.with_name(self.md_path.name + ".tmp")
         tmp.write_text(format_markdown(self.results), encoding="utf-8")
         os.replace(tmp, self.md_path)
+
+
+def fill_read_ratios(cases: Sequence[CaseResult]) -> None:
+    """extra["ratio_to_read"]: a case's median over the one-read floor's (`amax(-1)`) of
+    the same shape: how many passes over the logits the step costs."""
+    reads = {(c.rows, c.vocab): c.median_us for c in cases if c.provider == READ_FLOOR}
+    for c in cases:
+        c.extra.pop("ratio_to_read", None)
+        read = reads.get((c.rows, c.vocab))
+        if read and c.provider not in FLOORS:
+            c.extra["ratio_to_read"] = round(c.median_us / read, 4)
 
 
 def fill_flashinfer_ratios(cases: Sequence[CaseResult]) -> None:
@@ -86,7 +109,7 @@ def fill_flashinfer_ratios(cases: Sequence[CaseResult]) -> None:
     for c in cases:
         c.extra.pop("ratio_to_flashinfer", None)
         c.extra.pop("flashinfer_ref", None)
-        if c.provider in (FLASHINFER, FLOOR_PROVIDER):
+        if c.provider in (FLASHINFER, *FLOORS):
             continue
         for stage in (c.stage, "top_k_top_p"):
             ref = peer.get((stage, c.rows, c.vocab, c.dtype))
@@ -106,13 +129,16 @@ def _ratio(value: float | None) -> str:
     return "–" if value is None else (f"{value:.2f}" if value < 100 else f"{value:.0f}")
 
 
-def format_markdown(results: Results) -> str:
-    """bench.md: the floor per shape, then one line per case and shape with every provider's
-    µs (and ratio to the floor), the headline provider's GB/s and its ratio to FlashInfer."""
+def format_markdown(results: Results, model: dict[str, Any] | None = None) -> str:
+    """bench.md: the floors per shape, then one line per case and shape with every
+    provider's µs (and ratio to the copy floor), the headline provider's GB/s, its ratio to
+    the read floor and to FlashInfer; then the Triton step kernel by kernel, beside the cost
+    model's estimate (`model`: perf/kernel_model.py's document, when it was computed)."""
     ctx = results.context
     cases = results.cases
     by_key = {(c.stage, c.provider, c.rows, c.vocab): c for c in cases}
     floors = {(c.rows, c.vocab): c for c in cases if c.provider == FLOOR_PROVIDER}
+    reads = {(c.rows, c.vocab): c for c in cases if c.provider == READ_FLOOR}
     present = [p for p in SAMPLER_PROVIDERS if any(c.provider == p for c in cases)]
     lines = [
         "# gpu_check benchmarks",
@@ -122,7 +148,8 @@ def format_markdown(results: Results) -> str:
         f"{ctx.get('timer', '?')} · {ctx.get('created', '')} · commit {ctx.get('commit')}",
         "",
         "Times are µs per call (median); `x floor` is over the floor of the same shape "
-        "(one captured copy of the logits); `x FI` is the headline Sampler provider over "
+        "(one captured copy of the logits); `x read` is the headline provider over the "
+        "one-read floor (`amax(-1)`); `x FI` is the headline Sampler provider over "
         "FlashInfer on the same case († over FlashInfer's top-k/top-p sampling, where "
         "FlashInfer has nothing for the case). float32 logits.",
         *(
@@ -138,22 +165,24 @@ def format_markdown(results: Results) -> str:
         "",
         "## Floor",
         "",
-        "| rows | vocab | MB | µs | read GB/s | copy GB/s |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| rows | vocab | MB | copy µs | copy GB/s (read + write) | amax µs | amax GB/s |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for (rows, vocab), f in sorted(floors.items()):
         mb = rows * vocab * 4 / 1e6
         copy = f.extra.get("copy_gbps")
+        read = reads.get((rows, vocab))
         lines.append(
-            f"| {rows} | {vocab} | {mb:.3g} | {_us(f.median_us)} | {_ratio(f.gbps)} | "
-            f"{_ratio(copy)} |"
+            f"| {rows} | {vocab} | {mb:.3g} | {_us(f.median_us)} | {_ratio(copy)} | "
+            f"{_us(read.median_us if read else None)} | {_ratio(read.gbps if read else None)} |"
         )
-    shapes = sorted({(c.rows, c.vocab, c.stage) for c in cases if c.provider != FLOOR_PROVIDER},
+    table = [c for c in cases if c.provider not in FLOORS and not _is_kernel(c)]
+    shapes = sorted({(c.rows, c.vocab, c.stage) for c in table},
                     key=lambda s: (s[0] * s[1], s[1], BENCH_CASES.index(s[2])
                                    if s[2] in BENCH_CASES else 99))  # fmt: skip
     head = ["case", "rows", "vocab", "floor µs"]
     head += [f"{p} µs (x floor)" for p in present]
-    head += ["GB/s", "FlashInfer µs", "FlashInfer function", "x FI"]
+    head += ["GB/s", "x read", "FlashInfer µs", "FlashInfer function", "x FI"]
     lines += ["", "## Cases", "", "| " + " | ".join(head) + " |",
               "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]  # fmt: skip
     for rows, vocab, stage in shapes:
@@ -171,6 +200,7 @@ def format_markdown(results: Results) -> str:
         )
         cells += [
             _ratio(headline.gbps if headline else None),
+            _ratio(headline.extra.get("ratio_to_read") if headline else None),
             _us(fi.median_us if fi else None),
             fi.extra.get("function", "") if fi else "",
             _ratio(ratio) + dagger if ratio is not None else "–",
@@ -186,10 +216,52 @@ def format_markdown(results: Results) -> str:
                 f"| {c.stage} | {c.rows} | {c.vocab} | {c.extra.get('candidates')} | "
                 f"{_us(c.median_us)} ({_ratio(c.ratio_to_floor)}) | {c.extra.get('mean_reads')} |"
             )
+    lines += _kernel_lines([c for c in cases if _is_kernel(c)], model)
     for title, key in (("Notes", "notes"), ("Errors", "errors")):
         if ctx.get(key):
             lines += ["", f"## {title}", ""] + [f"- {n}" for n in ctx[key]]
     return "\n".join(lines) + "\n"
+
+
+def _is_kernel(case: CaseResult) -> bool:
+    return case.provider.startswith(KERNEL_PROVIDER)
+
+
+def model_estimates(model: dict[str, Any] | None, case: CaseResult) -> dict[str, Any]:
+    """The cost model's launch of the same case, rows and index as a timed kernel, when the
+    model was computed for its vocabulary and names the same kernel there."""
+    if not model or model.get("vocab") != case.vocab:
+        return {}
+    step = model.get("cases", {}).get(case.stage, {}).get(str(case.rows))
+    index = int(case.provider[len(KERNEL_PROVIDER) :])
+    if not step or index >= len(step["launches"]):
+        return {}
+    launch = step["launches"][index]
+    return launch if launch.get("name") == case.extra.get("kernel") else {}
+
+
+def _kernel_lines(kernels: Sequence[CaseResult], model: dict[str, Any] | None) -> list[str]:
+    """The Triton step kernel by kernel, each launch timed alone, beside the cost model."""
+    if not kernels:
+        return []
+    lines = ["", "## The Triton step, kernel by kernel", "",
+             "Each launch of one `Sampler` step on the Triton backend, replayed alone; `est` "
+             "is perf/kernel_model.py's estimate of that launch (an estimate, never a "
+             "measurement; – where it was not computed).", "",
+             "| case | rows | vocab | # | kernel | grid | µs | x read | est µs |",
+             "|---|---:|---:|---:|---|---|---:|---:|---:|"]  # fmt: skip
+    order = sorted(
+        kernels, key=lambda c: (c.rows * c.vocab, c.stage, int(c.provider[len(KERNEL_PROVIDER) :]))
+    )
+    for c in order:
+        est = model_estimates(model, c).get("est_us")
+        grid = "x".join(str(g) for g in c.extra.get("grid", []))
+        lines.append(
+            f"| {c.stage} | {c.rows} | {c.vocab} | {c.provider[len(KERNEL_PROVIDER) :]} | "
+            f"{c.extra.get('kernel')} | {grid} | {_us(c.median_us)} | "
+            f"{_ratio(c.extra.get('ratio_to_read'))} | {_us(est)} |"
+        )
+    return lines
 
 
 def case_result(

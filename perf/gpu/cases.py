@@ -15,6 +15,8 @@ from graphsafe_sampler.bench.workload import DECODE_RECIPES
 
 BENCH_CASES: tuple[str, ...] = (*stages.STAGES, "all")
 """Each feature alone (bench.stages' stage names), then every feature at once."""
+HEADLINE_CASES: tuple[str, ...] = ("top_k_top_p", "all")
+"""The GPU run's default cases: FlashInfer's own function's case, and every feature on."""
 LOGPROBS_CASES = ("logprobs", "all")
 BENCH_K = stages.MAX_NUM_LOGPROBS
 PROMPT_LEN = 512
@@ -44,8 +46,21 @@ SAMPLER_PROVIDERS = (
     "sampler-compiled",
     "sampler-eager",
     "sampler-triton",
+    "vllm-style-eager",
 )
-"""Column order in bench.md: the first present is the headline provider."""
+"""Column order in bench.md: the first present is the headline provider; the last, the
+vLLM-V1-style eager peer (graphsafe_sampler.bench.vllm_style), timed eagerly as vLLM runs
+its sampler, after the graph."""
+
+VLLM_STYLE = "vllm-style-eager"
+
+READ_FLOOR = "amax"
+"""The one-read floor's provider: `torch.amax(logits, -1)`, one pass over the logits (the
+copy floor, bench.results.FLOOR_PROVIDER, reads and writes them)."""
+
+KERNEL_PROVIDER = "step-kernel-"
+"""The Triton step's launches timed one by one: provider `step-kernel-<index in the step>`,
+extra["kernel"] its name."""
 
 
 def case_logprobs(case: str) -> int:

@@ -15,7 +15,7 @@ from graphsafe_sampler.bench.results import FLOOR_PROVIDER
 from graphsafe_sampler.bench.timing import time_rounds
 
 from .book import BenchBook, case_result
-from .cases import BIAS_ENTRIES, OUTPUT_LEN, PROMPT_LEN, bench_params
+from .cases import BIAS_ENTRIES, OUTPUT_LEN, PROMPT_LEN, READ_FLOOR, bench_params
 from .device import sync
 from .report import error_text
 from .targets import Target, sampler_or_reason
@@ -35,16 +35,20 @@ class Timer:
         self.name = "do_bench_cudagraph" if device.type == "cuda" else "wall-clock median"
 
     def __call__(
-        self, fn: Callable[[], object], *, fallback: bool = False
+        self, fn: Callable[[], object], *, fallback: bool = False, eager: bool = False
     ) -> tuple[tuple[float, float, float], int, dict[str, Any]]:
         """((median, p20, p80) µs, rounds, notes). fallback: when the capture fails, time
-        eagerly with `triton.testing.do_bench` instead of raising (for peers)."""
+        eagerly with `triton.testing.do_bench` instead of raising (for peers); eager: time
+        with `do_bench` from the start (a peer that syncs with the host cannot be captured)."""
         if self.device.type != "cuda":
             timing = time_rounds(lambda: fn(), lambda: (), rounds=self.cpu_rounds, warmup=1)
             return (timing.median_us, timing.p20_us, timing.p80_us), timing.rounds, {}
         from triton.testing import do_bench, do_bench_cudagraph
 
         quantiles = [0.5, 0.2, 0.8]
+        if eager:
+            ms = do_bench(fn, rep=self.rep_ms, quantiles=quantiles)
+            return (ms[0] * 1e3, ms[1] * 1e3, ms[2] * 1e3), 10, {"timer": "do_bench (eager)"}
         try:
             ms = do_bench_cudagraph(fn, rep=self.rep_ms, quantiles=quantiles)
             notes: dict[str, Any] = {"timer": "do_bench_cudagraph"}
@@ -74,6 +78,26 @@ class LogitsCache:
             )
             sync(self.device)  # the timers run on side streams
         return self.full[vocab][:rows]
+
+
+class PeerPool:
+    """The vLLM-V1-style eager peers, one per (vocab, max_num_logprobs), with the config of
+    the benchmark's Sampler of the same key."""
+
+    def __init__(self, device: torch.device, samplers: SamplerPool) -> None:
+        self.device = device
+        self.samplers = samplers
+        self.peers: dict[tuple[int, int], Any] = {}
+
+    def get(self, vocab: int, k: int) -> Any:
+        from graphsafe_sampler.bench.vllm_style import VllmStyleSampler
+
+        if (vocab, k) not in self.peers:
+            sampler = self.samplers.get(vocab, k, "torch")
+            if isinstance(sampler, str):
+                return sampler
+            self.peers[(vocab, k)] = VllmStyleSampler(sampler.config, self.device)
+        return self.peers[(vocab, k)]
 
 
 class SamplerPool:
@@ -138,9 +162,14 @@ class SamplerPool:
 
 
 def time_floor(book: BenchBook, timer: Timer, logits: torch.Tensor) -> None:
+    """The two floors of a shape: a copy of the logits (a read and a write) and their row
+    max (`amax(-1)`: one read, what a step that reads its logits once cannot beat)."""
     rows, vocab = logits.shape
     out = torch.empty_like(logits)
     timed = timer(lambda: out.copy_(logits))
     median = timed[0][0]
     extra = {"copy_gbps": round(2 * logits.numel() * 4 / (median * 1e3), 1), "what": "copy_"}
     book.add(case_result("floor", FLOOR_PROVIDER, rows, vocab, timed, extra))
+    maxes = torch.empty(rows, dtype=logits.dtype, device=logits.device)
+    read = timer(lambda: torch.amax(logits, dim=-1, out=maxes))
+    book.add(case_result("floor", READ_FLOOR, rows, vocab, read, {"what": "amax(-1)"}))

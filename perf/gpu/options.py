@@ -13,11 +13,14 @@ from typing import Any
 
 import torch
 
-from .cases import BENCH_CASES
+from .cases import BENCH_CASES, HEADLINE_CASES
 
 # ----------------------------------------------------------------- parts and budget
 
-PART_NAMES = ("graph", "bench", "spec", "flashinfer", "compiled", "tests")
+DEFAULT_BUDGET_S = 280.0
+"""The whole run, cold caches included: about 5 minutes with the interpreter's start-ups."""
+
+PART_NAMES = ("kernels", "graph", "spec", "tests", "bench", "flashinfer", "compiled")
 FINAL_RESERVE_S = 8.0
 """Kept back from the budget for the summary and the process start-ups."""
 INTERRUPT_GRACE_S = 8.0
@@ -44,16 +47,18 @@ class Part:
 
 
 PARTS: tuple[Part, ...] = (
-    Part("graph", 0.16, 25.0, True, "CUDA-graph replay of Sampler.forward against an eager twin"),
-    Part("bench", 0.34, 40.0, True, "graph-replay benchmarks: floor, Sampler eager, compiled"),
+    Part("kernels", 0.10, 20.0, False, "every kernel variant compiled and run once, tiny shapes"),
+    Part("graph", 0.13, 25.0, True, "CUDA-graph replay of Sampler.forward against an eager twin"),
     Part("spec", 0.12, 25.0, True, "RejectionSampler: replay vs eager twin, then its benchmark"),
-    Part("flashinfer", 0.10, 30.0, False, "FlashInfer's sampling functions on the same grid"),
+    Part("tests", 0.17, 30.0, False, "pytest on CUDA with TRITON_INTERPRET=0"),
+    Part("bench", 0.30, 40.0, True, "the table: floors, the step, each kernel, the peers"),
+    Part("flashinfer", 0.08, 20.0, False, "FlashInfer's sampling functions on the same grid"),
     Part("compiled", 0.10, 45.0, True, "torch.compile + manual CUDA-graph capture vs eager"),
-    Part("tests", 0.18, 30.0, False, "pytest on CUDA with TRITON_INTERPRET=0"),
 )
-"""Run order. The core proof first, then the table, then the speculative step (its own
-part: a crash in its capture costs it alone); the parts most likely to overrun (a compile,
-the test suite) last, where they get whatever the others left unused."""
+"""Run order, the issue's: a compile failure first and alone (every kernel variant); then
+the proof (Sampler and RejectionSampler replayed against eager twins; the suites on CUDA);
+then the table; the parts most likely to overrun (a compile) last, where they get whatever
+the others left unused."""
 PARTS_BY_NAME = {p.name: p for p in PARTS}
 
 
@@ -107,7 +112,7 @@ class Options:
     """Everything a part needs, resolved (defaults depend on --cpu-smoke)."""
 
     out_dir: str
-    budget_s: float = 450.0
+    budget_s: float = DEFAULT_BUDGET_S
     skip: tuple[str, ...] = ()
     cpu_smoke: bool = False
     smoke_compile: bool = False
@@ -152,9 +157,10 @@ GPU_DEFAULTS: dict[str, Any] = {
     "harness_steps": 30,
     "graph_rows": 64,
     "graph_vocab": 32_000,
-    "rows": (1, 64, 256, 1024),
-    "vocabs": (128_256, 151_936),
+    "rows": (1, 64, 256),
+    "vocabs": (151_936,),
     "spec_rows": (),
+    "cases": HEADLINE_CASES,
 }
 SMOKE_DEFAULTS: dict[str, Any] = {
     "steps": 12,
@@ -164,6 +170,7 @@ SMOKE_DEFAULTS: dict[str, Any] = {
     "rows": (1, 3),
     "vocabs": (1000,),
     "spec_rows": (1, 3),
+    "cases": BENCH_CASES,
 }
 
 
@@ -174,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
         "of the Sampler, in one time-boxed run (see the module docstring).",
     )
     parser.add_argument("out_dir", help="folder for the results (created if missing)")
-    parser.add_argument("--budget-s", type=float, default=450.0, help="whole run, seconds")
+    parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
+                        help=f"whole run, seconds (default {DEFAULT_BUDGET_S:g})")  # fmt: skip
     parser.add_argument("--skip", nargs="+", default=[], choices=PART_NAMES, metavar="PART",
                         help=f"parts not to run, of {', '.join(PART_NAMES)}")  # fmt: skip
     parser.add_argument("--cpu-smoke", action="store_true",
@@ -192,14 +200,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--harness-steps", type=int, help="check_graph_safety steps (GPU: 30)")
     parser.add_argument("--graph-rows", type=int, help="max_num_reqs of the replay checks")
     parser.add_argument("--graph-vocab", type=int, help="vocab of the replay checks")
-    parser.add_argument("--rows", type=int, nargs="+", help="benchmark rows (GPU: 1 64 256 1024)")
+    parser.add_argument("--rows", type=int, nargs="+", help="benchmark rows (GPU: 1 64 256)")
     parser.add_argument("--vocabs", type=int, nargs="+",
-                        help="benchmark vocabularies (GPU: 128256 151936)")  # fmt: skip
+                        help="benchmark vocabularies (GPU: 151936)")  # fmt: skip
     parser.add_argument("--spec-rows", type=int, nargs="+",
                         help="requests of the speculative step's benchmark, at the first of "
                         "--vocabs (GPU: the --rows, 64 first)")  # fmt: skip
     parser.add_argument("--cases", nargs="+", choices=BENCH_CASES, metavar="CASE",
-                        help=f"benchmark cases (default all: {' '.join(BENCH_CASES)})")  # fmt: skip
+                        help=f"benchmark cases, of {' '.join(BENCH_CASES)} (GPU default: "
+                        f"{' '.join(HEADLINE_CASES)}; --cpu-smoke: all)")  # fmt: skip
     parser.add_argument("--backends", nargs="+", default=["torch", "triton"],
                         choices=["torch", "triton"],
                         help="Sampler backends to check and time (one not available here "
@@ -239,7 +248,7 @@ def options_from_args(ns: argparse.Namespace) -> Options:
         rows=tuple(pick("rows")),
         vocabs=tuple(pick("vocabs")),
         spec_rows=tuple(pick("spec_rows")),
-        cases=tuple(ns.cases or BENCH_CASES),
+        cases=tuple(ns.cases or defaults["cases"]),
         backends=tuple(dict.fromkeys(ns.backends)),
         rep_ms=ns.rep_ms,
         cpu_rounds=3 if ns.cpu_smoke else 5,

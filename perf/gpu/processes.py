@@ -66,6 +66,31 @@ def _stop_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
             continue
 
 
+class Background:
+    """A CPU-side job run beside the parts (its own process group, output to a log), waited
+    for at the end for at most what the run has left, then stopped."""
+
+    def __init__(self, cmd: Sequence[str], log_path: Path, env: dict[str, str]) -> None:
+        self.start = time.monotonic()
+        self.log = open(log_path, "ab")  # noqa: SIM115 (closed in finish)
+        self.proc = subprocess.Popen(
+            list(cmd), stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def finish(self, wait_s: float) -> tuple[str, int | None, float]:
+        """("ok" | "failed" | "timeout", return code, seconds since the start)."""
+        try:
+            rc = self.proc.wait(timeout=max(0.1, wait_s))
+            status = "ok" if rc == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            _stop_group(self.proc, 2.0)
+            status, rc = "timeout", None
+        finally:
+            self.log.close()
+        return status, rc, time.monotonic() - self.start
+
+
 def child_env(opts: Options) -> dict[str, str]:
     """TRITON_INTERPRET=0 on a GPU (kernels compile for real), 1 in the CPU smoke run; the
     checkout on PYTHONPATH in case the package is not installed."""

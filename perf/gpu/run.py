@@ -19,9 +19,11 @@ from graphsafe_sampler.bench.results import Results
 
 from .bench_part import run_bench_part
 from .book import format_markdown
+from .cases import HEADLINE_CASES
 from .environment import environment_report
 from .flashinfer_part import run_flashinfer_part
 from .graph_part import run_compiled_part, run_graph_part
+from .kernels_part import run_kernels_part
 from .options import (
     CHILD_MARGIN_S,
     PARTS,
@@ -33,7 +35,7 @@ from .options import (
     options_from_args,
     skip_reason,
 )
-from .processes import child_env, run_subprocess, soft_timeout
+from .processes import Background, child_env, run_subprocess, soft_timeout
 from .report import (
     BENCH_JSON,
     BENCH_MD,
@@ -49,9 +51,27 @@ from .tests_part import run_tests_part
 
 SCRIPT = Path(__file__).resolve().parents[1] / "gpu_check.py"
 """The entry script, which a part's subprocess runs again with `--part`."""
+MODEL_SCRIPT = SCRIPT.parent / "kernel_model.py"
+MODEL_JSON = "model.json"
+MODEL_WAIT_S = 30.0
+"""At the end of the run, how long the cost model may still take (it runs beside the parts
+from the start, on the CPU: about 30 s for the default grid)."""
+
+
+def start_model(opts: Options) -> Background:
+    """perf/kernel_model.py for the grid's rows, its largest vocabulary and the headline
+    cases, on the CPU beside the parts (no device time): the estimates bench.md puts beside
+    each timed kernel."""
+    cases = [c for c in HEADLINE_CASES if c in opts.cases] or list(HEADLINE_CASES)
+    cmd = [sys.executable, str(MODEL_SCRIPT), "--rows", *map(str, opts.rows),
+           "--vocab", str(max(opts.vocabs)), "--cases", *cases,
+           "--json", str(opts.out / MODEL_JSON)]  # fmt: skip
+    env = {k: v for k, v in child_env(opts).items() if k != "TRITON_INTERPRET"}
+    return Background(cmd, opts.out / "model.log", env)
 
 
 RUNNERS: dict[str, Callable[[Options, float], dict[str, Any]]] = {
+    "kernels": run_kernels_part,
     "graph": run_graph_part,
     "bench": run_bench_part,
     "spec": run_spec_part,
@@ -135,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"env: torch {env.get('torch')}, cuda {env.get('cuda_available')}, "
          f"flashinfer {env.get('flashinfer')}")  # fmt: skip
 
+    # the cost model, on the CPU beside the parts: only where the table times kernels on CUDA
+    model = start_model(opts) if cuda and not opts.cpu_smoke and "bench" not in opts.skip else None
     reasons = {p.name: skip_reason(p, opts, cuda) for p in PARTS}
     pending = [p for p in PARTS if reasons[p.name] is None]
     for part in PARTS:
@@ -162,10 +184,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         record(part.name, result)
         say(f"{part.name}: {result.get('status')} in {result['seconds']} s")
 
+    estimates = None
+    if model is not None:
+        status, rc, seconds = model.finish(min(MODEL_WAIT_S, max(1.0, budget.remaining() + 5)))
+        estimates = read_json(opts.out / MODEL_JSON) if status == "ok" else None
+        summary["model"] = {"status": status, "rc": rc, "seconds": round(seconds, 1),
+                            "log": "model.log", "estimate": True}  # fmt: skip
     bench = opts.out / BENCH_JSON
     if bench.exists():
         with contextlib.suppress(ValueError, OSError):
-            (opts.out / BENCH_MD).write_text(format_markdown(Results.read(bench)), encoding="utf-8")
+            table = format_markdown(Results.read(bench), estimates)
+            (opts.out / BENCH_MD).write_text(table, encoding="utf-8")
     summary["finished"] = True
     # A part the budget left out makes the run incomplete; --skip and "no CUDA" do not.
     statuses = [
