@@ -105,6 +105,22 @@ def _largest_key_reaching(
     return prefix, passes
 
 
+@triton.jit
+def _row_filters(
+    row, slots_ptr, top_k_ptr, top_p_ptr, min_p_ptr, vocab_size, HAS_MIN_P: tl.constexpr
+):
+    """The row's slot's (k, top_p, min_p): k 0 when top-k is off (k <= 0 or k >= V), min_p 0
+    without HAS_MIN_P."""
+    slot = tl.load(slots_ptr + row)
+    k = tl.load(top_k_ptr + slot)
+    k = tl.where((k > 0) & (k < vocab_size), k, 0)
+    top_p = tl.load(top_p_ptr + slot).to(tl.float32)
+    min_p = tl.zeros((), tl.float32)
+    if HAS_MIN_P:
+        min_p = tl.load(min_p_ptr + slot).to(tl.float32)
+    return k, top_p, min_p
+
+
 STATS = 8
 """Statistics a chunk writes (`_candidates_kernel`): its max, min, NaN count, total mass
 exp(l - max), `complete` (every logit of the chunk above it is in its list) and the list's
@@ -138,14 +154,11 @@ def _candidates_kernel(
     the cut, so the floors change which rows settle, never the answer."""
     row = tl.program_id(0)
     part = tl.program_id(1)
-    slot = tl.load(slots_ptr + row)
-    k = tl.load(top_k_ptr + slot)
-    top_p = tl.load(top_p_ptr + slot).to(tl.float32)
-    k_on = (k > 0) & (k < vocab_size)
+    k, top_p, min_p = _row_filters(
+        row, slots_ptr, top_k_ptr, top_p_ptr, min_p_ptr, vocab_size, HAS_MIN_P
+    )
+    k_on = k > 0
     p_on = top_p < 1.0
-    min_p = tl.zeros((), tl.float32)
-    if HAS_MIN_P:
-        min_p = tl.load(min_p_ptr + slot).to(tl.float32)
     # rows whose filters are all off write nothing: the cut kernel reads their parameters
     if k_on | p_on | (min_p != 0.0):
         row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
@@ -238,14 +251,11 @@ def _top_k_top_p_kernel(
     off the merged buffer, or searched for where the buffer cannot settle it
     (docs/kernels.md, top-k/top-p)."""
     row = tl.program_id(0)
-    slot = tl.load(slots_ptr + row)
-    k = tl.load(top_k_ptr + slot)
-    top_p = tl.load(top_p_ptr + slot).to(tl.float32)
-    k_on = (k > 0) & (k < vocab_size)
+    k, top_p, min_p = _row_filters(
+        row, slots_ptr, top_k_ptr, top_p_ptr, min_p_ptr, vocab_size, HAS_MIN_P
+    )
+    k_on = k > 0
     p_on = top_p < 1.0
-    min_p = tl.zeros((), tl.float32)
-    if HAS_MIN_P:
-        min_p = tl.load(min_p_ptr + slot).to(tl.float32)
     threshold = tl.full((), float("-inf"), tl.float32)
     reads = tl.zeros((), tl.int32)
     if k_on | p_on | (min_p != 0.0):

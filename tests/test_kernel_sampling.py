@@ -95,6 +95,25 @@ def _torch_tokens(
     return x, tokens, torch.where(is_greedy[:, None], x, perturbed)
 
 
+def _draw_and_reference(
+    gen: torch.Generator,
+    device: torch.device,
+    logits: torch.Tensor,  # [rows, V] float32
+    slots: torch.Tensor,
+    temperature: torch.Tensor,  # [num_slots]
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Random seeds per slot and positions per row drawn from `gen`; -> ((logits, slots,
+    temperature, top_k, top_p, seeds, positions) on `device`, `_torch_tokens` of them)."""
+    seeds = torch.randint(-(2**63), 2**63 - 1, (temperature.shape[0],), generator=gen)
+    positions = torch.randint(0, 2**40, (logits.shape[0],), generator=gen)
+    moved = tuple(
+        t.to(device) for t in (logits, slots, temperature, top_k, top_p, seeds, positions)
+    )
+    return moved, _torch_tokens(*moved)
+
+
 def _assert_same_tokens(got: torch.Tensor, want: torch.Tensor, perturbed: torch.Tensor) -> int:
     """Tokens equal, except where the two winners' perturbed logits are within the noise's
     last-bit rounding (the Gumbel values are a few ulp from torch's). Returns that count."""
@@ -126,14 +145,10 @@ def test_tokens_match_torch_backend(
     ]
     top_k = torch.randint(-1, vocab // 2, (num_slots,), generator=gen, dtype=torch.int32)
     top_p = torch.where(torch.rand(num_slots, generator=gen) < 0.5, 1.0, 0.9)
-    seeds = torch.randint(-(2**63), 2**63 - 1, (num_slots,), generator=gen)
-    positions = torch.randint(0, 2**40, (rows,), generator=gen)
-    logits, slots, temperature, top_k, top_p, seeds, positions = (
-        t.to(kernel_device) for t in (logits, slots, temperature, top_k, top_p, seeds, positions)
+    (logits, slots, temperature, top_k, top_p, seeds, positions), reference = _draw_and_reference(
+        gen, kernel_device, logits, slots, temperature, top_k, top_p
     )
-    filtered, want, perturbed = _torch_tokens(
-        logits, slots, temperature, top_k, top_p, seeds, positions
-    )
+    filtered, want, perturbed = reference
     tokens = torch.full((rows,), -1, dtype=torch.int64, device=kernel_device)
     if fused_threshold:
         # the unfiltered logits (after temperature) and the per-row cut instead of the mask
@@ -170,14 +185,10 @@ def test_tiles_that_cannot_win_are_skipped_not_lost(kernel_device: torch.device)
     top_k = torch.full((num_slots,), -1, dtype=torch.int32)
     top_k[rows // 2 :] = 3  # a cut: every tile without a survivor is skipped
     top_p = torch.ones(num_slots)
-    seeds = torch.randint(-(2**63), 2**63 - 1, (num_slots,), generator=gen)
-    positions = torch.randint(0, 2**40, (rows,), generator=gen)
-    logits, slots, temperature, top_k, top_p, seeds, positions = (
-        t.to(kernel_device) for t in (logits, slots, temperature, top_k, top_p, seeds, positions)
+    (_, slots, temperature, _, _, seeds, positions), reference = _draw_and_reference(
+        gen, kernel_device, logits, slots, temperature, top_k, top_p
     )
-    filtered, want, perturbed = _torch_tokens(
-        logits, slots, temperature, top_k, top_p, seeds, positions
-    )
+    filtered, want, perturbed = reference
     tokens = torch.full((rows,), -1, dtype=torch.int64, device=kernel_device)
     sample_tokens(filtered, slots, temperature, seeds, positions, None, tokens)
     _assert_same_tokens(tokens, want, perturbed)
