@@ -106,6 +106,12 @@ def _largest_key_reaching(
 
 
 @triton.jit
+def _minimum(a, b):
+    """Scan operator: the running minimum."""
+    return tl.minimum(a, b)
+
+
+@triton.jit
 def _row_filters(
     row, slots_ptr, top_k_ptr, top_p_ptr, min_p_ptr, vocab_size, HAS_MIN_P: tl.constexpr
 ):
@@ -336,9 +342,14 @@ def _top_k_top_p_kernel(
             if use_buffer & (all_in | (threshold == float("-inf"))):
                 survivor = in_buffer & (values >= threshold)
                 mass = tl.where(survivor, tl.exp(values - shift), 0.0)
-                # [CANDIDATES, CANDIDATES]: mass at or above each buffered logit, ties included
-                at_or_above = tl.sum(
-                    tl.where(values[None, :] >= values[:, None], mass[None, :], 0.0), axis=1
+                # the mass at or above each buffered logit, ties included: the buffer is
+                # sorted descending, so it is the running sum at the end of the logit's run
+                # of equal values (the smallest running sum at a run's end from it on)
+                cumulative = tl.cumsum(mass, 0)
+                following = tl.gather(values, tl.minimum(ranks + 1, CANDIDATES - 1), 0)
+                run_end = (ranks == CANDIDATES - 1) | (following != values)
+                at_or_above = tl.associative_scan(
+                    tl.where(run_end, cumulative, float("inf")), 0, _minimum, reverse=True
                 )
                 row_total = tl.where(all_in, tl.sum(mass, axis=0), total)
                 exact = tl.where(all_in, survivor, survivor & (values > complete))
