@@ -79,7 +79,9 @@ the table does not name are charged one row read per program: an upper bound.
 Branches: an `if` inside a tile loop counts as taken (the static upper bound) unless the
 access table gives the fraction of iterations that run its block: the sampling kernel's
 hash, run on the tiles holding a survivor of top-k (k / tiles of them, at least one tile of
-a program's chunk). The block is found in the SASS as the instructions a predicated branch
+a program's chunk); a running top-k's merge (logprobs' top K, top-k/top-p stage 1's list),
+run on the tiles holding a new one of its k largest so far, for logits in random order
+(`cost_model.access.record_tiles`). The block is found in the SASS as the instructions a predicated branch
 at the `if`'s line jumps over; each instruction counts with the product of the fractions of
 the blocks holding it.
 

@@ -21,7 +21,7 @@ import torch
 from perf_scripts import PERF, load_perf_script
 
 load_perf_script("kernel_model")  # puts perf/ on sys.path: its package cost_model/
-from cost_model import aten_ops, machine, sass  # noqa: E402
+from cost_model import access, aten_ops, machine, sass  # noqa: E402
 
 ROWS = (1, 3)
 VOCAB = 4099  # not a multiple of the 1,024-element tile, nor of 16
@@ -158,6 +158,26 @@ BRANCHED = """\
         /*0040*/              @!P0 BRA `(.L_x_0) ;
         /*0050*/                   EXIT ;
 """
+
+
+def test_record_tiles_follows_the_record_count_of_a_shuffled_row() -> None:
+    """The tiles holding a new one of the k largest so far, in random order, against a
+    simulation; the first tile always does."""
+    gen = torch.Generator().manual_seed(0)
+    tiles, block, k = 75, 64, 5
+    hits = []
+    for _ in range(200):
+        x = torch.rand(tiles * block, generator=gen).view(tiles, block)
+        seen = torch.empty(0)
+        count = 0
+        for tile in x:
+            if seen.numel() < k or tile.max() > seen.topk(k).values[-1]:
+                count += 1
+            seen = torch.cat([seen, tile])
+        hits.append(count / tiles)
+    simulated = sum(hits) / len(hits)
+    assert float(access.record_tiles(k, tiles)) == pytest.approx(simulated, rel=0.15)
+    assert float(access.record_tiles(50, 1)) == 1.0
 
 
 def test_a_weighed_branch_counts_its_block_by_its_fraction(tmp_path: Path) -> None:

@@ -61,6 +61,20 @@ def _f(mask: torch.Tensor) -> torch.Tensor:
     return mask.to(torch.float64)
 
 
+def record_tiles(kept: torch.Tensor | float, tiles: int) -> torch.Tensor:
+    """The fraction of a walk's `tiles` that hold a new one of the `kept` largest logits seen
+    so far, for logits in random order (a shuffled vocabulary, as the benchmark's): tile t's
+    logits are a random share 1/t of the first t tiles', so it holds none of their `kept`
+    largest with probability about (1 - 1/t)**kept; the mean over t = 1..tiles (about
+    kept (1 + ln(tiles / kept)) of them when tiles >> kept). What a running
+    top-k merges on (logprobs' top K, top-k/top-p stage 1's list): an estimate for LLM-like
+    rows, not a bound."""
+    kept = torch.as_tensor(kept, dtype=torch.float64).clamp(min=1.0)
+    t = torch.arange(1, max(tiles, 1) + 1, dtype=torch.float64)
+    new = 1.0 - (1.0 - 1.0 / t) ** kept.unsqueeze(-1)
+    return new.mean(-1)
+
+
 def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     from graphsafe_sampler.kernels import logits_processing as k
 
@@ -151,10 +165,21 @@ def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
 
     rows = _top_k_top_p_rows(a, c)
     ones = torch.ones_like(rows["filtered"])
+    # a tile merges when it holds a new one of the list's floor-rank largest (k, or the
+    # list's length): records of a shuffled row (`record_tiles`); min_p's floor only lowers it
+    slots, vocab, partial = a["slots_ptr"], a["vocab_size"], c["PARTIAL"]
+    top_k = a["top_k_ptr"][slots].to(torch.float64)
+    k_on = (top_k > 0) & (top_k < vocab)
+    floor_rank = torch.where(k_on, top_k.clamp(max=partial), float(partial))
+    chunk_tiles = math.ceil(a["chunk"] / c["BLOCK_SIZE"])
     return Work(
         reads={"logits_ptr": rows["filtered"], "min_p_ptr": ones * float(c["HAS_MIN_P"])},
         writes={"stats_ptr": rows["filtered"], "lists_ptr": rows["buffered"]},
         walks={tile_loop(k._candidates_kernel, 0): rows["filtered"]},
+        taken={
+            source_line(k._candidates_kernel, "if tile_max > floor:"): rows["buffered"]
+            * record_tiles(floor_rank, chunk_tiles)
+        },
     )
 
 
@@ -249,6 +274,11 @@ def _logprobs_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             **dict.fromkeys(partials, ones * split),
         },
         walks={tile_loop(k._logprobs_kernel, 0): ones, tile_loop(k._finish_row, 0): 0 * ones},
+        # the running top K is merged with a tile holding a new one of the K largest
+        taken={
+            source_line(k._logprobs_kernel, "if (tile_max > kth_v) |"): ones
+            * record_tiles(c["K"], math.ceil(a["chunk"] / c["BLOCK_SIZE"]))
+        },
     )
 
 
