@@ -81,9 +81,9 @@ access table gives the fraction of iterations that run its block: the sampling k
 hash, run on the tiles holding a survivor of top-k (k / tiles of them, at least one tile of
 a program's chunk); a running top-k's merge (logprobs' top K, top-k/top-p stage 1's list),
 run on the tiles holding a new one of its k largest so far, for logits in random order
-(`cost_model.access.record_tiles`). The block is found in the SASS as the instructions a predicated branch
-at the `if`'s line jumps over; each instruction counts with the product of the fractions of
-the blocks holding it.
+(`cost_model.access.record_tiles`). The block is found in the SASS as the instructions a
+predicated branch at the `if`'s line jumps over; each instruction counts with the product
+of the fractions of the blocks holding it.
 
 Limits: static (the SASS is counted, every other branch inside a loop as taken, and no
 kernel runs), no caches (every byte is an HBM byte, though the logits of a small batch sit in the
