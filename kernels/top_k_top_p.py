@@ -207,12 +207,16 @@ def _candidates_kernel(
                 complete = tl.maximum(complete, tl.max(kept_out, axis=0))
                 if tile_max > floor:
                     hit = valid & (x > floor)
-                    top = tl.topk(tl.where(hit, x, float("-inf")), PARTIAL)
+                    hits = tl.sum(hit.to(tl.int32), axis=0)
+                    # one logit above the floor (the usual merge once the list has filled):
+                    # the tile's max alone; more: the tile's top-k network
+                    top = tl.where(ranks == 0, tile_max, float("-inf"))
+                    if hits > 1:
+                        top = tl.topk(tl.where(hit, x, float("-inf")), PARTIAL)
                     # the list (descending) against the tile's top (ascending): the larger of
                     # each pair are the union's PARTIAL largest, a bitonic sequence, sorted by
                     # one bitonic merge (log2(PARTIAL) rounds)
                     best = tl.bitonic_merge(tl.maximum(best, tl.flip(top, 0)), descending=True)
-                    hits = tl.sum(hit.to(tl.int32), axis=0)
                     if entries + hits > PARTIAL:  # what fell off lies at or below the last
                         complete = tl.maximum(complete, tl.min(best, axis=0))
                     entries = tl.minimum(entries + hits, PARTIAL)

@@ -165,18 +165,18 @@ def test_record_tiles_follows_the_record_count_of_a_shuffled_row() -> None:
     simulation; the first tile always does."""
     gen = torch.Generator().manual_seed(0)
     tiles, block, k = 75, 64, 5
-    hits = []
+    merged = multi = 0
     for _ in range(200):
         x = torch.rand(tiles * block, generator=gen).view(tiles, block)
         seen = torch.empty(0)
-        count = 0
         for tile in x:
-            if seen.numel() < k or tile.max() > seen.topk(k).values[-1]:
-                count += 1
+            new = int((tile > seen.topk(k).values[-1]).sum()) if seen.numel() >= k else block
+            merged += new >= 1
+            multi += new >= 2
             seen = torch.cat([seen, tile])
-        hits.append(count / tiles)
-    simulated = sum(hits) / len(hits)
+    simulated = merged / (200 * tiles)
     assert float(access.record_tiles(k, tiles)) == pytest.approx(simulated, rel=0.15)
+    assert float(access.multi_record_share(k, tiles)) == pytest.approx(multi / merged, rel=0.15)
     assert float(access.record_tiles(50, 1)) == 1.0
 
 

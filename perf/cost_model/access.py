@@ -69,10 +69,27 @@ def record_tiles(kept: torch.Tensor | float, tiles: int) -> torch.Tensor:
     kept (1 + ln(tiles / kept)) of them when tiles >> kept). What a running
     top-k merges on (logprobs' top K, top-k/top-p stage 1's list): an estimate for LLM-like
     rows, not a bound."""
-    kept = torch.as_tensor(kept, dtype=torch.float64).clamp(min=1.0)
-    t = torch.arange(1, max(tiles, 1) + 1, dtype=torch.float64)
-    new = 1.0 - (1.0 - 1.0 / t) ** kept.unsqueeze(-1)
-    return new.mean(-1)
+    return _records(kept, tiles)[0].mean(-1)
+
+
+def multi_record_share(kept: torch.Tensor | float, tiles: int) -> torch.Tensor:
+    """Of the tiles that hold a new one of the `kept` largest (`record_tiles`), the share
+    holding two or more (the binomial count of a tile's new ones): the merges that need the
+    tile's whole top-k network, not its max alone."""
+    one_or_more, two_or_more = _records(kept, tiles)
+    return two_or_more.mean(-1) / one_or_more.mean(-1)
+
+
+def _records(kept: torch.Tensor | float, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., tiles]: the probability that tile t holds at least one, and at least two,
+    logits above the `kept`-th largest of the tiles before it. Each of the union's largest
+    lies in tile t with probability p = 1/t: at least m of tile t's logits beat the earlier
+    tiles' kept-th when at least m of the union's kept + m - 1 largest are tile t's."""
+    k = torch.as_tensor(kept, dtype=torch.float64).clamp(min=1.0).unsqueeze(-1)
+    p = 1.0 / torch.arange(1, max(tiles, 1) + 1, dtype=torch.float64)
+    one_or_more = 1.0 - (1.0 - p) ** k
+    two_or_more = 1.0 - (1.0 - p) ** (k + 1) - (k + 1) * p * (1.0 - p) ** k
+    return one_or_more, two_or_more
 
 
 def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
@@ -178,7 +195,10 @@ def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         walks={tile_loop(k._candidates_kernel, 0): rows["filtered"]},
         taken={
             source_line(k._candidates_kernel, "if tile_max > floor:"): rows["buffered"]
-            * record_tiles(floor_rank, chunk_tiles)
+            * record_tiles(floor_rank, chunk_tiles),
+            source_line(k._candidates_kernel, "if hits > 1:"): multi_record_share(
+                floor_rank, chunk_tiles
+            ),
         },
     )
 
