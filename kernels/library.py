@@ -89,6 +89,16 @@ def split_count(vocab_size: int, splits: int, block_size: int = 1024) -> int:
     return triton.cdiv(tiles, chunk)
 
 
+PROGRAM_OVERHEAD_TILES = 8
+"""What a program costs besides its walk, in tiles: its first loads wait the memory's full
+latency (the pipeline is not yet full: about 2 pipelined tiles' worth), it reads its row's
+parameters and writes its partials, and a running top-k (logprobs, top-k/top-p stage 1)
+starts its list again in every chunk, merging its first several tiles. Keeps `row_splits`
+from cutting a row into short programs whose waves outnumber the tiles they save. 8: the
+cost model's step (an estimate) is the same anywhere from 6 to 16 and 15 % slower at B =
+256 with 2 or 4."""
+
+
 def row_splits(
     num_rows: int,
     vocab_size: int,
@@ -96,20 +106,28 @@ def row_splits(
     num_sms: int | None = None,
     min_tiles: int = 1,
     max_splits: int | None = None,
+    ctas_per_sm: int = 2,
     block_size: int = 1024,
 ) -> int:
-    """Programs per row for a kernel that splits its rows over the vocabulary: enough for 2
-    per SM over the batch (a row of 151,936 is 149 tiles, which one SM would walk alone), at
-    least `min_tiles` tiles each, at most `max_splits` (a merge kernel reads them all in one
-    program). num_sms: the device's (default: asked of CUDA); off CUDA without it, 1 (the
-    interpreter runs programs one after another)."""
+    """Programs per row for a kernel that splits its rows over the vocabulary (a row of
+    151,936 is 149 tiles, which one program would walk alone): the count s whose waves times
+    walk are the shortest, ceil(num_rows * s / (num_sms * ctas_per_sm)) * (ceil(tiles / s)
+    + PROGRAM_OVERHEAD_TILES), the fewest programs among equals; at least `min_tiles` tiles
+    each, at most `max_splits` (a merge kernel reads them all in one program). ctas_per_sm:
+    the kernel's occupancy on sm_90 (tests/test_kernel_model.py holds each kernel's figure
+    to its compiled registers). num_sms: the device's (default: asked of CUDA); off CUDA
+    without it, 1 (the interpreter runs programs one after another)."""
     if num_sms is None:
         if device.type != "cuda":
             return 1
         num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    splits = min(
-        triton.cdiv(2 * num_sms, num_rows), triton.cdiv(vocab_size, block_size * min_tiles)
-    )
+    tiles = triton.cdiv(vocab_size, block_size)
+    most = max(1, tiles // min_tiles)
     if max_splits is not None:
-        splits = min(splits, max_splits)
-    return max(1, splits)
+        most = min(most, max_splits)
+    slots = num_sms * ctas_per_sm
+    costs = [
+        (triton.cdiv(num_rows * s, slots) * (triton.cdiv(tiles, s) + PROGRAM_OVERHEAD_TILES), s)
+        for s in range(1, most + 1)
+    ]
+    return min(costs)[1]

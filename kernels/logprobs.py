@@ -258,12 +258,22 @@ MAX_SPLITS = 64
 one program."""
 
 
+SPLIT_OCCUPANCY = 7
+"""CTAs of `_logprobs_kernel` resident on an sm_90 SM, the fewest of its variants (a
+vocabulary not a multiple of 16 compiles without divisibility hints, to more registers):
+what `library.row_splits` fills waves with (tests/test_kernel_model.py holds it to the
+compiled kernel)."""
+
+
 def logprobs_splits(
     num_rows: int, vocab_size: int, device: torch.device, num_sms: int | None = None
 ) -> int:
-    """Programs per row for `compute_logprobs` (`library.row_splits`: 2 per SM over the
-    batch, at least one tile each, at most MAX_SPLITS; 1 off CUDA)."""
-    return row_splits(num_rows, vocab_size, device, num_sms, max_splits=MAX_SPLITS)
+    """Programs per row for `compute_logprobs` (`library.row_splits`: the shortest waves
+    times walk at SPLIT_OCCUPANCY, at least one tile each, at most MAX_SPLITS; 1 off
+    CUDA)."""
+    return row_splits(
+        num_rows, vocab_size, device, num_sms, max_splits=MAX_SPLITS, ctas_per_sm=SPLIT_OCCUPANCY
+    )
 
 
 def launch_logprobs(

@@ -247,12 +247,22 @@ def test_step_estimate_grows_with_rows(model: dict[str, Any]) -> None:
 
 
 def test_every_launch_has_its_occupancy_and_hot_loop(model: dict[str, Any]) -> None:
+    from graphsafe_sampler.kernels import logits_processing, logprobs, sampling, top_k_top_p
+
+    # the occupancy each split kernel's row_splits fills waves with, at most the compiled one
+    occupancy = {
+        "_process_logits_kernel": logits_processing.SPLIT_OCCUPANCY,
+        "_candidates_kernel": top_k_top_p.SPLIT_OCCUPANCY,
+        "_sample_kernel": sampling.SPLIT_OCCUPANCY,
+        "_logprobs_kernel": logprobs.SPLIT_OCCUPANCY,
+    }
     for case in CASES:
         for data in model["cases"][case].values():
             for e in data["launches"]:
                 if e["kind"] != "triton":
                     continue
                 assert e["registers"] > 0 and e["ctas_per_sm"] >= 1 and e["waves"] >= 1
+                assert e["ctas_per_sm"] >= occupancy.get(e["name"], 1), e["name"]
                 assert e["programs"] == math.prod(e["grid"]) and e["access_model"] == "table"
                 if e["name"] in VOCAB_KERNELS:
                     walked = [
