@@ -11,6 +11,7 @@ interpreter (inductor would otherwise trace into the kernel).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -131,3 +132,26 @@ def row_splits(
         for s in range(1, most + 1)
     ]
     return min(costs)[1]
+
+
+@dataclass(frozen=True)
+class SplitPolicy:
+    """How a kernel that splits its rows over the vocabulary picks its programs per row:
+    `row_splits` with the kernel's occupancy on sm_90 (`ctas_per_sm`: the fewest CTAs per SM
+    of its compiled variants, since a vocabulary not a multiple of 16 compiles without
+    divisibility hints, to more registers; tests/test_kernel_model.py holds it to the
+    compiled kernel), the fewest tiles a program walks and the most programs a row gets
+    (where a merge reads them all in one program). Called as
+    `policy(num_rows, vocab_size, device, num_sms=None)`; 1 off CUDA without num_sms."""
+
+    ctas_per_sm: int
+    min_tiles: int = 1
+    max_splits: int | None = None
+
+    def __call__(
+        self, num_rows: int, vocab_size: int, device: torch.device, num_sms: int | None = None
+    ) -> int:
+        return row_splits(
+            num_rows, vocab_size, device, num_sms, self.min_tiles, self.max_splits,
+            self.ctas_per_sm,
+        )  # fmt: skip

@@ -23,11 +23,11 @@ import triton.language as tl
 from .constants import GREEDY_TEMPERATURE, SATURATED
 from .library import (
     PIPELINE_STAGES,
+    SplitPolicy,
     check_logits,
     check_rows,
     check_table,
     inplace_op,
-    row_splits,
     split_count,
 )
 
@@ -327,19 +327,8 @@ def _process_logits_kernel(
             tl.store(row_ptr + token, tl.full((SPARSE_BLOCK,), float("-inf"), tl.float32), used)
 
 
-SPLIT_OCCUPANCY = 4
-"""CTAs of `_process_logits_kernel` resident on an sm_90 SM, the fewest of its variants (a
-vocabulary not a multiple of 16 compiles without divisibility hints, to more registers):
-what `library.row_splits` fills waves with (tests/test_kernel_model.py holds it to the
-compiled kernel)."""
-
-
-def process_splits(
-    num_rows: int, vocab_size: int, device: torch.device, num_sms: int | None = None
-) -> int:
-    """Programs per row for `process_logits` (`library.row_splits`: the shortest waves times
-    walk at SPLIT_OCCUPANCY, at least one tile each; 1 off CUDA)."""
-    return row_splits(num_rows, vocab_size, device, num_sms, ctas_per_sm=SPLIT_OCCUPANCY)
+process_splits = SplitPolicy(ctas_per_sm=4)
+"""Programs per row for `process_logits` (`library.SplitPolicy`: at least one tile each)."""
 
 
 def launch_process_logits(

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .library import PIPELINE_STAGES, check_rows, check_table, inplace_op, row_splits, split_count
+from .library import PIPELINE_STAGES, SplitPolicy, check_rows, check_table, inplace_op, split_count
 
 _NO_TOKEN = 2**31 - 1  # the id of an empty top-K slot: loses every tie
 
@@ -258,22 +258,9 @@ MAX_SPLITS = 64
 one program."""
 
 
-SPLIT_OCCUPANCY = 7
-"""CTAs of `_logprobs_kernel` resident on an sm_90 SM, the fewest of its variants (a
-vocabulary not a multiple of 16 compiles without divisibility hints, to more registers):
-what `library.row_splits` fills waves with (tests/test_kernel_model.py holds it to the
-compiled kernel)."""
-
-
-def logprobs_splits(
-    num_rows: int, vocab_size: int, device: torch.device, num_sms: int | None = None
-) -> int:
-    """Programs per row for `compute_logprobs` (`library.row_splits`: the shortest waves
-    times walk at SPLIT_OCCUPANCY, at least one tile each, at most MAX_SPLITS; 1 off
-    CUDA)."""
-    return row_splits(
-        num_rows, vocab_size, device, num_sms, max_splits=MAX_SPLITS, ctas_per_sm=SPLIT_OCCUPANCY
-    )
+logprobs_splits = SplitPolicy(ctas_per_sm=7, max_splits=MAX_SPLITS)
+"""Programs per row for `compute_logprobs` (`library.SplitPolicy`: at least one tile each,
+at most MAX_SPLITS)."""
 
 
 def launch_logprobs(

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .constants import GREEDY_TEMPERATURE, SALT_SAMPLE
-from .library import PIPELINE_STAGES, check_logits, check_rows, inplace_op, row_splits, split_count
+from .library import PIPELINE_STAGES, SplitPolicy, check_logits, check_rows, inplace_op, split_count
 
 _INT32_MAX = 2**31 - 1
 
@@ -295,19 +295,8 @@ def launch_sample_tokens(
         )
 
 
-SPLIT_OCCUPANCY = 7
-"""CTAs of `_sample_kernel` resident on an sm_90 SM, the fewest of its variants (a
-vocabulary not a multiple of 16 compiles without divisibility hints, to more registers):
-what `library.row_splits` fills waves with (tests/test_kernel_model.py holds it to the
-compiled kernel)."""
-
-
-def sample_splits(
-    num_rows: int, vocab_size: int, device: torch.device, num_sms: int | None = None
-) -> int:
-    """Programs per row for `sample_tokens` (`library.row_splits`: the shortest waves times
-    walk at SPLIT_OCCUPANCY, at least one tile each; 1 off CUDA)."""
-    return row_splits(num_rows, vocab_size, device, num_sms, ctas_per_sm=SPLIT_OCCUPANCY)
+sample_splits = SplitPolicy(ctas_per_sm=7)
+"""Programs per row for `sample_tokens` (`library.SplitPolicy`: at least one tile each)."""
 
 
 def launch_rng_noise(

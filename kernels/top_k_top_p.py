@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .library import PIPELINE_STAGES, check_logits, check_rows, inplace_op, row_splits, split_count
+from .library import PIPELINE_STAGES, SplitPolicy, check_logits, check_rows, inplace_op, split_count
 
 
 @triton.jit
@@ -412,22 +412,9 @@ def partial_size(candidates: int, splits: int) -> int:
     return min(candidates, max(candidates // triton.next_power_of_2(splits), MIN_PARTIAL))
 
 
-SPLIT_OCCUPANCY = 3
-"""CTAs of `_candidates_kernel` (stage 1) resident on an sm_90 SM, the fewest of its variants (a
-vocabulary not a multiple of 16 compiles without divisibility hints, to more registers):
-what `library.row_splits` fills waves with (tests/test_kernel_model.py holds it to the
-compiled kernel)."""
-
-
-def top_k_top_p_splits(
-    num_rows: int, vocab_size: int, device: torch.device, num_sms: int | None = None
-) -> int:
-    """Programs per row for stage 1 (`library.row_splits`: the shortest waves times walk at
-    SPLIT_OCCUPANCY, at least MIN_SPLIT_TILES tiles each, at most MAX_SPLITS, since the cut
-    kernel merges their lists in one program; 1 off CUDA)."""
-    return row_splits(
-        num_rows, vocab_size, device, num_sms, MIN_SPLIT_TILES, MAX_SPLITS, SPLIT_OCCUPANCY
-    )
+top_k_top_p_splits = SplitPolicy(3, MIN_SPLIT_TILES, MAX_SPLITS)
+"""Programs per row for stage 1 (`library.SplitPolicy`: at least MIN_SPLIT_TILES tiles each,
+at most MAX_SPLITS, since the cut kernel merges their lists in one program)."""
 
 
 def launch_top_k_top_p(

@@ -251,10 +251,10 @@ def test_every_launch_has_its_occupancy_and_hot_loop(model: dict[str, Any]) -> N
 
     # the occupancy each split kernel's row_splits fills waves with, at most the compiled one
     occupancy = {
-        "_process_logits_kernel": logits_processing.SPLIT_OCCUPANCY,
-        "_candidates_kernel": top_k_top_p.SPLIT_OCCUPANCY,
-        "_sample_kernel": sampling.SPLIT_OCCUPANCY,
-        "_logprobs_kernel": logprobs.SPLIT_OCCUPANCY,
+        "_process_logits_kernel": logits_processing.process_splits.ctas_per_sm,
+        "_candidates_kernel": top_k_top_p.top_k_top_p_splits.ctas_per_sm,
+        "_sample_kernel": sampling.sample_splits.ctas_per_sm,
+        "_logprobs_kernel": logprobs.logprobs_splits.ctas_per_sm,
     }
     for case in CASES:
         for data in model["cases"][case].values():
