@@ -226,6 +226,8 @@ def test_step_counts_triton_and_kernel_launching_aten_ops(model: dict[str, Any])
             triton = [e["name"] for e in launches if e["kind"] == "triton"]
             aten = [e for e in launches if e["kind"] == "aten"]
             assert step["launches"] == len(triton) + len(aten) == len(launches)
+            # the budget, with rows split as on an H200 (both merge kernels at B = 1)
+            assert step["launches"] <= 8, triton
             assert (step["triton_launches"], step["aten_launches"]) == (len(triton), len(aten))
             assert {
                 "_process_logits_kernel", "_candidates_kernel", "_top_k_top_p_kernel",
