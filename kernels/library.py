@@ -85,9 +85,15 @@ def check_table(
 def split_count(vocab_size: int, splits: int, block_size: int = 1024) -> int:
     """The programs a row really gets for `splits` asked: chunks of whole tiles, none
     empty."""
+    return split_chunks(vocab_size, splits, block_size)[0]
+
+
+def split_chunks(vocab_size: int, splits: int, block_size: int = 1024) -> tuple[int, int]:
+    """(programs a row really gets, columns each reads) for `splits` asked: chunks of whole
+    tiles, none empty; program p reads [p * chunk, min((p + 1) * chunk, vocab_size))."""
     tiles = triton.cdiv(vocab_size, block_size)
-    chunk = triton.cdiv(tiles, max(1, min(splits, tiles)))
-    return triton.cdiv(tiles, chunk)
+    chunk_tiles = triton.cdiv(tiles, max(1, min(splits, tiles)))
+    return triton.cdiv(tiles, chunk_tiles), chunk_tiles * block_size
 
 
 PROGRAM_OVERHEAD_TILES = 8

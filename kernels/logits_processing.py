@@ -28,7 +28,7 @@ from .library import (
     check_rows,
     check_table,
     inplace_op,
-    split_count,
+    split_chunks,
 )
 
 
@@ -365,8 +365,7 @@ def launch_process_logits(
     Allocates nothing, returns None."""
     num_rows, vocab_size = logits.shape
     num_bad = bad_tokens.shape[1] if bad_tokens is not None else 0
-    splits = split_count(vocab_size, splits, block_size)
-    chunk = triton.cdiv(triton.cdiv(vocab_size, block_size), splits) * block_size
+    splits, chunk = split_chunks(vocab_size, splits, block_size)
     _process_logits_kernel[(num_rows, splits)](
         source,
         source.stride(0),

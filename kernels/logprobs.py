@@ -15,7 +15,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .library import PIPELINE_STAGES, SplitPolicy, check_rows, check_table, inplace_op, split_count
+from .library import (
+    PIPELINE_STAGES,
+    SplitPolicy,
+    check_rows,
+    check_table,
+    inplace_op,
+    split_chunks,
+    split_count,
+)
 
 _NO_TOKEN = 2**31 - 1  # the id of an empty top-K slot: loses every tie
 
@@ -282,8 +290,7 @@ def launch_logprobs(
     num_rows, vocab_size = source.shape
     k = token_ids.shape[1] - 1
     k_block = logprobs_k_block(k)
-    splits = split_count(vocab_size, splits, block_size)
-    chunk = triton.cdiv(triton.cdiv(vocab_size, block_size), splits) * block_size
+    splits, chunk = split_chunks(vocab_size, splits, block_size)
     split = splits > 1
     stats, part_v, part_i = lse, lse, ranks  # unused without SPLIT
     if split:

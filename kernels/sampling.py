@@ -17,7 +17,15 @@ import triton
 import triton.language as tl
 
 from .constants import GREEDY_TEMPERATURE, SALT_SAMPLE
-from .library import PIPELINE_STAGES, SplitPolicy, check_logits, check_rows, inplace_op, split_count
+from .library import (
+    PIPELINE_STAGES,
+    SplitPolicy,
+    check_logits,
+    check_rows,
+    inplace_op,
+    split_chunks,
+    split_count,
+)
 
 _INT32_MAX = 2**31 - 1
 
@@ -260,8 +268,7 @@ def launch_sample_tokens(
     num_rows, vocab_size = logits.shape
     if vocab_size > _INT32_MAX - block_size:
         raise ValueError(f"vocab_size must be below 2**31 - {block_size}, got {vocab_size}")
-    splits = split_count(vocab_size, splits, block_size)
-    chunk = triton.cdiv(triton.cdiv(vocab_size, block_size), splits) * block_size
+    splits, chunk = split_chunks(vocab_size, splits, block_size)
     split = splits > 1
     scratch = [tokens] * 3  # unread without SPLIT
     if split:

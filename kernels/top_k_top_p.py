@@ -21,7 +21,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .library import PIPELINE_STAGES, SplitPolicy, check_logits, check_rows, inplace_op, split_count
+from .library import (
+    PIPELINE_STAGES,
+    SplitPolicy,
+    check_logits,
+    check_rows,
+    inplace_op,
+    split_chunks,
+)
 
 
 @triton.jit
@@ -441,8 +448,7 @@ def launch_top_k_top_p(
     if splits < 1:
         raise ValueError(f"splits must be >= 1, got {splits}")
     num_rows, vocab_size = logits.shape
-    splits = split_count(vocab_size, splits, block_size)
-    chunk = triton.cdiv(triton.cdiv(vocab_size, block_size), splits) * block_size
+    splits, chunk = split_chunks(vocab_size, splits, block_size)
     partial = partial_size(candidates, splits)
     device = logits.device
     stats = torch.empty((num_rows, splits, STATS), dtype=torch.float32, device=device)

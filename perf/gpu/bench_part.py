@@ -25,7 +25,7 @@ from .cases import (
     compiled_order,
     provider_name,
 )
-from .device import cuda_alive, sync
+from .device import cuda_alive, observed_launches, sync
 from .environment import flashinfer_version
 from .measure import (
     MAX_FAILURES_IN_A_ROW,
@@ -157,29 +157,15 @@ def _time_kernels(
     """Each Triton launch of one `sampler(x)`, recorded with its arguments and replayed
     alone (provider `step-kernel-<index>`, extra: its name and grid), in the step's order; the
     cost model's estimate of the same launch goes beside it in bench.md."""
-    from graphsafe_sampler.kernels.sampling import _sample_kernel
-
-    # JITFunction compiled, InterpretedFunction under TRITON_INTERPRET=1 (the CPU smoke run)
-    function = type(_sample_kernel)
     rows, vocab = x.shape
-    launches: list[tuple[Any, tuple[Any, ...], Any, dict[str, Any]]] = []
-    original = function.run
-
-    def record(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
-        launches.append((self, args, grid, kwargs))
-        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
-
-    function.run = record
-    try:
+    with observed_launches() as launches:
         sampler(x)
-    finally:
-        function.run = original
     sync(timer.device)
     for index, (kernel, args, grid, kwargs) in enumerate(launches):
 
         def launch(kernel: Any = kernel, args: Any = args, grid: Any = grid,
                    kwargs: Any = kwargs) -> None:  # fmt: skip
-            original(kernel, *args, grid=grid, warmup=False, **kwargs)
+            kernel.run(*args, grid=grid, warmup=False, **kwargs)
 
         timed = timer(launch)
         shape = list(grid(kwargs) if callable(grid) else grid)

@@ -227,13 +227,18 @@ def _is_kernel(case: CaseResult) -> bool:
     return case.provider.startswith(KERNEL_PROVIDER)
 
 
+def _kernel_index(case: CaseResult) -> int:
+    """A timed kernel's place in its step (provider `step-kernel-<index>`)."""
+    return int(case.provider[len(KERNEL_PROVIDER) :])
+
+
 def model_estimates(model: dict[str, Any] | None, case: CaseResult) -> dict[str, Any]:
     """The cost model's launch of the same case, rows and index as a timed kernel, when the
     model was computed for its vocabulary and names the same kernel there."""
     if not model or model.get("vocab") != case.vocab:
         return {}
     step = model.get("cases", {}).get(case.stage, {}).get(str(case.rows))
-    index = int(case.provider[len(KERNEL_PROVIDER) :])
+    index = _kernel_index(case)
     if not step or index >= len(step["launches"]):
         return {}
     launch = step["launches"][index]
@@ -250,14 +255,12 @@ def _kernel_lines(kernels: Sequence[CaseResult], model: dict[str, Any] | None) -
              "measurement; – where it was not computed).", "",
              "| case | rows | vocab | # | kernel | grid | µs | x read | est µs |",
              "|---|---:|---:|---:|---|---|---:|---:|---:|"]  # fmt: skip
-    order = sorted(
-        kernels, key=lambda c: (c.rows * c.vocab, c.stage, int(c.provider[len(KERNEL_PROVIDER) :]))
-    )
+    order = sorted(kernels, key=lambda c: (c.rows * c.vocab, c.stage, _kernel_index(c)))
     for c in order:
         est = model_estimates(model, c).get("est_us")
         grid = "x".join(str(g) for g in c.extra.get("grid", []))
         lines.append(
-            f"| {c.stage} | {c.rows} | {c.vocab} | {c.provider[len(KERNEL_PROVIDER) :]} | "
+            f"| {c.stage} | {c.rows} | {c.vocab} | {_kernel_index(c)} | "
             f"{c.extra.get('kernel')} | {grid} | {_us(c.median_us)} | "
             f"{_ratio(c.extra.get('ratio_to_read'))} | {_us(est)} |"
         )

@@ -56,6 +56,33 @@ def run_jobs(
     return results
 
 
+Launch = tuple[Any, tuple[Any, ...], Any, dict[str, Any]]
+"""A Triton launch as `run` receives it: (kernel, args, grid, keyword arguments)."""
+
+
+@contextlib.contextmanager
+def observed_launches() -> Iterator[list[Launch]]:
+    """Every Triton launch made inside, run as usual and appended to the yielded list (its
+    tensors kept alive: `kernel.run(*args, grid=grid, warmup=False, **kwargs)` launches it
+    again). The kernels are JITFunctions, or InterpretedFunctions under TRITON_INTERPRET=1
+    (the CPU smoke run): the class of the package's own kernels is patched."""
+    from graphsafe_sampler.kernels.sampling import _sample_kernel
+
+    function = type(_sample_kernel)
+    original = function.run
+    launches: list[Launch] = []
+
+    def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        launches.append((self, args, grid, kwargs))
+        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    function.run = run
+    try:
+        yield launches
+    finally:
+        function.run = original
+
+
 @contextlib.contextmanager
 def no_host_sync(device: torch.device, what: str) -> Iterator[None]:
     """Any host synchronisation inside raises: `set_sync_debug_mode("error")` on CUDA,

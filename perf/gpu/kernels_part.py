@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from . import ROOT
-from .device import cuda_alive
+from .device import cuda_alive, observed_launches
 from .options import Options
 from .report import error_text, write_json
 
@@ -32,22 +32,13 @@ def run_kernels_part(opts: Options, deadline: float) -> dict[str, Any]:
     """Each (label, launch) of `cuda_compile._launches()` on the device with zero-filled
     tensors: the first call of a variant compiles it. Failed when a variant raised or a
     kernel of kernels/ was never launched; incomplete when the time ran out."""
-    from triton.runtime.jit import JITFunction
-
     device = opts.device()
     cuda_compile = _cuda_compile()
     cuda_compile.DEVICE = device
     launched: set[str] = set()
-    original = JITFunction.run
-
-    def run(self: JITFunction, *args: Any, **kwargs: Any) -> Any:
-        launched.add(self.__name__)
-        return original(self, *args, **kwargs)
-
     results: list[dict[str, Any]] = []
     cut = False
-    JITFunction.run = run
-    try:
+    with observed_launches() as launches:
         for label, call in cuda_compile._launches():
             if time.monotonic() > deadline:
                 cut = True
@@ -62,9 +53,11 @@ def run_kernels_part(opts: Options, deadline: float) -> dict[str, Any]:
                 results.append({"label": label, "ok": False, "error": error_text(exc, 1500)})
                 if not cuda_alive(device):
                     break
+            finally:
+                # the names only: no variant's tensors are kept past its call
+                launched.update(kernel.__name__ for kernel, *_ in launches)
+                launches.clear()
             results[-1]["seconds"] = round(time.monotonic() - start, 2)
-    finally:
-        JITFunction.run = original
     missing = sorted(cuda_compile.kernels_in_package() - launched) if not cut else []
     failed = [r["label"] for r in results if not r["ok"]]
     doc = {"variants": results, "missing_kernels": missing, "failed": failed}
