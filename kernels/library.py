@@ -82,6 +82,22 @@ def check_table(
         raise ValueError(f"{name} must be contiguous")
 
 
+TILE = 1024
+"""The columns of the tiles the kernels walk a row in (their launchers' default
+`block_size`); a tile-max table holds one entry per tile."""
+
+
+def tile_count(vocab_size: int, block_size: int = TILE) -> int:
+    """The tiles of a row: ceil(V / block_size), the columns of a tile-max table."""
+    return triton.cdiv(vocab_size, block_size)
+
+
+def check_tile_max(tile_max: torch.Tensor, num_rows: int, vocab_size: int) -> None:
+    """A tile-max table: contiguous float32 [num_rows, ceil(V / TILE)] (docs/kernels.md,
+    tile maxima)."""
+    check_table("tile_max", tile_max, torch.float32, (num_rows, tile_count(vocab_size)))
+
+
 def split_count(vocab_size: int, splits: int, block_size: int = 1024) -> int:
     """The programs a row really gets for `splits` asked: chunks of whole tiles, none
     empty."""

@@ -23,10 +23,12 @@ import triton.language as tl
 from .constants import GREEDY_TEMPERATURE, SATURATED
 from .library import (
     PIPELINE_STAGES,
+    TILE,
     SplitPolicy,
     check_logits,
     check_rows,
     check_table,
+    check_tile_max,
     inplace_op,
     split_chunks,
 )
@@ -38,6 +40,15 @@ def _bit_is_set(words_ptr, cols, in_row):
     words = tl.load(words_ptr + cols // 32, mask=in_row, other=-1)
     # an arithmetic shift of a negative word still leaves the wanted bit at position 0
     return ((words >> (cols % 32)) & 1) != 0
+
+
+@triton.jit
+def _forget_tiles(tile_row, token, mask, BLOCK_SIZE: tl.constexpr):
+    """Mark the tiles holding `token` (where `mask`) unknown in the row's tile-max table: a
+    phase after the dense pass changed one of their logits. +inf: every consumer reads the
+    tile, and no floor is taken from it. (Reading those tiles again for their max would
+    chain a load's latency per tile a program.)"""
+    tl.store(tile_row + token // BLOCK_SIZE, tl.full(token.shape, float("inf"), tl.float32), mask)
 
 
 @triton.jit
@@ -58,13 +69,16 @@ def _ban_bad_words(
     bad_word_ptr,  # [num_slots, T] int32: the word of each entry
     window_ptr,  # [num_slots, L] int32: output g at g % L
     drafts_ptr,  # [num_rows, D] int64 (HAS_DRAFTS)
+    tile_row,  # this row's tile maxima (HAS_TILE_MAX)
     begin,  # the program's columns: [begin, end)
     end,
     num_bad,  # T
     window_len,  # L
     num_drafts,  # D
     HAS_DRAFTS: tl.constexpr,
+    HAS_TILE_MAX: tl.constexpr,
     BAD_BLOCK: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
 ):
     """Store -inf on each word's last token where the outputs before this row end with the
     word's prefix (the bad-words stage's rule and layout: a word's entries are contiguous,
@@ -106,6 +120,8 @@ def _ban_bad_words(
             carry_vote = tl.sum(tl.where(last, matched, 0))
             ban = used & (back == 0) & (matched == 1) & (token >= begin) & (token < end)
             tl.store(row_ptr + token, tl.full((BAD_BLOCK,), float("-inf"), tl.float32), ban)
+            if HAS_TILE_MAX:
+                _forget_tiles(tile_row, token, ban, BLOCK_SIZE)
 
 
 @triton.jit
@@ -192,6 +208,7 @@ def _process_logits_kernel(
     bad_back_ptr,  # [num_slots, T] int32
     bad_word_ptr,  # [num_slots, T] int32
     window_ptr,  # [num_slots, L] int32: the last L outputs, output g at g % L
+    tile_max_ptr,  # [num_rows, ceil(V / BLOCK_SIZE)] float32, written (HAS_TILE_MAX)
     vocab_size,
     num_words,  # W = ceil(V / 32)
     num_bias,  # C
@@ -206,6 +223,7 @@ def _process_logits_kernel(
     HAS_GRAMMAR: tl.constexpr,
     HAS_DRAFTS: tl.constexpr,
     HAS_BAD_WORDS: tl.constexpr,
+    HAS_TILE_MAX: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr,
     BAD_BLOCK: tl.constexpr,
@@ -214,6 +232,8 @@ def _process_logits_kernel(
     from `source` into `logits`, with a barrier after each phase whose stores the next one
     reads or overwrites: the dense pass (steps 3-6), the biased tokens again from their
     source value plus the bias (steps 1, 3-6), step 7, then the -inf stores (step 2).
+    With HAS_TILE_MAX the dense pass also writes each tile's largest logit, and every later
+    phase marks the tiles it changes unknown (+inf), after the same barriers.
 
     A row may be split over programs (grid rows x splits), each owning the columns
     [begin, end) of whole tiles: it makes every phase on its own columns only (the sparse
@@ -240,6 +260,7 @@ def _process_logits_kernel(
     prompt_row = prompt_mask_ptr + slot * num_words
     grammar_row = grammar_ptr + row.to(tl.int64) * num_words
     counts_row = counts_ptr + slot.to(tl.int64) * vocab_size
+    tile_row = tile_max_ptr + row.to(tl.int64) * tl.cdiv(vocab_size, BLOCK_SIZE)
 
     # 3-6. the dense pass: every token read once from the source, written once
     for start in tl.range(begin, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
@@ -252,6 +273,10 @@ def _process_logits_kernel(
             scale_on, temperature, SATURATED, HAS_GRAMMAR, HAS_DRAFTS,
         )  # fmt: skip
         tl.store(row_ptr + cols, x, mask=in_row)
+        if HAS_TILE_MAX:
+            # the tile's largest logit, +inf where it holds NaN (a tile every consumer reads)
+            top = tl.where(x == x, x, float("inf"))
+            tl.store(tile_row + start // BLOCK_SIZE, tl.max(tl.where(in_row, top, float("-inf"))))
     # the biased tokens are rewritten below, by other threads than the dense pass's
     tl.debug_barrier()
 
@@ -271,6 +296,8 @@ def _process_logits_kernel(
             presence, fix_excess, scale_on, temperature, SATURATED, HAS_GRAMMAR, HAS_DRAFTS,
         )  # fmt: skip
         tl.store(row_ptr + token, x, mask=used)
+        if HAS_TILE_MAX:
+            _forget_tiles(tile_row, token, used, BLOCK_SIZE)
 
     # step 7 reads what other threads of this program stored above
     tl.debug_barrier()
@@ -291,6 +318,8 @@ def _process_logits_kernel(
                 if scale_here:
                     value = tl.math.div_rn(value, temperature)
                 tl.store(row_ptr + listed, value)
+                if HAS_TILE_MAX:
+                    _forget_tiles(tile_row, listed, listed >= begin, BLOCK_SIZE)
             index += 1
             listed = tl.load(
                 overflow_token_ptr + table_row + index, mask=index < num_overflow, other=-1
@@ -306,6 +335,8 @@ def _process_logits_kernel(
                 at_255 = in_row & (count == SATURATED)
                 x = tl.load(row_ptr + cols, mask=at_255, other=0.0)
                 tl.store(row_ptr + cols, tl.math.div_rn(x, temperature), mask=at_255)
+                if HAS_TILE_MAX:
+                    _forget_tiles(tile_row, start, start >= begin, BLOCK_SIZE)
     # a stop id or a banned token may be stored above by another thread: -inf lands last
     tl.debug_barrier()
 
@@ -315,8 +346,8 @@ def _process_logits_kernel(
     if HAS_BAD_WORDS:
         _ban_bad_words(
             row_ptr, row, slot, generated, preceding, bad_tokens_ptr, bad_back_ptr, bad_word_ptr,
-            window_ptr, drafts_ptr, begin, end, num_bad, window_len, num_drafts, HAS_DRAFTS,
-            BAD_BLOCK,
+            window_ptr, drafts_ptr, tile_row, begin, end, num_bad, window_len, num_drafts,
+            HAS_DRAFTS, HAS_TILE_MAX, BAD_BLOCK, BLOCK_SIZE,
         )  # fmt: skip
     if generated + preceding < tl.load(min_tokens_ptr + slot):
         for start in range(0, num_stop, SPARSE_BLOCK):
@@ -325,6 +356,8 @@ def _process_logits_kernel(
             token = tl.load(stop_ids_ptr + slot * num_stop + entry, mask=used, other=0)
             used &= (token >= begin) & (token < end)
             tl.store(row_ptr + token, tl.full((SPARSE_BLOCK,), float("-inf"), tl.float32), used)
+            if HAS_TILE_MAX:
+                _forget_tiles(tile_row, token, used, BLOCK_SIZE)
 
 
 process_splits = SplitPolicy(ctas_per_sm=4)
@@ -356,7 +389,8 @@ def launch_process_logits(
     bad_back: torch.Tensor | None = None,  # [num_slots, T] int32
     bad_word: torch.Tensor | None = None,  # [num_slots, T] int32
     window: torch.Tensor | None = None,  # [num_slots, L] int32
-    block_size: int = 1024,
+    tile_max: torch.Tensor | None = None,  # [num_rows, ceil(V / block_size)] float32, written
+    block_size: int = TILE,
     sparse_block: int = 128,
     bad_block: int = 128,
     splits: int = 1,  # programs a row is split over (`process_splits`)
@@ -393,6 +427,7 @@ def launch_process_logits(
         bad_back if bad_back is not None else allowed,
         bad_word if bad_word is not None else allowed,
         window if window is not None else allowed,
+        tile_max if tile_max is not None else logits,  # unwritten without HAS_TILE_MAX
         vocab_size,
         allowed.shape[1],
         bias_ids.shape[1],
@@ -407,6 +442,7 @@ def launch_process_logits(
         HAS_GRAMMAR=grammar is not None,
         HAS_DRAFTS=drafts is not None,
         HAS_BAD_WORDS=bad_tokens is not None,
+        HAS_TILE_MAX=tile_max is not None,
         BLOCK_SIZE=block_size,
         SPARSE_BLOCK=sparse_block,
         BAD_BLOCK=min(triton.next_power_of_2(max(num_bad, 1)), bad_block),
@@ -418,7 +454,7 @@ def launch_process_logits(
     )
 
 
-@inplace_op("process_logits", mutates_args=("logits",))
+@inplace_op("process_logits", mutates_args=("logits", "tile_max"))
 def process_logits(
     source: torch.Tensor,
     logits: torch.Tensor,
@@ -445,6 +481,7 @@ def process_logits(
     bad_word: torch.Tensor | None = None,
     window: torch.Tensor | None = None,
     splits: int = 1,
+    tile_max: torch.Tensor | None = None,
 ) -> None:
     """Bad words, logit bias, min_tokens, allowed and grammar bitmasks, penalties and
     temperature: `source` [num_rows, V] float32, float16 or bfloat16 (read only, its rows
@@ -464,7 +501,10 @@ def process_logits(
     four or none): the bad-words stage's layout (a word's entries contiguous, used entries
     first; back 0 marks the token to ban, -1 an unused entry; output g of a slot at g % L).
     splits: programs per row, each processing a chunk of whole tiles (`process_splits` picks
-    it; the output does not depend on it).
+    it; the output does not depend on it). tile_max: float32 [num_rows, ceil(V / TILE)],
+    written when given: each tile's largest processed logit, or +inf (unknown) where the
+    tile holds NaN or a phase after the dense pass changed one of its logits (biased, stop
+    ids, banned, saturated tokens; docs/kernels.md, tile maxima).
     """
     check_logits(logits)
     num_rows, vocab_size = logits.shape
@@ -529,10 +569,12 @@ def process_logits(
             raise ValueError("the bad-words tables need T >= 1 entries and a window of L >= 1")
     if splits < 1:
         raise ValueError(f"splits must be >= 1, got {splits}")
+    if tile_max is not None:
+        check_tile_max(tile_max, num_rows, vocab_size)
     launch_process_logits(
         source, logits, slots, bias_ids, bias_values, min_tokens, num_generated, stop_ids,
         allowed,
         grammar, counts, overflow_token, overflow_excess, prompt_mask, repetition, frequency,
         presence, temperature, drafts, num_preceding, bad_tokens, bad_back, bad_word, window,
-        splits=splits,
+        tile_max, splits=splits,
     )  # fmt: skip

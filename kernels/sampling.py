@@ -19,9 +19,11 @@ import triton.language as tl
 from .constants import GREEDY_TEMPERATURE, SALT_SAMPLE
 from .library import (
     PIPELINE_STAGES,
+    TILE,
     SplitPolicy,
     check_logits,
     check_rows,
+    check_tile_max,
     inplace_op,
     split_chunks,
     split_count,
@@ -117,11 +119,13 @@ def _sample_kernel(
     partial_best_ptr,  # [num_rows, splits] float32, written (SPLIT): each chunk's best
     partial_index_ptr,  # [num_rows, splits] int32 (SPLIT): its lowest index
     partial_nan_ptr,  # [num_rows, splits] int32 (SPLIT): its first NaN, or INT32_MAX
+    tile_max_ptr,  # [num_rows, ceil(V / BLOCK_SIZE)] float32 (HAS_TILE_MAX): upper bounds
     vocab_size,
     chunk,  # columns a program scans, a multiple of BLOCK_SIZE (the row when not SPLIT)
     SALT: tl.constexpr,
     GREEDY_BELOW: tl.constexpr,
     HAS_THRESHOLD: tl.constexpr,
+    HAS_TILE_MAX: tl.constexpr,
     BY_SLOT: tl.constexpr,
     SPLIT: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
@@ -135,7 +139,8 @@ def _sample_kernel(
     A random row's tile is hashed only when its largest logit plus GUMBEL_MAX beats the
     best so far: the rest cannot win (fl(x + g) <= fl(x + GUMBEL_MAX) <= best), so the
     token is the same, and a row cut by top-k/top-p hashes only the tiles holding a
-    survivor.
+    survivor. With the tile maxima (HAS_TILE_MAX, upper bounds of each tile's logits), a
+    tile whose bound lies below the cut is not even read: every token of it counts as -inf.
 
     Program (row, split) scans columns [split * chunk, (split + 1) * chunk). With SPLIT, it
     writes its chunk's best value (NaN left out), lowest index and first NaN for
@@ -165,30 +170,40 @@ def _sample_kernel(
     best = tl.full((), float("-inf"), tl.float32)
     best_index = begin
     first_nan = tl.full((), 2147483647, tl.int32)
+    tile_row = tile_max_ptr + row.to(tl.int64) * tl.cdiv(vocab_size, BLOCK_SIZE)
     for start in tl.range(begin, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
         cols = start + tl.arange(0, BLOCK_SIZE)
         in_row = cols < end
-        x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf"))
-        # x < threshold is False for NaN: a NaN stays, as under masked_fill
-        x = tl.where(x < threshold, float("-inf"), x)
-        # torch.argmax treats NaN as the maximum: remember the first one, and leave NaN out
-        # of the best (it decides alone); the noise keeps NaN NaN and nothing else NaN
-        is_nan = x != x
-        first_nan = tl.minimum(first_nan, tl.min(tl.where(is_nan, cols, 2147483647), axis=0))
-        x = tl.where(is_nan, float("-inf"), x)
-        if is_random:
-            # a tile whose largest logit plus the largest noise cannot beat the best (a tie
-            # keeps the earlier best) is not hashed: a tile wholly below the cut, or far
-            # below the best, costs its load and two reductions
-            if tl.max(x, axis=0) + GUMBEL_MAX > best:
-                x = x + _gumbel(_token_hash(cols, offset, mult))
-            else:
-                x = tl.full((BLOCK_SIZE,), float("-inf"), tl.float32)
-        tile_max = tl.max(x, axis=0)
-        tile_index = tl.min(tl.where((x == tile_max) & in_row, cols, 2147483647), axis=0)
-        better = tile_max > best
-        best_index = tl.where(better, tile_index, best_index)
-        best = tl.where(better, tile_max, best)
+        # a tile wholly below the cut is all -inf: it changes neither the best nor the NaN
+        # (written as the mask's own comparison, which a NaN cut never makes true); without
+        # the maxima `visit` stays a constant and its `if` static
+        visit = True
+        load_mask = in_row
+        if HAS_TILE_MAX:
+            visit = ~(tl.load(tile_row + start // BLOCK_SIZE) < threshold)
+            load_mask = tl.where(visit, in_row, False)
+        x = tl.load(row_ptr + cols, mask=load_mask, other=float("-inf"))
+        if visit:
+            # x < threshold is False for NaN: a NaN stays, as under masked_fill
+            x = tl.where(x < threshold, float("-inf"), x)
+            # torch.argmax treats NaN as the maximum: remember the first one, and leave NaN out
+            # of the best (it decides alone); the noise keeps NaN NaN and nothing else NaN
+            is_nan = x != x
+            first_nan = tl.minimum(first_nan, tl.min(tl.where(is_nan, cols, 2147483647), axis=0))
+            x = tl.where(is_nan, float("-inf"), x)
+            if is_random:
+                # a tile whose largest logit plus the largest noise cannot beat the best (a tie
+                # keeps the earlier best) is not hashed: a tile wholly below the cut, or far
+                # below the best, costs its load and two reductions
+                if tl.max(x, axis=0) + GUMBEL_MAX > best:
+                    x = x + _gumbel(_token_hash(cols, offset, mult))
+                else:
+                    x = tl.full((BLOCK_SIZE,), float("-inf"), tl.float32)
+            tile_max = tl.max(x, axis=0)
+            tile_index = tl.min(tl.where((x == tile_max) & in_row, cols, 2147483647), axis=0)
+            better = tile_max > best
+            best_index = tl.where(better, tile_index, best_index)
+            best = tl.where(better, tile_max, best)
     if SPLIT:
         at = row.to(tl.int64) * tl.num_programs(1) + split
         tl.store(partial_best_ptr + at, best)
@@ -261,7 +276,9 @@ def launch_sample_tokens(
     splits: int = 1,  # programs a row is split over (`sample_splits`)
     # [num_rows, >= splits] float32, int32, int32 scratch, needed when splits > 1
     partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-    block_size: int = 1024,
+    block_size: int = TILE,
+    # [num_rows, ceil(V / block_size)] float32: upper bounds of each tile's logits
+    tile_max: torch.Tensor | None = None,
 ) -> None:
     """Launch `_sample_kernel` over rows x splits, then (splits > 1) `_combine_kernel` over
     the rows; allocates nothing, returns None."""
@@ -287,11 +304,13 @@ def launch_sample_tokens(
         num_generated if num_generated is not None else slots,
         tokens,
         *scratch,
+        tile_max if tile_max is not None else logits,  # unread without HAS_TILE_MAX
         vocab_size,
         chunk,
         SALT=salt,
         GREEDY_BELOW=GREEDY_TEMPERATURE,
         HAS_THRESHOLD=threshold is not None,
+        HAS_TILE_MAX=tile_max is not None and threshold is not None,
         BY_SLOT=positions is None,
         SPLIT=split,
         BLOCK_SIZE=block_size,
@@ -336,6 +355,7 @@ def sample_tokens(
     prompt_len: torch.Tensor | None = None,
     num_generated: torch.Tensor | None = None,
     splits: int = 1,
+    tile_max: torch.Tensor | None = None,
 ) -> None:
     """Greedy argmax or the counter-based Gumbel-max race, merged per row into `tokens`.
 
@@ -346,7 +366,9 @@ def sample_tokens(
     int64; threshold [num_rows] float32 or None (tokens below it count as -inf); tokens
     [num_rows] int32 or int64 (written); salt: the random stream (constants.SALT_*);
     splits: programs per row, each scanning a chunk of whole tiles, merged by a second
-    kernel (`sample_splits` picks it; the tokens do not depend on it).
+    kernel (`sample_splits` picks it; the tokens do not depend on it). tile_max [num_rows,
+    ceil(V / TILE)] float32 or None: upper bounds of each tile's logits (`process_logits`'
+    tile maxima, before any mask), with which a tile wholly below the threshold is not read.
     """
     check_logits(logits)
     num_rows = logits.shape[0]
@@ -368,6 +390,8 @@ def sample_tokens(
     check_rows("tokens", tokens, (torch.int32, torch.int64), num_rows)
     if threshold is not None:
         check_rows("threshold", threshold, torch.float32, num_rows)
+    if tile_max is not None:
+        check_tile_max(tile_max, num_rows, logits.shape[1])
     if temperature.dtype != torch.float32:
         raise TypeError(f"temperature must be float32, got {temperature.dtype}")
     if seeds.dtype != torch.int64:
@@ -385,7 +409,7 @@ def sample_tokens(
         )
     launch_sample_tokens(
         logits, slots, temperature, seeds, positions, tokens, threshold, salt, prompt_len,
-        num_generated, splits, partials,
+        num_generated, splits, partials, tile_max=tile_max,
     )  # fmt: skip
 
 

@@ -23,93 +23,16 @@ import triton.language as tl
 
 from .library import (
     PIPELINE_STAGES,
+    TILE,
     SplitPolicy,
     check_logits,
     check_rows,
+    check_tile_max,
     inplace_op,
     split_chunks,
+    tile_count,
 )
-
-
-@triton.jit
-def _float_to_key(x):
-    """float32 -> int64 key in [0, 2**32) with the floats' order; -0.0 and +0.0 share one."""
-    bits = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
-    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-    return ordered.to(tl.int64) + 2147483648
-
-
-@triton.jit
-def _key_to_float(key):
-    """int64 key -> the float32 it stands for; keys below key(-inf) = 8388607 (negative NaN
-    patterns) become -inf."""
-    ordered = (tl.maximum(key, 8388607) - 2147483648).to(tl.int32)
-    bits = tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered)
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _largest_key_reaching(
-    row_ptr,
-    vocab_size,
-    lo_key,  # int64: key of the smallest candidate
-    hi_key,  # int64: key of the largest candidate
-    k,  # top-k target (counts), used when not MASS
-    top_p,  # top-p fraction of the total mass, used when MASS
-    floor,  # float32: only logits >= floor carry mass (MASS)
-    shift,  # float32: masses are exp(x - shift) (MASS)
-    MASS: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-):
-    """(the largest key t with W(t) >= target, the passes over the row it took), W(t) = count
-    (or mass) of logits with key >= t; searched from the digits where lo_key and hi_key first
-    differ. Each pass reads the row once and measures W at prefix + c * 2**s, c = 0..15 (4
-    bits of the answer); the digit is how many of c = 1..15 still reach the target. It stops
-    early once the mask is decided: top-k when exactly k logits lie at or above the chosen
-    bin's low end, top-p when the chosen bin holds a single logit (docs/kernels.md,
-    top-k/top-p)."""
-    digits = tl.arange(0, 16)
-    diff = lo_key ^ hi_key
-    # tensors, not Python ints: they are carried through data-dependent while loops
-    s = tl.full((), 28, tl.int32)
-    while (s > 0) & ((diff >> s) == 0):
-        s -= 4
-    prefix = (lo_key >> (s + 4)) << (s + 4)
-    target = tl.zeros((), tl.float32)
-    passes = tl.zeros((), tl.int32)
-    while s >= 0:
-        counts = tl.zeros((16,), tl.int32)  # logits with key >= prefix + c * 2**s
-        masses = tl.zeros((16,), tl.float32)
-        above = tl.zeros((), tl.int32)  # logits above the whole range
-        for start in tl.range(0, vocab_size, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
-            cols = start + tl.arange(0, BLOCK_SIZE)
-            x = tl.load(row_ptr + cols, mask=cols < vocab_size, other=float("nan"))
-            valid = x == x  # in the row and not NaN
-            # (key - prefix) >> s is negative below the range (arithmetic shift)
-            digit = tl.minimum((_float_to_key(x) - prefix) >> s, 16)
-            at_or_above = (digit[:, None] >= digits[None, :]) & valid[:, None]  # [BLOCK, 16]
-            counts += tl.sum(at_or_above.to(tl.int32), axis=0)
-            above += tl.sum(((digit >= 16) & valid).to(tl.int32), axis=0)
-            if MASS:
-                mass = tl.where(valid & (x >= floor), tl.exp(x - shift), 0.0)
-                masses += tl.sum(tl.where(at_or_above, mass[:, None], 0.0), axis=0)
-        if MASS:
-            # the first pass's column 0 covers every candidate (the range starts at or
-            # below floor): the total mass
-            total = tl.sum(tl.where(digits == 0, masses, 0.0), axis=0)
-            target = tl.where(passes == 0, top_p * total, target)
-            reach = masses >= target
-        else:
-            reach = counts >= k
-        chosen = tl.sum((reach & (digits >= 1)).to(tl.int32), axis=0)
-        prefix += chosen.to(tl.int64) << s
-        at_low_end = tl.sum(tl.where(digits == chosen, counts, 0), axis=0)
-        past_bin = tl.sum(tl.where(digits == chosen + 1, counts, 0), axis=0)
-        past_bin += tl.where(chosen == 15, above, 0)
-        decided = (at_low_end - past_bin <= 1) if MASS else (at_low_end == k)
-        s = tl.where(decided, -4, s - 4)
-        passes += 1
-    return prefix, passes
+from .radix_select import _float_to_key, _key_to_float, _largest_key_reaching
 
 
 @triton.jit
@@ -135,9 +58,43 @@ def _row_filters(
 
 
 STATS = 8
-"""Statistics a chunk writes (`_candidates_kernel`): its max, min, NaN count, total mass
+"""Statistics a chunk writes (`_candidates_kernel`): its max, min (below every logit a cut
+may keep; the chunk's true min unless tiles were skipped), NaN count, total mass
 exp(l - max), `complete` (every logit of the chunk above it is in its list) and the list's
 entries, padded to a power of two."""
+
+
+@triton.jit
+def _tile_floor(
+    tile_row,  # the row's tile maxima: exact, or +inf (unknown)
+    num_tiles,
+    first,  # the chunk's tiles: [first, last)
+    last,
+    k,  # top-k, on
+    min_p,  # 0: off
+    log_min_p,
+    HAS_MIN_P: tl.constexpr,
+    TILES_BLOCK: tl.constexpr,  # a power of two >= num_tiles
+):
+    """(floor, complete, min) from the tile maxima alone, before the walk. The floor no
+    top-k (then min_p) cut lies below: the k-th largest known tile max (k tiles hold a
+    logit at or above it, so the row's k-th largest is at or above it), raised to the
+    largest known max + ln(min_p) (at or below min_p's cut); -inf with fewer than k known
+    tiles. The chunk's tiles below it, which the walk skips, are left out at their maxima:
+    the largest is where `complete` starts, the smallest bounds the chunk's min (below
+    every logit a cut may keep)."""
+    tiles = tl.arange(0, TILES_BLOCK)
+    bounds = tl.load(tile_row + tiles, mask=tiles < num_tiles, other=float("-inf"))
+    known = tl.where(bounds < float("inf"), bounds, float("-inf"))
+    ordered = tl.sort(known, descending=True)
+    floor = tl.max(tl.where(tiles == k - 1, ordered, float("-inf")), axis=0)
+    if HAS_MIN_P:  # noqa: SIM102 (a constexpr guard)
+        if min_p != 0.0:
+            floor = tl.maximum(floor, tl.max(known, axis=0) + log_min_p)
+    skipped = (tiles >= first) & (tiles < last) & (bounds < floor)
+    complete = tl.max(tl.where(skipped, bounds, float("-inf")), axis=0)
+    smallest = tl.min(tl.where(skipped, bounds, float("inf")), axis=0)
+    return floor, complete, smallest
 
 
 @triton.jit
@@ -150,12 +107,16 @@ def _candidates_kernel(
     min_p_ptr,  # [num_slots] float32; 0 is off (HAS_MIN_P)
     stats_ptr,  # [num_rows, splits, STATS] float32, written for filtered rows
     lists_ptr,  # [num_rows, splits, PARTIAL] float32, written when the row uses the buffer
+    tile_max_ptr,  # [num_rows, num_tiles] float32 (HAS_TILE_MAX): exact, or +inf unknown
     vocab_size,
     chunk,  # columns a program reads: whole tiles
     buffer_size,  # CANDIDATES, or 0: no buffer (search only)
+    num_tiles,  # ceil(V / BLOCK_SIZE)
     HAS_MIN_P: tl.constexpr,
+    HAS_TILE_MAX: tl.constexpr,
     PARTIAL: tl.constexpr,  # a chunk's list: a power of two <= BLOCK_SIZE
     STATS: tl.constexpr,
+    TILES_BLOCK: tl.constexpr,  # a power of two >= num_tiles
     BLOCK_SIZE: tl.constexpr,
 ):
     """Stage 1, over rows x splits: one read of a chunk of the row, its statistics and its
@@ -164,7 +125,13 @@ def _candidates_kernel(
     A tile merges into the list only its logits above a floor no cut can fall below: the
     list's k-th (top-k) or last (top-p alone) value so far, raised to max + ln(min_p) with
     min_p. What is left out is at or below `complete`, which the cut kernel compares with
-    the cut, so the floors change which rows settle, never the answer."""
+    the cut, so the floors change which rows settle, never the answer.
+
+    With the tile maxima (HAS_TILE_MAX) a top-k row takes a floor before its walk
+    (`_tile_floor`) and skips, unread, each tile whose max lies below it: its logits are
+    below every cut, so they count as left out (`complete`) at its max, and the chunk's
+    min becomes at most that max, still below every logit a cut may keep. Rows without
+    top-k read every tile: top-p alone needs the whole row's mass."""
     row = tl.program_id(0)
     part = tl.program_id(1)
     k, top_p, min_p = _row_filters(
@@ -189,45 +156,68 @@ def _candidates_kernel(
         complete = tl.full((), float("-inf"), tl.float32)
         begin = part * chunk
         end = tl.minimum(begin + chunk, vocab_size)
+        tile_row = tile_max_ptr + row.to(tl.int64) * num_tiles
+        skip_below = tl.full((), float("-inf"), tl.float32)
+        if HAS_TILE_MAX:  # noqa: SIM102 (a constexpr guard)
+            if use_buffer & k_on:
+                skip_below, complete, chunk_min = _tile_floor(
+                    tile_row, num_tiles, begin // BLOCK_SIZE, tl.cdiv(end, BLOCK_SIZE), k, min_p,
+                    log_min_p, HAS_MIN_P, TILES_BLOCK,
+                )  # fmt: skip
         for start in tl.range(begin, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
             cols = start + tl.arange(0, BLOCK_SIZE)
             in_chunk = cols < end
-            x = tl.load(row_ptr + cols, mask=in_chunk, other=float("nan"))
-            valid = x == x
-            tile_max = tl.max(tl.where(valid, x, float("-inf")), axis=0)
-            chunk_min = tl.minimum(chunk_min, tl.min(tl.where(valid, x, float("inf")), axis=0))
-            nan_count += tl.sum((~valid & in_chunk).to(tl.int32), axis=0)
-            new_max = tl.maximum(chunk_max, tile_max)
-            if use_buffer:
-                if p_on:  # only top-p weighs masses (top-k alone skips the exp per logit)
-                    # masses against the new running max; an all -inf prefix has none (its
-                    # exp(-inf - -inf) would be nan), so the base is then 0
-                    base = tl.where(new_max > float("-inf"), new_max, 0.0)
-                    total = total * tl.exp(chunk_max - base)
-                    total += tl.sum(tl.where(valid, tl.exp(x - base), 0.0), axis=0)
-                floor = tl.max(tl.where(ranks == floor_rank, best, float("-inf")), axis=0)
-                if HAS_MIN_P:  # noqa: SIM102 (a constexpr guard)
-                    if min_p != 0.0:  # below max + ln(min_p) now, below min_p's cut at the end
-                        floor = tl.maximum(floor, new_max + log_min_p)
-                # the tile's logits at or below the floor stay out of the list
-                kept_out = tl.where(valid & (x <= floor), x, float("-inf"))
-                complete = tl.maximum(complete, tl.max(kept_out, axis=0))
-                if tile_max > floor:
-                    hit = valid & (x > floor)
-                    hits = tl.sum(hit.to(tl.int32), axis=0)
-                    # one logit above the floor (the usual merge once the list has filled):
-                    # the tile's max alone; more: the tile's top-k network
-                    top = tl.where(ranks == 0, tile_max, float("-inf"))
-                    if hits > 1:
-                        top = tl.topk(tl.where(hit, x, float("-inf")), PARTIAL)
-                    # the list (descending) against the tile's top (ascending): the larger of
-                    # each pair are the union's PARTIAL largest, a bitonic sequence, sorted by
-                    # one bitonic merge (log2(PARTIAL) rounds)
-                    best = tl.bitonic_merge(tl.maximum(best, tl.flip(top, 0)), descending=True)
-                    if entries + hits > PARTIAL:  # what fell off lies at or below the last
-                        complete = tl.maximum(complete, tl.min(best, axis=0))
-                    entries = tl.minimum(entries + hits, PARTIAL)
-            chunk_max = new_max
+            # without the maxima every tile is read: `visit` stays a constant, its `if` static
+            visit = True
+            bound = skip_below
+            load_mask = in_chunk
+            if HAS_TILE_MAX:
+                bound = tl.load(tile_row + start // BLOCK_SIZE)
+                visit = bound >= skip_below
+                load_mask = tl.where(visit, in_chunk, False)
+            x = tl.load(row_ptr + cols, mask=load_mask, other=float("nan"))
+            if visit:
+                valid = x == x
+                tile_max = tl.max(tl.where(valid, x, float("-inf")), axis=0)
+                tile_min = tl.min(tl.where(valid, x, float("inf")), axis=0)
+                chunk_min = tl.minimum(chunk_min, tile_min)
+                nan_count += tl.sum((~valid & in_chunk).to(tl.int32), axis=0)
+                new_max = tl.maximum(chunk_max, tile_max)
+                if use_buffer:
+                    # only top-p weighs masses (top-k alone skips the exp per logit)
+                    if p_on:
+                        # masses against the new running max; an all -inf prefix has none
+                        # (its exp(-inf - -inf) would be nan), so the base is then 0
+                        base = tl.where(new_max > float("-inf"), new_max, 0.0)
+                        total = total * tl.exp(chunk_max - base)
+                        total += tl.sum(tl.where(valid, tl.exp(x - base), 0.0), axis=0)
+                    # the list's floor-rank value, max + ln(min_p) now (below min_p's cut at
+                    # the end); not skip_below, which a logit of the k largest may equal
+                    floor = tl.max(tl.where(ranks == floor_rank, best, float("-inf")), axis=0)
+                    if HAS_MIN_P:  # noqa: SIM102 (a constexpr guard)
+                        if min_p != 0.0:
+                            floor = tl.maximum(floor, new_max + log_min_p)
+                    # the tile's logits at or below the floor stay out of the list
+                    kept_out = tl.where(valid & (x <= floor), x, float("-inf"))
+                    complete = tl.maximum(complete, tl.max(kept_out, axis=0))
+                    if tile_max > floor:
+                        hit = valid & (x > floor)
+                        hits = tl.sum(hit.to(tl.int32), axis=0)
+                        # one logit above the floor (the usual merge once the list has
+                        # filled): the tile's max alone; more: the tile's top-k network
+                        top = tl.where(ranks == 0, tile_max, float("-inf"))
+                        if hits > 1:
+                            top = tl.topk(tl.where(hit, x, float("-inf")), PARTIAL)
+                        # the list (descending) against the tile's top (ascending): the larger
+                        # of each pair are the union's PARTIAL largest, a bitonic sequence,
+                        # sorted by one bitonic merge (log2(PARTIAL) rounds)
+                        union = tl.maximum(best, tl.flip(top, 0))
+                        best = tl.bitonic_merge(union, descending=True)
+                        # what fell off lies at or below the last
+                        if entries + hits > PARTIAL:
+                            complete = tl.maximum(complete, tl.min(best, axis=0))
+                        entries = tl.minimum(entries + hits, PARTIAL)
+                chunk_max = new_max
         at = stats_ptr + (row.to(tl.int64) * tl.num_programs(1) + part) * STATS
         tl.store(at + 0, chunk_max)
         tl.store(at + 1, chunk_min)
@@ -434,8 +424,10 @@ def launch_top_k_top_p(
     min_p: torch.Tensor | None = None,  # [num_slots] float32: min_p's cut folded in first
     reads: torch.Tensor | None = None,  # [num_rows] int32, written: reads of each row made
     candidates: int | None = None,  # the buffer's size; None: default_candidates()
-    block_size: int = 1024,
+    block_size: int = TILE,
     splits: int = 1,  # stage 1's programs per row (`top_k_top_p_splits`)
+    # [num_rows, ceil(V / block_size)] float32: process_logits' tile maxima of `logits`
+    tile_max: torch.Tensor | None = None,
 ) -> None:
     """Launch `_candidates_kernel` over rows x splits, then `_top_k_top_p_kernel` over the
     rows; allocates the chunks' statistics and lists, returns None."""
@@ -457,10 +449,13 @@ def launch_top_k_top_p(
     # why 8 warps at 1,024-element tiles: tests/cuda_compile.py checks every variant for
     # spills (the bitonic networks and the search's [BLOCK, 16] compare)
     num_warps = 8 if block_size >= 512 else 4
+    num_tiles = tile_count(vocab_size, block_size)
     _candidates_kernel[(num_rows, splits)](
         logits, logits.stride(0), slots, top_k, top_p, min_p_table, stats, lists,
-        vocab_size, chunk, candidates,
-        HAS_MIN_P=min_p is not None, PARTIAL=partial, STATS=STATS, BLOCK_SIZE=block_size,
+        tile_max if tile_max is not None else stats,  # unread without HAS_TILE_MAX
+        vocab_size, chunk, candidates, num_tiles,
+        HAS_MIN_P=min_p is not None, HAS_TILE_MAX=tile_max is not None, PARTIAL=partial,
+        STATS=STATS, TILES_BLOCK=triton.next_power_of_2(num_tiles), BLOCK_SIZE=block_size,
         num_warps=num_warps,
     )  # fmt: skip
     _top_k_top_p_kernel[(num_rows,)](
@@ -498,6 +493,7 @@ def _check_top_k_top_p(
     top_p: torch.Tensor,
     threshold: torch.Tensor,
     min_p: torch.Tensor | None,
+    tile_max: torch.Tensor | None,
 ) -> None:
     check_logits(logits)
     num_rows = logits.shape[0]
@@ -517,6 +513,8 @@ def _check_top_k_top_p(
             raise ValueError(
                 f"min_p must have the shape of top_p {tuple(top_p.shape)}, got {tuple(min_p.shape)}"
             )
+    if tile_max is not None:
+        check_tile_max(tile_max, num_rows, logits.shape[1])
 
 
 @inplace_op("top_k_top_p_threshold", mutates_args=("threshold",))
@@ -528,16 +526,19 @@ def top_k_top_p_threshold(
     threshold: torch.Tensor,
     min_p: torch.Tensor | None = None,
     splits: int = 1,
+    tile_max: torch.Tensor | None = None,
 ) -> None:
     """Each row's top-k-then-top-p cut into `threshold` (keep logits >= it; -inf when off),
     without writing the logits. logits [num_rows, V] float32; slots [num_rows] int64; top_k
     [num_slots] int32 (<= 0 or >= V off); top_p [num_slots] float32 (>= 1 off); threshold
     [num_rows] float32. min_p [num_slots] float32 (0 off), when given: min_p's cut first,
     folded into the threshold. splits: stage 1's programs per row (`top_k_top_p_splits`
-    picks it; the cut does not depend on it)."""
-    _check_top_k_top_p(logits, slots, top_k, top_p, threshold, min_p)
+    picks it; the cut does not depend on it). tile_max [num_rows, ceil(V / TILE)] float32,
+    when given: `process_logits`' tile maxima of these logits, which let stage 1 skip the
+    tiles below every cut of a top-k row (docs/kernels.md, tile maxima)."""
+    _check_top_k_top_p(logits, slots, top_k, top_p, threshold, min_p, tile_max)
     launch_top_k_top_p(
-        logits, slots, top_k, top_p, threshold, apply=False, min_p=min_p, splits=splits
+        logits, slots, top_k, top_p, threshold, False, min_p, splits=splits, tile_max=tile_max
     )
 
 
@@ -550,10 +551,12 @@ def apply_top_k_top_p(
     threshold: torch.Tensor,
     min_p: torch.Tensor | None = None,
     splits: int = 1,
+    tile_max: torch.Tensor | None = None,
 ) -> None:
     """`top_k_top_p_threshold`, then the logits below each row's cut become -inf in place
-    (the PyTorch stage's apply_top_k_top_p, after min_p's mask when `min_p` is given)."""
-    _check_top_k_top_p(logits, slots, top_k, top_p, threshold, min_p)
+    (the PyTorch stage's apply_top_k_top_p, after min_p's mask when `min_p` is given). The
+    tile maxima stay upper bounds of the masked logits."""
+    _check_top_k_top_p(logits, slots, top_k, top_p, threshold, min_p, tile_max)
     launch_top_k_top_p(
-        logits, slots, top_k, top_p, threshold, apply=True, min_p=min_p, splits=splits
+        logits, slots, top_k, top_p, threshold, True, min_p, splits=splits, tile_max=tile_max
     )

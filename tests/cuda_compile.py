@@ -167,13 +167,19 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
     x, slots = _t(rows, vocab), _i64(rows)
     calls: list[tuple[str, Callable[[], None]]] = []
 
-    # the pipeline always passes the bad-words tables; the kernel tests also launch without
-    for grammar, drafts, bad_words in (
-        (False, False, True), (True, False, True), (False, True, True), (True, True, True),
-        (False, False, False),
+    # the pipeline always passes the bad-words tables, and the tile-max table unless custom
+    # processors run; the kernel tests also launch without either
+    for grammar, drafts, bad_words, tiles in (
+        (False, False, True, True), (True, False, True, True), (False, True, True, True),
+        (True, True, True, True), (False, False, True, False), (False, False, False, False),
     ):  # fmt: skip
 
-        def process(grammar: bool = grammar, drafts: bool = drafts, bad: bool = bad_words) -> None:
+        def process(
+            grammar: bool = grammar,
+            drafts: bool = drafts,
+            bad: bool = bad_words,
+            tiles: bool = tiles,
+        ) -> None:
             logits_processing.launch_process_logits(
                 x, _t(rows, vocab), slots, _i32(slots_n, 8), _t(slots_n, 8), _i32(slots_n),
                 _i32(slots_n), _i32(slots_n, 4), _i32(slots_n, words),
@@ -181,23 +187,37 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
                 _t(slots_n, vocab, dtype=torch.uint8), _i32(slots_n, 3), _i32(slots_n, 3),
                 _i32(slots_n, words), _t(slots_n), _t(slots_n), _t(slots_n), _t(slots_n),
                 _i64(rows, 2) if drafts else None, _i64(rows) if drafts else None,
-                *((_i32(slots_n, 1024),) * 3 + (_i32(slots_n, 16),) if bad else ()),
+                *((_i32(slots_n, 1024),) * 3 + (_i32(slots_n, 16),) if bad else (None,) * 4),
+                tile_max=_t(rows, 1) if tiles else None,
             )  # fmt: skip
 
-        label = f"process_logits grammar={grammar} drafts={drafts} bad_words={bad_words}"
+        label = (
+            f"process_logits grammar={grammar} drafts={drafts} bad_words={bad_words} "
+            f"tile_max={tiles}"
+        )
         calls.append((label, process))
 
+    # with the tile maxima: the pipeline's (min_p folded in); without: custom processors
     for apply in (False, True):
-        for has_min_p in (False, True):
+        for has_min_p, tiles in ((False, False), (True, False), (True, True)):
             for candidates in (top_k_top_p.CANDIDATES, 0):
 
-                def cut(apply: bool = apply, has_min_p: bool = has_min_p, c: int = candidates):
+                def cut(
+                    apply: bool = apply,
+                    has_min_p: bool = has_min_p,
+                    c: int = candidates,
+                    tiles: bool = tiles,
+                ) -> None:
                     top_k_top_p.launch_top_k_top_p(
                         x, slots, _i32(slots_n), _t(slots_n), _t(rows), apply,
                         _t(slots_n) if has_min_p else None, None, c,
+                        tile_max=_t(rows, 1) if tiles else None,
                     )  # fmt: skip
 
-                label = f"top_k_top_p apply={apply} min_p={has_min_p} candidates={candidates}"
+                label = (
+                    f"top_k_top_p apply={apply} min_p={has_min_p} candidates={candidates} "
+                    f"tile_max={tiles}"
+                )
                 calls.append((label, cut))
 
     def counted() -> None:
@@ -213,10 +233,18 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
 
     def split() -> None:
         top_k_top_p.launch_top_k_top_p(
-            wide, slots, _i32(slots_n), _t(slots_n), _t(rows), False, _t(slots_n), splits=64
+            wide,
+            slots,
+            _i32(slots_n),
+            _t(slots_n),
+            _t(rows),
+            False,
+            _t(slots_n),
+            splits=64,
+            tile_max=_t(rows, 149),
         )
 
-    calls.append(("top_k_top_p min_p=True splits=64", split))
+    calls.append(("top_k_top_p min_p=True splits=64 tile_max=True", split))
 
     from graphsafe_sampler.kernels.constants import SALT_BONUS, SALT_RECOVER, SALT_SAMPLE
 
@@ -232,19 +260,21 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
 
         calls.append((f"sample_tokens threshold={threshold} salt={salt}", sample))
 
-    # the Sampler's: positions by slot, int32 tokens, rows whole or split (4 tiles of 1,024)
+    # the Sampler's: positions by slot, int32 tokens, rows whole or split (4 tiles of 1,024);
+    # the cut with the tile maxima (the pipeline's), or without (custom processors)
     wide = _t(rows, 4096)
-    for threshold in (False, True):
+    for threshold, tiles in ((False, False), (True, False), (True, True)):
         for splits in (1, 3):
 
-            def by_slot(threshold: bool = threshold, splits: int = splits) -> None:
+            def by_slot(threshold: bool = threshold, splits: int = splits, tiles: bool = tiles):
                 sampling.launch_sample_tokens(
                     wide, slots, _t(slots_n), _i64(slots_n), None, _i32(rows),
                     _t(rows) if threshold else None, SALT_SAMPLE, _i64(slots_n), _i32(slots_n),
                     splits, (_t(rows, splits), _i32(rows, splits), _i32(rows, splits)),
+                    tile_max=_t(rows, 4) if tiles else None,
                 )  # fmt: skip
 
-            label = f"sample_tokens threshold={threshold} by_slot splits={splits}"
+            label = f"sample_tokens threshold={threshold} by_slot splits={splits} tile_max={tiles}"
             calls.append((label, by_slot))
 
     def noise() -> None:

@@ -402,6 +402,8 @@ def test_kernel_carries_words_across_its_blocks(
     straddle a block boundary, or fill one whole block and run into the next, must ban
     exactly what the stage's PyTorch scatter bans, on every row, with and without drafts,
     and with each row split over programs of 16-column tiles (each bans in its chunk)."""
+    from tile_maxima import expected_tile_maxima
+
     from graphsafe_sampler.kernels.logits_processing import launch_process_logits
 
     seed = _fresh_seed()
@@ -431,7 +433,10 @@ def test_kernel_carries_words_across_its_blocks(
         preceding = torch.tensor([rng.randint(0, 3) for _ in range(ROWS)], device=kernel_device)
     logits = torch.randn(ROWS, V, generator=torch.Generator().manual_seed(seed)).to(kernel_device)
     want = s.bad_words.apply(logits.clone(), slots, drafts, preceding)
+    # each banned token its tile's max before the ban: a missed mark shows as 10
+    logits = torch.where(want.isneginf(), 10.0, logits)
     got = torch.empty_like(logits)
+    tile_max = torch.full((ROWS, -(-V // 16)), float("nan"), device=kernel_device)
     launch_process_logits(
         logits, got, slots, s.logit_bias.bias_ids.device, s.logit_bias.bias_values.device,
         s.min_tokens.min_tokens.device, s.batch_state.num_generated.device,
@@ -441,9 +446,11 @@ def test_kernel_carries_words_across_its_blocks(
         s.penalties.frequency.device, s.penalties.presence.device,
         s.temperature.temperature.device, drafts, preceding, s.bad_words.tokens.device,
         s.bad_words.back.device, s.bad_words.word.device, s.bad_words.window.device,
-        block_size=16, bad_block=8, splits=splits,
+        tile_max, block_size=16, bad_block=8, splits=splits,
     )  # fmt: skip
     banned = want.isneginf()
     assert banned.sum() > ROWS  # the words match the short alphabet's histories often
     assert torch.equal(got.isneginf(), banned)
     assert torch.equal(got[~banned], logits[~banned])
+    # the tiles holding a banned token are unknown in the tile-max table, the others exact
+    assert torch.equal(tile_max.cpu(), expected_tile_maxima(got.cpu(), banned.cpu(), 16))

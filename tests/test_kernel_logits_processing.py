@@ -321,6 +321,65 @@ def test_split_rows_match_torch_backend(splits: int, kernel_device: torch.device
     assert torch.equal(got, _torch_backend(logits, slots, state, grammar))
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_tile_maxima(splits: int, kernel_device: torch.device) -> None:
+    """The tile-max table: each 1,024-token tile's largest processed logit exactly (+inf
+    where it holds NaN), except the tiles a phase after the dense pass changed, +inf
+    (unknown): the biased tokens, the stop ids while min_tokens holds, the listed saturated
+    tokens under a frequency penalty. The logits are those of the table-less launch."""
+    from tile_maxima import expected_tile_maxima
+
+    gen = _gen()
+    rows, vocab = 3, 16_000
+    # prompts of V / 8 tokens: a longer max_model_len
+    penalty = penalty_state(rows + 1, vocab, gen, max_model_len=4_000, device=kernel_device)
+    state = _random_state(rows + 1, vocab, gen, penalty)
+    slots = torch.tensor([0, 2, 1], device=kernel_device)
+    logits = torch.randn(rows, vocab, generator=gen) * 4
+    logits[1, 5_000] = float("nan")  # a NaN tile
+    logits = logits.to(kernel_device)
+    grammar = _random_grammar(rows, vocab, gen, kernel_device)
+    # row 0 (slot 0): a stop id (min_tokens in force) that was its tile's max, and a biased
+    # token raised above its tile: both tiles' maxima change after the dense pass, which a
+    # missed mark would leave wrong
+    stop, biased = int(state.stop_ids[0, 0]), int(state.bias_ids[0, 0])
+    state.min_tokens[0] = state.batch.num_generated.device[0] + 5
+    state.bias_values[0, 0] = 100.0
+    logits[0, stop] = 50.0
+    planted = [(0, stop), (0, biased), (1, 5_000)]  # the last: the NaN, which stays NaN
+    for r, token in planted:  # allowed in both bitmasks
+        word, bit = divmod(token, 32)
+        as_int32 = torch.tensor(1 << bit, dtype=torch.int64).to(torch.int32)  # bit 31 wraps
+        grammar[r, word] |= as_int32.to(kernel_device)
+        state.allowed[int(slots[r]), word] |= as_int32.to(kernel_device)
+    args = (*state.kernel_args(), grammar, *state.penalty_args())
+    got = torch.full_like(logits, float("nan"))
+    tile_max = torch.full((rows, 16), float("nan"), device=kernel_device)
+    process_logits(logits, got, slots, *args, splits=splits, tile_max=tile_max)
+    torch.testing.assert_close(got, _kernel(logits, slots, state, grammar), rtol=0, atol=0,
+                               equal_nan=True)  # fmt: skip
+    unknown = torch.zeros(rows, vocab, dtype=torch.bool)
+    generated = state.batch.num_generated.device.cpu()
+    frequency = state.penalties.frequency.device.cpu()
+    overflow_token = state.penalties.overflow_token.device.cpu()
+    for r, s in enumerate(slots.tolist()):
+        in_use = state.bias_values[s].cpu() != 0.0
+        unknown[r, state.bias_ids[s].cpu()[in_use].long()] = True
+        if generated[s] < state.min_tokens[s].cpu():
+            unknown[r, state.stop_ids[s].cpu().long()] = True
+        if frequency[s] != 0.0:
+            listed = overflow_token[s, :-1]
+            unknown[r, listed[listed >= 0].long()] = True
+    want = expected_tile_maxima(got.cpu(), unknown, 1024)
+    assert torch.equal(tile_max.cpu(), want)
+    assert int(torch.isfinite(want).sum()) >= 10  # most tiles exact, not all unknown
+    assert bool(torch.isposinf(want[1, 4]))  # the NaN's tile
+    # the planted stop id's and biased token's tiles, whose dense max a sparse phase changed
+    assert bool(torch.isposinf(want[0, stop // 1024])) and bool(
+        torch.isposinf(want[0, biased // 1024])
+    )
+
+
 def test_skipped_excess_is_caught(kernel_device: torch.device) -> None:
     """A kernel that ignored the overflow entries (here: fed emptied tables, as a kernel
     without step 7 would read them) differs from the PyTorch backend exactly at the

@@ -281,6 +281,58 @@ def test_split_rows_merge_exactly(kernel_device: torch.device) -> None:
     assert runs[0][[0, 2, 3, 4, 5, 6, 7]].tolist() == [37, 0, 0, 150, 150, 197, 197]
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_tiles_below_the_cut_are_not_read(splits: int, kernel_device: torch.device) -> None:
+    """With the tile maxima (upper bounds; +inf for unknown or NaN tiles), a tile whose
+    bound lies below the row's cut is skipped unread: the tokens are those without the
+    table (greedy and random rows, a NaN row, a row whose cut is -inf), and raising a
+    skipped tile's logit above the whole row behind the table's back changes no token,
+    where the table-less kernel takes it."""
+    from tile_maxima import exact_tile_maxima
+
+    gen = _gen()
+    rows, vocab, block = 6, 200, 16  # 13 tiles
+    logits = torch.randn(rows, vocab, generator=gen) * 3
+    logits[4, 77] = float("nan")
+    tile_max = exact_tile_maxima(logits, block)
+    tile_max[torch.rand(tile_max.shape, generator=gen) < 0.2] = float("inf")
+    cut = logits.nan_to_num(float("-inf")).topk(5, dim=-1).values[:, -1]  # top-5 survive
+    cut[5] = float("-inf")  # no cut: every tile read
+    slots = torch.arange(rows)
+    temperature = torch.tensor([0.0, 0.9, 1.3, 0.0, 0.7, 1.0])
+    seeds = torch.arange(rows) * 7919 + 3
+    positions = torch.arange(rows) * 5 + 2
+    scratch = (
+        torch.empty(rows, 13, device=kernel_device),
+        torch.empty(rows, 13, dtype=torch.int32, device=kernel_device),
+        torch.empty(rows, 13, dtype=torch.int32, device=kernel_device),
+    )
+    moved = [t.to(kernel_device) for t in (logits, slots, temperature, seeds, positions)]
+    cut, tile_max = cut.to(kernel_device), tile_max.to(kernel_device)
+
+    def tokens(x: torch.Tensor, table: torch.Tensor | None) -> list[int]:
+        out = torch.full((rows,), -1, dtype=torch.int32, device=kernel_device)
+        launch_sample_tokens(
+            x, *moved[1:], out, cut, splits=splits, partials=scratch, block_size=block,
+            tile_max=table,
+        )  # fmt: skip
+        return out.tolist()
+
+    want = tokens(moved[0], None)
+    assert tokens(moved[0], tile_max) == want
+    assert want[4] == 77  # the first NaN
+    # rows 0 (greedy) and 1 (random): a tile wholly below the cut, its bound kept
+    lied = moved[0].clone()
+    raised = []
+    for r in (0, 1):
+        below = (tile_max[r] < cut[r]).nonzero().flatten().tolist()
+        assert below, f"row {r}: no tile below the cut"
+        raised.append(below[0] * block)
+        lied[r, raised[-1]] = float(logits[r].nan_to_num(0.0).max()) + 50.0
+    assert tokens(lied, tile_max) == want
+    assert tokens(lied, None)[:2] == raised  # read, the raised logit would win
+
+
 def test_non_contiguous_row_stride(kernel_device: torch.device) -> None:
     gen = _gen()
     base = torch.randn(10, 517, generator=gen).to(kernel_device)

@@ -320,9 +320,11 @@ def _launch(
     candidates: int,
     block_size: int,
     splits: int = 1,
+    tile_max: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (kept mask [rows, V], threshold [rows], reads [rows]) of the launcher with
-    `candidates`, checking that apply=True writes exactly that mask and the same cut."""
+    `candidates` (and the tile maxima), checking that apply=True writes exactly that mask
+    and the same cut."""
     from graphsafe_sampler.kernels.top_k_top_p import launch_top_k_top_p as launch
 
     rows = logits.shape[0]
@@ -331,12 +333,15 @@ def _launch(
     untouched = logits.clone()
     launch(
         untouched, slots, top_k, top_p, threshold, False, min_p, reads, candidates, block_size,
-        splits,
+        splits, tile_max,
     )  # fmt: skip
     torch.testing.assert_close(untouched, logits, rtol=0, atol=0, equal_nan=True)
     masked = logits.clone()
     applied = torch.empty_like(threshold)
-    launch(masked, slots, top_k, top_p, applied, True, min_p, None, candidates, block_size, splits)
+    launch(
+        masked, slots, top_k, top_p, applied, True, min_p, None, candidates, block_size, splits,
+        tile_max,
+    )  # fmt: skip
     torch.testing.assert_close(applied, threshold, rtol=0, atol=0, equal_nan=True)
     kept = logits >= threshold[:, None]
     want = torch.where(kept | torch.isnan(logits), logits, float("-inf"))
@@ -486,6 +491,64 @@ def test_split_rows_merge_their_lists(
     assert int(reads[2]) > 1  # 10 tied largest in one chunk's list of 4: searched
     assert bool((reads <= search_reads).all())
     print(f"reads {reads.tolist()} (search alone {search_reads.tolist()})")
+
+
+def test_tile_maxima_skip_the_tiles_below_every_cut(kernel_device: torch.device) -> None:
+    """With the tile maxima (exact, some marked unknown), stage 1 floors a top-k row before
+    its walk and skips the tiles below the floor: the cut is the one without them (top-k
+    exactly, top-p within float32 rounding), buffered top-k rows are still read once, and a
+    skipped tile is really not read: raising one of its logits above the cut behind the
+    table's back leaves the cut where it was. Rows split in 3 chunks."""
+    from tile_maxima import exact_tile_maxima
+
+    from graphsafe_sampler.bench.logits import llm_like_logits
+    from graphsafe_sampler.kernels.top_k_top_p import launch_top_k_top_p
+
+    def kept(logits: torch.Tensor, tile_max: torch.Tensor | None) -> torch.Tensor:
+        """Row 0's kept mask alone (launch_top_k_top_p, apply=False)."""
+        threshold = torch.empty(1, device=kernel_device)
+        launch_top_k_top_p(
+            logits[:1], args[1][:1], args[2], args[3], threshold, False, args[4], None,
+            candidates, block, splits, None if tile_max is None else tile_max[:1],
+        )  # fmt: skip
+        return (args[0][0] >= threshold[0]).cpu()
+
+    gen = _gen()
+    rows, vocab, block, candidates, splits = 4, 1280, 64, 16, 3  # 20 tiles
+    seed = int(torch.randint(0, 2**31, (1,), generator=gen))
+    logits = torch.round(llm_like_logits(rows, vocab, peakedness=1.2, seed=seed) * 16) / 16
+    logits[3, 700] = float("nan")  # a NaN row: min_p off, its NaN tile never skipped
+    top_k = torch.tensor([3, 6, 12, 5], dtype=torch.int32)
+    top_p = torch.tensor([1.0, 0.8, 1.0, 0.7])
+    min_p = torch.tensor([0.0, 0.05, 0.1, 0.2])
+    slots = torch.arange(rows)
+    tile_max = exact_tile_maxima(logits, block)
+    unknown = torch.rand(tile_max.shape, generator=gen) < 0.15
+    tile_max[unknown] = float("inf")  # unknown tiles: read, and no floor taken from them
+    args = [t.to(kernel_device) for t in (logits, slots, top_k, top_p, min_p)]
+    tile_max = tile_max.to(kernel_device)
+    got, _, reads = _launch(*args, candidates, block, splits, tile_max)
+    want, _, plain_reads = _launch(*args, candidates, block, splits)
+    for r in range(rows):
+        k, p = int(top_k[r]), float(top_p[r])
+        if p >= 1.0:
+            assert torch.equal(got[r], want[r]), r
+        else:
+            _check_top_p_differences(args[0][r], got[r], want[r], k, p)
+    reads = reads.cpu()
+    assert int(reads[0]) == 1 and int(reads[2]) == 1  # top-k read off the buffer
+    # row 0 (k = 3, no min_p): a tile below the 3rd largest known tile max, its logit raised
+    # above the whole row while the table still says otherwise
+    known = tile_max[0].cpu().clone()
+    known[torch.isposinf(known)] = float("-inf")
+    floor = float(known.sort(descending=True).values[2])
+    below = [t for t in range(known.shape[0]) if float(tile_max[0, t]) < floor]  # not unknown
+    assert below, "no tile below the floor"
+    lied = args[0].clone()
+    lied[0, below[0] * block] = float(logits[0].max()) + 10.0
+    assert torch.equal(kept(lied, tile_max), want[0].cpu())
+    assert not torch.equal(kept(lied, None), want[0].cpu())  # read, the logit would count
+    print(f"reads {reads.tolist()} (without the maxima {plain_reads.tolist()})")
 
 
 def test_candidates_must_be_a_power_of_two_within_a_tile() -> None:

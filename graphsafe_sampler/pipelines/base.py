@@ -28,12 +28,16 @@ class Processed:
         argmax is the same after them (`greedy_tokens`).
     is_greedy: [num_rows] bool, or None where the pipeline's `sample` reads each row's
         temperature itself (`stages.temperature.is_greedy(slots)` gives it).
+    tile_max: [num_rows, ceil(V / 1024)] float32 or None: an upper bound of each 1,024-token
+        tile of `logits` (the Triton pipeline's, from processing), with which sampling skips
+        the tiles below the cut unread.
     """
 
     logits: torch.Tensor
     cut: torch.Tensor | None
     greedy: torch.Tensor | None
     is_greedy: torch.Tensor | None
+    tile_max: torch.Tensor | None = None
 
     def greedy_tokens(self) -> torch.Tensor:
         """[num_rows] int64, each row's greedy token (an argmax pass where not at hand)."""

@@ -17,6 +17,7 @@ import torch
 
 from graphsafe_sampler.kernels.constants import SALT_BONUS, SALT_RECOVER, SALT_SAMPLE
 from graphsafe_sampler.kernels.history import commit_history
+from graphsafe_sampler.kernels.library import tile_count
 from graphsafe_sampler.kernels.logits_processing import process_logits, process_splits
 from graphsafe_sampler.kernels.logprobs import compute_logprobs, logprobs_splits
 from graphsafe_sampler.kernels.min_p import apply_min_p
@@ -73,6 +74,14 @@ class TritonPipeline:
         s = self.stages
         # processing reads the raw logits once and writes this buffer once: no copy first
         x = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+        # and each tile's max, for the kernels after it to skip the tiles below their cut;
+        # only where nothing but a mask changes x in between (a custom processor might not)
+        tile_max = None
+        if not s.custom:
+            tile_max = torch.empty(
+                (logits.shape[0], tile_count(logits.shape[1])), dtype=torch.float32,
+                device=logits.device,
+            )  # fmt: skip
         process_logits(
             logits,
             x,
@@ -99,6 +108,7 @@ class TritonPipeline:
             s.bad_words.word.device,
             s.bad_words.window.device,
             process_splits(*logits.shape, logits.device),
+            tile_max,
         )
         if not self.fold_min_p:
             apply_min_p(x, slots, s.min_p.min_p.device)
@@ -108,9 +118,11 @@ class TritonPipeline:
         top_k, top_p = s.top_k_top_p.top_k.device, s.top_k_top_p.top_p.device
         min_p = s.min_p.min_p.device if self.fold_min_p else None
         op = apply_top_k_top_p if write_mask else top_k_top_p_threshold
-        op(x, slots, top_k, top_p, cut, min_p, top_k_top_p_splits(*x.shape, x.device))
-        # is_greedy: the kernels read the temperature themselves (greedy_rows when needed)
-        return Processed(x, None if write_mask else cut, None, None)
+        splits = top_k_top_p_splits(*x.shape, x.device)
+        op(x, slots, top_k, top_p, cut, min_p, splits, tile_max)
+        # is_greedy: the kernels read the temperature themselves (greedy_rows when needed);
+        # the tile maxima stay upper bounds under the mask
+        return Processed(x, None if write_mask else cut, None, None, tile_max)
 
     def sample(self, processed: Processed, slots: torch.Tensor) -> torch.Tensor:
         # int32, the output's type; the positions are read by slot in the kernel
@@ -121,6 +133,7 @@ class TritonPipeline:
             processed.logits, slots, s.temperature.temperature.device, s.sampling.seed.device,
             None, processed.cut, tokens, SALT_SAMPLE, s.sampling.prompt_len.device,
             s.batch_state.num_generated.device, sample_splits(num_rows, vocab, slots.device),
+            processed.tile_max,
         )  # fmt: skip
         return tokens
 

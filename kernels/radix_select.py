@@ -1,0 +1,94 @@
+"""The radix search of top-k/top-p in Triton: the largest float32 whose count (or mass) of
+logits at or above it reaches a target, found on float32's order-preserving integer image,
+4 bits of the answer a pass over the row. The cut kernel of kernels/top_k_top_p.py runs it
+for the rows its candidate buffer does not settle (docs/kernels.md, top-k/top-p: the
+integer image, stage 3: the search, the passes and their cost).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .library import PIPELINE_STAGES
+
+
+@triton.jit
+def _float_to_key(x):
+    """float32 -> int64 key in [0, 2**32) with the floats' order; -0.0 and +0.0 share one."""
+    bits = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
+    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return ordered.to(tl.int64) + 2147483648
+
+
+@triton.jit
+def _key_to_float(key):
+    """int64 key -> the float32 it stands for; keys below key(-inf) = 8388607 (negative NaN
+    patterns) become -inf."""
+    ordered = (tl.maximum(key, 8388607) - 2147483648).to(tl.int32)
+    bits = tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _largest_key_reaching(
+    row_ptr,
+    vocab_size,
+    lo_key,  # int64: key of the smallest candidate
+    hi_key,  # int64: key of the largest candidate
+    k,  # top-k target (counts), used when not MASS
+    top_p,  # top-p fraction of the total mass, used when MASS
+    floor,  # float32: only logits >= floor carry mass (MASS)
+    shift,  # float32: masses are exp(x - shift) (MASS)
+    MASS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """(the largest key t with W(t) >= target, the passes over the row it took), W(t) = count
+    (or mass) of logits with key >= t; searched from the digits where lo_key and hi_key first
+    differ. Each pass reads the row once and measures W at prefix + c * 2**s, c = 0..15 (4
+    bits of the answer); the digit is how many of c = 1..15 still reach the target. It stops
+    early once the mask is decided: top-k when exactly k logits lie at or above the chosen
+    bin's low end, top-p when the chosen bin holds a single logit (docs/kernels.md,
+    top-k/top-p)."""
+    digits = tl.arange(0, 16)
+    diff = lo_key ^ hi_key
+    # tensors, not Python ints: they are carried through data-dependent while loops
+    s = tl.full((), 28, tl.int32)
+    while (s > 0) & ((diff >> s) == 0):
+        s -= 4
+    prefix = (lo_key >> (s + 4)) << (s + 4)
+    target = tl.zeros((), tl.float32)
+    passes = tl.zeros((), tl.int32)
+    while s >= 0:
+        counts = tl.zeros((16,), tl.int32)  # logits with key >= prefix + c * 2**s
+        masses = tl.zeros((16,), tl.float32)
+        above = tl.zeros((), tl.int32)  # logits above the whole range
+        for start in tl.range(0, vocab_size, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
+            cols = start + tl.arange(0, BLOCK_SIZE)
+            x = tl.load(row_ptr + cols, mask=cols < vocab_size, other=float("nan"))
+            valid = x == x  # in the row and not NaN
+            # (key - prefix) >> s is negative below the range (arithmetic shift)
+            digit = tl.minimum((_float_to_key(x) - prefix) >> s, 16)
+            at_or_above = (digit[:, None] >= digits[None, :]) & valid[:, None]  # [BLOCK, 16]
+            counts += tl.sum(at_or_above.to(tl.int32), axis=0)
+            above += tl.sum(((digit >= 16) & valid).to(tl.int32), axis=0)
+            if MASS:
+                mass = tl.where(valid & (x >= floor), tl.exp(x - shift), 0.0)
+                masses += tl.sum(tl.where(at_or_above, mass[:, None], 0.0), axis=0)
+        if MASS:
+            # the first pass's column 0 covers every candidate (the range starts at or
+            # below floor): the total mass
+            total = tl.sum(tl.where(digits == 0, masses, 0.0), axis=0)
+            target = tl.where(passes == 0, top_p * total, target)
+            reach = masses >= target
+        else:
+            reach = counts >= k
+        chosen = tl.sum((reach & (digits >= 1)).to(tl.int32), axis=0)
+        prefix += chosen.to(tl.int64) << s
+        at_low_end = tl.sum(tl.where(digits == chosen, counts, 0), axis=0)
+        past_bin = tl.sum(tl.where(digits == chosen + 1, counts, 0), axis=0)
+        past_bin += tl.where(chosen == 15, above, 0)
+        decided = (at_low_end - past_bin <= 1) if MASS else (at_low_end == k)
+        s = tl.where(decided, -4, s - 4)
+        passes += 1
+    return prefix, passes
