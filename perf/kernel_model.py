@@ -50,16 +50,21 @@ program over its row of each tensor:
                      1 write + the sparse stores    always, grammar's with HAS_GRAMMAR; stop
                      (bias, stop ids, bad words,    ids while min_tokens holds; bad-words
                      overflow entries); 1 more      blocks in use; overflow entries in use
-                     read and write at a full
-                     overflow table
+                     read and write at a full      tile maxima written (4 bytes a
+                     overflow table                 tile)
     candidates       filtered rows: 1 read, in      chunk statistics written; lists
-                     chunks (stage 1 of top-k/      written where the buffer is used
-                     top-p)
+                     chunks (stage 1 of top-k/      written where the buffer is used;
+                     top-p); a buffered top-k row   the row's tile maxima read per
+                     with the tile maxima: k of     program
+                     the tiles (their k largest
+                     maxima) and the unknown ones
     top_k_top_p      8 search passes per            chunk statistics and lists read;
                      unsettled filter, + 1 read     threshold written; per-slot k, p,
                      and 1 write with APPLY         min_p
-    sample           1 read                         threshold; seed and position: random
-                                                    rows
+    sample           1 read; with the tile maxima   threshold; seed and position: random
+                     and a cut, the tiles holding   rows; the chunk's tile maxima
+                     one of top-k's k and the
+                     unknown ones
     logprobs         1 read of the source (the      K + 1 ids and values, rank, lse written
                      rare second pass: never)
     commit_history   none                           committing rows: one count byte read
@@ -81,7 +86,10 @@ access table gives the fraction of iterations that run its block: the sampling k
 hash, run on the tiles holding a survivor of top-k (k / tiles of them, at least one tile of
 a program's chunk); a running top-k's merge (logprobs' top K, top-k/top-p stage 1's list),
 run on the tiles holding a new one of its k largest so far, for logits in random order
-(`cost_model.access.record_tiles`). The block is found in the SASS as the instructions a
+(`cost_model.access.record_tiles`), here among the tiles it reads; the `if visit:` of a
+walk that skips tiles by the tile maxima, run on the tiles it reads. Tiles marked unknown
+(+inf) are those the step's sparse tokens fall in, at random columns
+(`cost_model.access.unknown_tiles`). The block is found in the SASS as the instructions a
 predicated branch at the `if`'s line jumps over; each instruction counts with the product
 of the fractions of the blocks holding it.
 
@@ -116,10 +124,12 @@ if str(HERE) not in sys.path:
 from cost_model.access import (  # noqa: E402
     SEARCH_PASSES,
     SURVIVORS,
+    UNKNOWN_TILES,
     WORK,
     generic_work,
     kept_by_top_k,
     row_bytes,
+    unknown_tiles,
 )
 from cost_model.aten_ops import AtenCounter, AtenOp  # noqa: E402
 from cost_model.machine import H200, Gpu, aten_time, ctas_per_sm, launch_time  # noqa: E402
@@ -334,6 +344,8 @@ def model_step(
         launches.append(entry)
         if event.kernel.__name__ == "_top_k_top_p_kernel":
             context[SURVIVORS] = kept_by_top_k(event.args)
+        if event.kernel.__name__ == "_process_logits_kernel":
+            context[UNKNOWN_TILES] = unknown_tiles(event.args, event.constexprs)
     triton_launches = sum(1 for entry in launches if entry["kind"] == "triton")
     return {
         "launches": launches,

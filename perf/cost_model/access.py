@@ -20,6 +20,11 @@ SURVIVORS = "model:survivors"
 """A pseudo-argument perf/kernel_model.py hands the sampling kernel's access model: per row,
 the tokens top-k keeps (k, or V where top-k is off), from the step's top-k/top-p launch."""
 
+UNKNOWN_TILES = "model:unknown_tiles"
+"""A pseudo-argument perf/kernel_model.py hands the launches after processing: per row, the
+fraction of its tiles processing marked unknown in the tile-max table (`unknown_tiles`),
+which every consumer reads."""
+
 SEARCH_PASSES = 8
 """Passes of the top-k/top-p radix search over a row the buffer does not settle: its maximum
 (4 bits of the 32-bit key a pass; docs/kernels.md, the kernel's passes and their cost)."""
@@ -92,6 +97,42 @@ def _records(kept: torch.Tensor | float, tiles: int) -> tuple[torch.Tensor, torc
     return one_or_more, two_or_more
 
 
+def _sparse_tokens(a: dict[str, Any], c: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Per row of a process_logits launch: the tokens its phases after the dense pass
+    store (biased, stop ids, banned, saturated), and the rows with a full overflow table,
+    whose step 7 rewrites the whole row."""
+    slots = a["slots_ptr"]
+    zeros = torch.zeros(slots.shape[0], dtype=torch.float64)
+    freq = a["frequency_ptr"][slots]
+    fix_excess = freq != 0.0
+    temperature = a["temperature_ptr"][slots]
+    scale_on = (temperature >= c["GREEDY_BELOW"]) & (temperature != 1.0)
+    preceding = a["num_preceding_ptr"] if c["HAS_DRAFTS"] else 0
+    stopping = _f(a["num_generated_ptr"][slots] + preceding < a["min_tokens_ptr"][slots])
+    table = a["overflow_token_ptr"][slots, : a["num_overflow"]] >= 0
+    used = table.sum(1) * fix_excess
+    bias = (a["bias_values_ptr"][slots] != 0.0).sum(1)
+    banned = a["bad_back_ptr"][slots].eq(0).sum(1) if c["HAS_BAD_WORDS"] else zeros
+    # the distinct stop ids (unused entries repeat the first)
+    ordered = a["stop_ids_ptr"][slots].sort(dim=1).values
+    stops = 1 + (ordered[:, 1:] != ordered[:, :-1]).sum(1)
+    return {
+        "tokens": bias + stopping * stops + banned + used,
+        "full": _f(fix_excess & scale_on & table[:, -1]),
+    }
+
+
+def unknown_tiles(a: dict[str, Any], c: dict[str, Any]) -> torch.Tensor:
+    """[rows] float64 from a process_logits launch: the fraction of each row's tiles its
+    sparse phases mark unknown in the tile-max table (with HAS_TILE_MAX): n tokens at random
+    columns fall in about 1 - (1 - 1/tiles)**n of them (all of them at a full overflow
+    table)."""
+    sparse = _sparse_tokens(a, c)
+    tiles = math.ceil(a["vocab_size"] / c["BLOCK_SIZE"])
+    marked = 1.0 - (1.0 - 1.0 / tiles) ** sparse["tokens"].to(torch.float64)
+    return torch.maximum(marked, sparse["full"]) * float(c["HAS_TILE_MAX"])
+
+
 def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     from graphsafe_sampler.kernels import logits_processing as k
 
@@ -101,27 +142,23 @@ def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     rep, freq = a["repetition_ptr"][slots], a["frequency_ptr"][slots]
     penalties = _f((rep != 1.0) | (freq != 0.0) | (a["presence_ptr"][slots] != 0.0))
     fix_excess = freq != 0.0
-    temperature = a["temperature_ptr"][slots]
-    scale_on = (temperature >= c["GREEDY_BELOW"]) & (temperature != 1.0)
     preceding = a["num_preceding_ptr"] if c["HAS_DRAFTS"] else 0
-    generated = a["num_generated_ptr"][slots] + preceding
-    stopping = _f(generated < a["min_tokens_ptr"][slots])
+    stopping = _f(a["num_generated_ptr"][slots] + preceding < a["min_tokens_ptr"][slots])
     entries = a["num_overflow"]
-    table = a["overflow_token_ptr"][slots, :entries] >= 0
-    used = table.sum(1) * fix_excess
-    full = _f(fix_excess & scale_on & table[:, -1])  # one more pass over the row
-    bias = (a["bias_values_ptr"][slots] != 0.0).sum(1)
+    used = (a["overflow_token_ptr"][slots, :entries] >= 0).sum(1) * fix_excess
+    # single elements of the row (biased, stop ids, banned, saturated tokens), and the rows
+    # whose full overflow table takes one more pass over the row
+    sparse_tokens = _sparse_tokens(a, c)
+    sparse, full = sparse_tokens["tokens"] / vocab, sparse_tokens["full"]
     # bad words: a block of entries is read when its first is in use, else that one alone;
-    # the ring of recent outputs is gathered from, and each word's last token may be banned
-    banned, bad_rows, ring = zeros, zeros, zeros
+    # the ring of recent outputs is gathered from
+    bad_rows, ring = zeros, zeros
     if c["HAS_BAD_WORDS"]:
         back, block = a["bad_back_ptr"][slots], c["BAD_BLOCK"]
         blocks, entries_used = math.ceil(back.shape[1] / block), (back[:, ::block] >= 0).sum(1)
         bad_rows = (entries_used * block + blocks - entries_used) / back.shape[1]
         ring = _f(entries_used > 0)
-        banned = (back == 0).sum(1)
-    # single elements of the row: biased, stop ids, banned, saturated tokens
-    sparse = (bias + stopping * a["num_stop"] + banned + used) / vocab
+    bias = (a["bias_values_ptr"][slots] != 0.0).sum(1)
     drafts = ones if c["HAS_DRAFTS"] else zeros
     return Work(
         reads={
@@ -142,7 +179,7 @@ def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             "drafts_ptr": drafts,
             "num_preceding_ptr": drafts,
         },
-        writes={"logits_ptr": 1 + sparse + full},
+        writes={"logits_ptr": 1 + sparse + full, "tile_max_ptr": ones * float(c["HAS_TILE_MAX"])},
         walks={
             tile_loop(k._process_logits_kernel, 0): ones,
             tile_loop(k._process_logits_kernel, 1): full,
@@ -177,33 +214,63 @@ def kept_by_top_k(a: dict[str, Any]) -> torch.Tensor:
     return torch.where((top_k > 0) & (top_k < vocab), top_k, float(vocab))
 
 
+def _visited(kept: torch.Tensor, tiles: int, unknown: torch.Tensor | None) -> torch.Tensor:
+    """The fraction of a row's tiles a consumer of the tile maxima reads when it skips those
+    below the `kept`-th largest logit (top-k's cut): the tiles holding one of the kept, at
+    most `kept` of them, and of the others those marked unknown."""
+    share = torch.clamp(kept / tiles, max=1.0)
+    if unknown is not None:
+        share = share + (1.0 - share) * unknown
+    return share
+
+
 def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     from graphsafe_sampler.kernels import top_k_top_p as k
 
     rows = _top_k_top_p_rows(a, c)
     ones = torch.ones_like(rows["filtered"])
-    # a tile merges when it holds a new one of the list's floor-rank largest (k, or the
-    # list's length): records of a shuffled row (`record_tiles`); min_p's floor only lowers it
     slots, vocab, partial = a["slots_ptr"], a["vocab_size"], c["PARTIAL"]
     top_k = a["top_k_ptr"][slots].to(torch.float64)
     k_on = (top_k > 0) & (top_k < vocab)
-    floor_rank = torch.where(k_on, top_k.clamp(max=partial), float(partial))
+    tiles = math.ceil(vocab / c["BLOCK_SIZE"])
     chunk_tiles = math.ceil(a["chunk"] / c["BLOCK_SIZE"])
+    # with the tile maxima a buffered top-k row reads only the tiles at or above the k-th
+    # largest tile max and the unknown ones; every other row reads its whole row
+    visited = ones
+    if c["HAS_TILE_MAX"]:
+        skipping = (rows["buffered"] > 0) & k_on
+        visited = torch.where(skipping, _visited(top_k, tiles, a.get(UNKNOWN_TILES)), 1.0)
+    # a read tile merges when it holds a new one of the list's floor-rank largest (k, or the
+    # list's length): records of a shuffled row among the tiles read (`record_tiles`);
+    # min_p's floor only lowers it
+    floor_rank = torch.where(k_on, top_k.clamp(max=partial), float(partial))
+    read_tiles = max(1, round(chunk_tiles * float(visited.max())))
     return Work(
-        reads={"logits_ptr": rows["filtered"], "min_p_ptr": ones * float(c["HAS_MIN_P"])},
+        reads={
+            "logits_ptr": rows["filtered"] * visited,
+            "min_p_ptr": ones * float(c["HAS_MIN_P"]),
+            # the whole row's maxima per program, then its chunk's, one by one
+            "tile_max_ptr": rows["filtered"] * math.ceil(vocab / a["chunk"]),
+        },
         writes={"stats_ptr": rows["filtered"], "lists_ptr": rows["buffered"]},
         walks={tile_loop(k._candidates_kernel, 0): rows["filtered"]},
         taken={
+            **(
+                {source_line(k._candidates_kernel, "if visit:"): visited}
+                if c["HAS_TILE_MAX"]
+                else {}
+            ),
             source_line(k._candidates_kernel, "if tile_max > floor:"): rows["buffered"]
-            * record_tiles(floor_rank, chunk_tiles),
+            * record_tiles(floor_rank, read_tiles),
             source_line(k._candidates_kernel, "if hits > 1:"): multi_record_share(
-                floor_rank, chunk_tiles
+                floor_rank, read_tiles
             ),
         },
     )
 
 
 def _top_k_top_p_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
+    from graphsafe_sampler.kernels import radix_select
     from graphsafe_sampler.kernels import top_k_top_p as k
 
     rows = _top_k_top_p_rows(a, c)
@@ -224,7 +291,7 @@ def _top_k_top_p_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             "reads_ptr": ones * float(c["COUNT_READS"]),
         },
         walks={
-            tile_loop(k._largest_key_reaching, 0): rows["passes"],
+            tile_loop(radix_select._largest_key_reaching, 0): rows["passes"],
             tile_loop(k._top_k_top_p_kernel, 0): apply,
         },
     )
@@ -247,10 +314,24 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     survivors = a.get(SURVIVORS)  # per row, from the step's top-k/top-p launch
     if c["HAS_THRESHOLD"] and survivors is not None:
         hashed = torch.clamp(survivors / tiles, min=1 / chunk_tiles, max=1.0)
+    # with the tile maxima, the tiles below the cut are not read either: only those hashed
+    # and the unknown ones (the hash's fraction is then of the tiles read)
+    visited = read = ones
+    if c["HAS_TILE_MAX"] and survivors is not None:
+        read = _visited(survivors, tiles, a.get(UNKNOWN_TILES))  # of the row
+        visited = torch.maximum(read, hashed)  # of the slowest program's chunk
     partials = ("partial_best_ptr", "partial_index_ptr", "partial_nan_ptr")
+    taken = {source_line(k._sample_kernel, "if tl.max(x, axis=0) + GUMBEL_MAX > best:"): hashed}
+    if c["HAS_TILE_MAX"]:
+        hash_line = source_line(k._sample_kernel, "if tl.max(x, axis=0) + GUMBEL_MAX > best:")
+        taken = {
+            source_line(k._sample_kernel, "if visit:"): visited,
+            hash_line: torch.clamp(hashed / visited, max=1.0),
+        }
     return Work(
         reads={
-            "logits_ptr": ones,
+            "logits_ptr": read,
+            "tile_max_ptr": ones * float(c["HAS_TILE_MAX"]) / chunk_tiles,
             "threshold_ptr": ones * float(c["HAS_THRESHOLD"]),
             "seeds_ptr": random,
             "positions_ptr": random * (1 - by_slot),
@@ -262,7 +343,7 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         # split rows: each program writes its chunk's answer, one row of partials a row
         writes={"tokens_ptr": ones * (1 - split), **dict.fromkeys(partials, ones * split)},
         walks={tile_loop(k._sample_kernel, 0): ones},
-        taken={source_line(k._sample_kernel, "if tl.max(x, axis=0) + GUMBEL_MAX > best:"): hashed},
+        taken=taken,
     )
 
 
