@@ -197,11 +197,12 @@ def _candidates_kernel(
                     if HAS_MIN_P:  # noqa: SIM102 (a constexpr guard)
                         if min_p != 0.0:
                             floor = tl.maximum(floor, new_max + log_min_p)
-                    # the tile's logits at or below the floor stay out of the list
-                    kept_out = tl.where(valid & (x <= floor), x, float("-inf"))
+                    # the tile's logits at or below the floor, or below the tile maxima's
+                    # floor (which a logit of the k largest may equal), stay out of the list
+                    hit = valid & (x > floor) & (x >= skip_below)
+                    kept_out = tl.where(valid & ~hit, x, float("-inf"))
                     complete = tl.maximum(complete, tl.max(kept_out, axis=0))
-                    if tile_max > floor:
-                        hit = valid & (x > floor)
+                    if (tile_max > floor) & (tile_max >= skip_below):
                         hits = tl.sum(hit.to(tl.int32), axis=0)
                         # one logit above the floor (the usual merge once the list has
                         # filled): the tile's max alone; more: the tile's top-k network

@@ -224,6 +224,14 @@ def _visited(kept: torch.Tensor, tiles: int, unknown: torch.Tensor | None) -> to
     return share
 
 
+def _shared_tile_share(kept: torch.Tensor, tiles: int) -> torch.Tensor:
+    """Of the tiles holding one of `kept` logits at random columns, the share holding two or
+    more: P(n >= 2 | n >= 1) for n ~ Poisson(kept / tiles)."""
+    rate = (kept / tiles).clamp(min=1e-9)
+    none, one = torch.exp(-rate), rate * torch.exp(-rate)
+    return (1.0 - none - one) / (1.0 - none)
+
+
 def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     from graphsafe_sampler.kernels import top_k_top_p as k
 
@@ -245,6 +253,11 @@ def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     # min_p's floor only lowers it
     floor_rank = torch.where(k_on, top_k.clamp(max=partial), float(partial))
     read_tiles = max(1, round(chunk_tiles * float(visited.max())))
+    multi = multi_record_share(floor_rank, read_tiles)
+    if c["HAS_TILE_MAX"]:
+        # a skipping row merges only its logits at or above the tiles' floor, about its k
+        # largest: a read tile holds two or more of them as k spread over the row's tiles
+        multi = torch.where(skipping, _shared_tile_share(top_k, tiles), multi)
     return Work(
         reads={
             "logits_ptr": rows["filtered"] * visited,
@@ -260,11 +273,10 @@ def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
                 if c["HAS_TILE_MAX"]
                 else {}
             ),
-            source_line(k._candidates_kernel, "if tile_max > floor:"): rows["buffered"]
-            * record_tiles(floor_rank, read_tiles),
-            source_line(k._candidates_kernel, "if hits > 1:"): multi_record_share(
-                floor_rank, read_tiles
-            ),
+            source_line(
+                k._candidates_kernel, "if (tile_max > floor) & (tile_max >= skip_below):"
+            ): rows["buffered"] * record_tiles(floor_rank, read_tiles),
+            source_line(k._candidates_kernel, "if hits > 1:"): multi,
         },
     )
 
