@@ -144,6 +144,25 @@ def test_find_loops_takes_back_edges_only(tmp_path: Path) -> None:
     assert loop.tile_loop and loop.pipelined
 
 
+def test_find_loops_reads_the_source_beside_the_kernel(tmp_path: Path) -> None:
+    """A cubin from Triton's cache names the file of the checkout that compiled it first
+    (the key is the source and its first line, not its path), which may since hold other
+    lines: the loop's source comes from the kernel's own directory."""
+    compiled_at, here = tmp_path / "other_checkout", tmp_path / "this_checkout"
+    compiled_at.mkdir()
+    here.mkdir()
+    (compiled_at / "kernel.py").write_text("best = 0\n    x = 1\n", encoding="utf-8")
+    (here / "kernel.py").write_text("for start in range(0, vocab_size, BLOCK_SIZE):\n")
+    text = SASS.format(src=compiled_at / "kernel.py")
+    (stale,) = sass.find_loops(text, num_warps=4, block_size=1024)
+    assert (stale.source, stale.tile_loop) == ("best = 0", False)
+    (loop,) = sass.find_loops(text, num_warps=4, block_size=1024, source_dir=here)
+    assert loop.tile_loop and loop.instructions_per_element == 0.5
+    # a file the directory does not hold (a helper's, say) is read where the line info says
+    (loop,) = sass.find_loops(text, num_warps=4, block_size=1024, source_dir=tmp_path)
+    assert loop.source == "best = 0"
+
+
 BRANCHED = """\
 .L_x_0:
 \t//## File "{src}", line 1

@@ -69,12 +69,19 @@ class Loop:
         return total
 
 
-def find_loops(sass: str, num_warps: int, block_size: int | None) -> list[Loop]:
+def find_loops(
+    sass: str, num_warps: int, block_size: int | None, source_dir: Path | None = None
+) -> list[Loop]:
     """The loops of `nvdisasm -c -g` output (file and line from its line info): a branch to
     an earlier label, one loop per label, unless an EXIT lies between the two: that is a
     cold path placed after the body (a warp-divergence fallback after `BRA.DIV`) rejoining
     it, and Triton's structured control flow never exits from inside a loop. The
-    branch-to-itself that pads the end of a function is not a loop either."""
+    branch-to-itself that pads the end of a function is not a loop either.
+
+    A loop's source line is read from `source_dir` / the line info's file name where that
+    file exists. Triton's cache keys a kernel by its source and first line, not its path,
+    so a cubin from the cache names the file of whichever checkout compiled it first, which
+    may since hold other lines; the line numbers are this source's."""
     labels: dict[str, int] = {}
     pending: list[str] = []
     code: list[tuple[int, str, str, int]] = []  # offset, text, file, line
@@ -98,7 +105,7 @@ def find_loops(sass: str, num_warps: int, block_size: int | None) -> list[Loop]:
             ends[head] = (offset, where, at)
     loops = []
     for head, (end, where, at) in sorted(ends.items()):
-        source = linecache.getline(where, at).strip()
+        source = linecache.getline(_source_file(where, source_dir), at).strip()
         body = [text for offset, text, *_ in code if head <= offset <= end]
         pipelined = any(re.search(r"\bLDGSTS\b", text) for text in body)
         # a predicated branch forward to a label inside the body skips the block between
@@ -118,6 +125,13 @@ def find_loops(sass: str, num_warps: int, block_size: int | None) -> list[Loop]:
             loop.instructions_per_element = round(len(body) / loop.elements_per_thread, 2)
         loops.append(loop)
     return loops
+
+
+def _source_file(recorded: str, source_dir: Path | None) -> str:
+    """The file a line info names, in `source_dir` when it holds one of that name."""
+    if source_dir is not None and (source_dir / os.path.basename(recorded)).is_file():
+        return str(source_dir / os.path.basename(recorded))
+    return recorded
 
 
 # ---------------------------------------------------------------------------- compiling
@@ -191,7 +205,7 @@ class Compiler:
         sass = _disassemble(compiled.asm["cubin"])
         variant = Variant(
             compiled.metadata.num_warps, registers, spills or 0, compiled.metadata.shared,
-            find_loops(sass, compiled.metadata.num_warps, block),
+            find_loops(sass, compiled.metadata.num_warps, block, Path(kernel.file_name).parent),
             round(time.perf_counter() - start, 2),
         )  # fmt: skip
         self.variants[key] = variant
