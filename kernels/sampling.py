@@ -31,6 +31,10 @@ from .library import (
 
 _INT32_MAX = 2**31 - 1
 
+FEW_SURVIVORS = tl.constexpr(2)
+"""A tile with at most this many tokens left by the cut hashes them one by one (two
+reductions each) rather than all BLOCK_SIZE of its tokens."""
+
 GUMBEL_MAX = tl.constexpr(23.0)
 """Above every noise `_gumbel` draws: -log(e) with e >= 2**-33 (rng.py's clamp of h at
 0.5) is at most 33 ln 2 = 22.874, plus room for the GPU's approximate log."""
@@ -196,7 +200,21 @@ def _sample_kernel(
                 # keeps the earlier best) is not hashed: a tile wholly below the cut, or far
                 # below the best, costs its load and two reductions
                 if tl.max(x, axis=0) + GUMBEL_MAX > best:
-                    x = x + _gumbel(_token_hash(cols, offset, mult))
+                    alive = x > float("-inf")
+                    if tl.sum(alive.to(tl.int32), axis=0) <= FEW_SURVIVORS:
+                        # a tile a cut leaves one or two tokens (top-k's usual tile): their
+                        # noise alone, in column order, instead of the whole tile's
+                        noisy = tl.full((BLOCK_SIZE,), float("-inf"), tl.float32)
+                        for _ in tl.static_range(FEW_SURVIVORS):
+                            col = tl.min(tl.where(alive, cols, 2147483647), axis=0)
+                            at = cols == col
+                            value = tl.max(tl.where(at, x, float("-inf")), axis=0)
+                            value += _gumbel(_token_hash(col, offset, mult))
+                            noisy = tl.where(at, value, noisy)
+                            alive &= ~at
+                        x = noisy
+                    else:
+                        x = x + _gumbel(_token_hash(cols, offset, mult))
                 else:
                     x = tl.full((BLOCK_SIZE,), float("-inf"), tl.float32)
             tile_max = tl.max(x, axis=0)

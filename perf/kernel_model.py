@@ -89,9 +89,12 @@ run on the tiles holding a new one of its k largest so far, for logits in random
 (`cost_model.access.record_tiles`), here among the tiles it reads; the `if visit:` of a
 walk that skips tiles by the tile maxima, run on the tiles it reads. Tiles marked unknown
 (+inf) are those the step's sparse tokens fall in, at random columns
-(`cost_model.access.unknown_tiles`). The block is found in the SASS as the instructions a
-predicated branch at the `if`'s line jumps over; each instruction counts with the product
-of the fractions of the blocks holding it.
+(`cost_model.access.unknown_tiles`); the sampling kernel's few-survivors path, run on the
+hashed tiles of a top-k row holding at most FEW_SURVIVORS of its k (k spread over the
+row's tiles, Poisson). The block is found in the SASS as the instructions a
+predicated branch at the `if`'s line jumps over, and its else-block (where the then-block
+ends with a jump over one) counts by the rest of the fraction; each instruction counts with
+the product of the fractions of the blocks holding it.
 
 Limits: static (the SASS is counted, every other branch inside a loop as taken, and no
 kernel runs), no caches (every byte is an HBM byte, though the logits of a small batch sit in the

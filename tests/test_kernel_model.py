@@ -211,6 +211,42 @@ def test_a_weighed_branch_counts_its_block_by_its_fraction(tmp_path: Path) -> No
     assert loop.instructions_with({("other.py", 2): 0.0}) == pytest.approx(5.0)
 
 
+IF_ELSE = """\
+.L_x_0:
+\t//## File "{src}", line 1
+        /*0000*/                   IADD3 R1, R1, 0x1, RZ ;
+\t//## File "{src}", line 2
+        /*0010*/              @!P1 BRA `(.L_x_1) ;
+\t//## File "{src}", line 3
+        /*0020*/                   FMUL R3, R3, R1 ;
+        /*0030*/                   BRA `(.L_x_2) ;
+.L_x_1:
+\t//## File "{src}", line 5
+        /*0040*/                   FMUL R3, R3, R3 ;
+        /*0050*/                   FMUL R3, R3, R3 ;
+        /*0060*/                   FMUL R3, R3, R3 ;
+.L_x_2:
+\t//## File "{src}", line 1
+        /*0070*/              @!P0 BRA `(.L_x_0) ;
+        /*0080*/                   EXIT ;
+"""
+
+
+def test_an_else_block_counts_by_the_rest_of_the_fraction(tmp_path: Path) -> None:
+    """An if/else: the then-block (2 instructions, ending with the jump over the else) runs
+    in the `if`'s fraction of the iterations, the else-block (3) in the rest."""
+    src = tmp_path / "kernel.py"
+    src.write_text("for start in range(0, vocab_size, BLOCK_SIZE):\n", encoding="utf-8")
+    (loop,) = sass.find_loops(IF_ELSE.format(src=src), num_warps=4, block_size=1024)
+    assert loop.instructions == 8
+    assert loop.branches == [("kernel.py", 2, 0x20, 0x30)]
+    assert loop.else_blocks == [("kernel.py", 2, 0x40, 0x60)]
+    assert loop.instructions_with({("kernel.py", 2): 1.0}) == pytest.approx(5.0)
+    assert loop.instructions_with({("kernel.py", 2): 0.0}) == pytest.approx(6.0)
+    assert loop.instructions_with({("kernel.py", 2): 0.25}) == pytest.approx(3 + 0.5 + 2.25)
+    assert loop.instructions_with({}) == pytest.approx(8.0)  # unnamed: both, an upper bound
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The model at rows {1, 3}, V = 4,099, both cases, from the command line (~15 s)."""

@@ -232,6 +232,18 @@ def _shared_tile_share(kept: torch.Tensor, tiles: int) -> torch.Tensor:
     return (1.0 - none - one) / (1.0 - none)
 
 
+def _few_share(kept: torch.Tensor, tiles: int, few: int) -> torch.Tensor:
+    """Of the tiles holding one of `kept` logits at random columns, the share holding at
+    most `few`: P(n <= few | n >= 1) for n ~ Poisson(kept / tiles)."""
+    rate = (kept / tiles).clamp(min=1e-9)
+    term = torch.exp(-rate)
+    none, at_most = term, term.clone()
+    for n in range(1, few + 1):
+        term = term * rate / n
+        at_most = at_most + term
+    return (at_most - none) / (1.0 - none)
+
+
 def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     from graphsafe_sampler.kernels import top_k_top_p as k
 
@@ -340,6 +352,17 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             source_line(k._sample_kernel, "if visit:"): visited,
             hash_line: torch.clamp(hashed / visited, max=1.0),
         }
+    # a hashed tile of a top-k row holds a few of its k survivors (k spread over the row's
+    # tiles): at most FEW_SURVIVORS of them hash one by one; other rows hash whole tiles
+    few = torch.zeros_like(ones)
+    if c["HAS_THRESHOLD"] and survivors is not None:
+        few = torch.where(
+            survivors < tiles, _few_share(survivors, tiles, k.FEW_SURVIVORS.value), 0.0
+        )
+    few_line = source_line(
+        k._sample_kernel, "if tl.sum(alive.to(tl.int32), axis=0) <= FEW_SURVIVORS:"
+    )
+    taken[few_line] = few
     return Work(
         reads={
             "logits_ptr": read,

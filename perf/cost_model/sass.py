@@ -48,15 +48,23 @@ class Loop:
     # forward conditional branches within the body: (file, line of the `if`, first, last
     # offset of the instructions they jump over, its then-block)
     branches: list[tuple[str, int, int, int]] = field(default_factory=list)
+    # the else-blocks of those branches: (file, line of the `if`, first, last offset), the
+    # block the then-block's last instruction (an unconditional branch) jumps over
+    else_blocks: list[tuple[str, int, int, int]] = field(default_factory=list)
     expected_instructions: float | None = None  # with the access table's branch fractions
 
     def instructions_with(self, taken: dict[tuple[str, int], float]) -> float:
         """The body's instructions a thread issues an iteration when the branch at (file,
-        line) runs its block in a fraction of the iterations (1 for any branch not named):
-        each instruction weighed by the product of the fractions of the blocks holding it."""
+        line) runs its block in a fraction of the iterations (1 for any branch not named),
+        and its else-block in the rest: each instruction weighed by the product of the
+        fractions of the blocks holding it."""
         weighed = [
             (first, last, taken[(where, at)])
             for where, at, first, last in self.branches
+            if (where, at) in taken
+        ] + [
+            (first, last, 1.0 - taken[(where, at)])
+            for where, at, first, last in self.else_blocks
             if (where, at) in taken
         ]
         total = 0.0
@@ -109,16 +117,25 @@ def find_loops(
         body = [text for offset, text, *_ in code if head <= offset <= end]
         pipelined = any(re.search(r"\bLDGSTS\b", text) for text in body)
         # a predicated branch forward to a label inside the body skips the block between
-        branches = []
+        branches, else_blocks = [], []
+        at_offset = {offset: text for offset, text, *_ in code}
         for offset, text, file, line in code:
             branch = _BRANCH.search(text)
             if branch and head <= offset < end and re.match(r"@!?U?P\w+\s+BRA\b", text):
                 target = labels.get(branch.group(1), offset)
                 if offset < target <= end:
                     branches.append((os.path.basename(file), line, offset + 16, target - 16))
+                    # an if/else: the then-block ends with a jump over the else-block
+                    last = at_offset.get(target - 16, "")
+                    jump = _BRANCH.search(last)
+                    if jump and re.match(r"BRA\b", last.strip()):
+                        beyond = labels.get(jump.group(1), target)
+                        if target < beyond <= end:
+                            where = os.path.basename(file)
+                            else_blocks.append((where, line, target, beyond - 16))
         loop = Loop(
             os.path.basename(where), at, source, len(body), bool(TILE_LOOP.search(source)),
-            pipelined, head=head, end=end, branches=branches,
+            pipelined, head=head, end=end, branches=branches, else_blocks=else_blocks,
         )  # fmt: skip
         if loop.tile_loop and block_size:
             loop.elements_per_thread = block_size / (32 * num_warps)
