@@ -214,14 +214,21 @@ class Sampler(nn.Module):
         grammar = self.stages.grammar.bitmask_rows(num_rows)
         # the processed logprobs modes return the filtered logits: the mask must be written.
         # The pipeline reads the raw logits and processes them into a float32 buffer of its own
+        # and the raw modes may take the raw logits' tile statistics from that one read
+        raw_mode = k > 0 and mode.startswith("raw")
         processed = self.pipeline.process(
-            logits, slots, grammar, write_mask=k > 0 and mode.startswith("processed")
+            logits,
+            slots,
+            grammar,
+            write_mask=k > 0 and mode.startswith("processed"),
+            raw_tiles=raw_mode,
         )
         tokens = self.pipeline.sample(processed, slots)  # [num_rows] int32 or int64
         logprobs = None
         if k > 0:
-            source = logits if mode.startswith("raw") else processed.logits
-            logprobs = self.pipeline.logprobs(source, tokens, mode.endswith("logprobs"))
+            source = logits if raw_mode else processed.logits
+            tiles = processed.raw_tiles if raw_mode else None
+            logprobs = self.pipeline.logprobs(source, tokens, mode.endswith("logprobs"), tiles)
         if commit:
             self.pipeline.commit(slots, tokens, commit_mask)
         return SamplerOutput(tokens.to(torch.int32)[:, None], logprobs)

@@ -98,6 +98,35 @@ def check_tile_max(tile_max: torch.Tensor, num_rows: int, vocab_size: int) -> No
     check_table("tile_max", tile_max, torch.float32, (num_rows, tile_count(vocab_size)))
 
 
+def check_raw_tiles(raw_tiles: torch.Tensor, num_rows: int, vocab_size: int) -> None:
+    """A raw-tile table: contiguous float32 [num_rows, ceil(V / TILE), 2], each tile's max
+    and sum of exp (docs/kernels.md, tile maxima)."""
+    shape = (num_rows, tile_count(vocab_size), 2)
+    check_table("raw_tiles", raw_tiles, torch.float32, shape)
+
+
+@triton.jit
+def raw_tile_stats(x, in_tile):
+    """(max, sum(exp(x - max))) of a tile's raw logits `x` (float32) over `in_tile`: the max
+    +inf where the tile holds NaN (an upper bound every consumer reads), and a -inf max
+    shifts by 0, so that -inf - -inf never makes NaN. NaN or +inf make the sum NaN, as the
+    logsumexp of the row is then."""
+    top = tl.max(tl.where(x == x, tl.where(in_tile, x, float("-inf")), float("inf")), axis=0)
+    shift = tl.where(top == float("-inf"), 0.0, top)
+    return top, tl.sum(tl.where(in_tile, tl.exp(x - shift), 0.0), axis=0)
+
+
+@triton.jit
+def kth_known(bounds, lanes, k):
+    """The k-th largest finite (or -inf) entry of a row's tile maxima `bounds` (lanes past
+    the row hold -inf), +inf entries (unknown) left out: k tiles hold a logit at or above
+    it, so the row's k-th largest logit is at or above it. -inf with fewer than k such
+    tiles, or k <= 0."""
+    known = tl.where(bounds < float("inf"), bounds, float("-inf"))
+    ordered = tl.sort(known, descending=True)
+    return tl.max(tl.where(lanes == k - 1, ordered, float("-inf")), axis=0)
+
+
 def split_count(vocab_size: int, splits: int, block_size: int = 1024) -> int:
     """The programs a row really gets for `splits` asked: chunks of whole tiles, none
     empty."""

@@ -26,10 +26,12 @@ from .library import (
     TILE,
     SplitPolicy,
     check_logits,
+    check_raw_tiles,
     check_rows,
     check_table,
     check_tile_max,
     inplace_op,
+    raw_tile_stats,
     split_chunks,
 )
 
@@ -209,6 +211,7 @@ def _process_logits_kernel(
     bad_word_ptr,  # [num_slots, T] int32
     window_ptr,  # [num_slots, L] int32: the last L outputs, output g at g % L
     tile_max_ptr,  # [num_rows, ceil(V / BLOCK_SIZE)] float32, written (HAS_TILE_MAX)
+    raw_tiles_ptr,  # [num_rows, ceil(V / BLOCK_SIZE), 2] float32, written (HAS_RAW_TILES)
     vocab_size,
     num_words,  # W = ceil(V / 32)
     num_bias,  # C
@@ -224,6 +227,7 @@ def _process_logits_kernel(
     HAS_DRAFTS: tl.constexpr,
     HAS_BAD_WORDS: tl.constexpr,
     HAS_TILE_MAX: tl.constexpr,
+    HAS_RAW_TILES: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr,
     BAD_BLOCK: tl.constexpr,
@@ -233,7 +237,9 @@ def _process_logits_kernel(
     reads or overwrites: the dense pass (steps 3-6), the biased tokens again from their
     source value plus the bias (steps 1, 3-6), step 7, then the -inf stores (step 2).
     With HAS_TILE_MAX the dense pass also writes each tile's largest logit, and every later
-    phase marks the tiles it changes unknown (+inf), after the same barriers.
+    phase marks the tiles it changes unknown (+inf), after the same barriers. With
+    HAS_RAW_TILES it writes each tile's max and sum of exp of the *source* (`raw_tile_stats`),
+    from which logprobs in the raw modes take the logsumexp without reading the row again.
 
     A row may be split over programs (grid rows x splits), each owning the columns
     [begin, end) of whole tiles: it makes every phase on its own columns only (the sparse
@@ -261,12 +267,17 @@ def _process_logits_kernel(
     grammar_row = grammar_ptr + row.to(tl.int64) * num_words
     counts_row = counts_ptr + slot.to(tl.int64) * vocab_size
     tile_row = tile_max_ptr + row.to(tl.int64) * tl.cdiv(vocab_size, BLOCK_SIZE)
+    raw_row = raw_tiles_ptr + row.to(tl.int64) * tl.cdiv(vocab_size, BLOCK_SIZE) * 2
 
     # 3-6. the dense pass: every token read once from the source, written once
     for start in tl.range(begin, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
         cols = start + tl.arange(0, BLOCK_SIZE)
         in_row = cols < end
         x = tl.load(source_row + cols, mask=in_row, other=0.0).to(tl.float32)
+        if HAS_RAW_TILES:
+            raw_max, raw_sum = raw_tile_stats(x, in_row)
+            tl.store(raw_row + (start // BLOCK_SIZE) * 2, raw_max)
+            tl.store(raw_row + (start // BLOCK_SIZE) * 2 + 1, raw_sum)
         x = _penalise_and_scale(
             x, cols, in_row, row, allowed_row, grammar_row, prompt_row, counts_row, drafts_ptr,
             preceding, num_drafts, penalties_on, repetition, frequency, presence, fix_excess,
@@ -390,6 +401,7 @@ def launch_process_logits(
     bad_word: torch.Tensor | None = None,  # [num_slots, T] int32
     window: torch.Tensor | None = None,  # [num_slots, L] int32
     tile_max: torch.Tensor | None = None,  # [num_rows, ceil(V / block_size)] float32, written
+    raw_tiles: torch.Tensor | None = None,  # [num_rows, ceil(V / block_size), 2], written
     block_size: int = TILE,
     sparse_block: int = 128,
     bad_block: int = 128,
@@ -428,6 +440,7 @@ def launch_process_logits(
         bad_word if bad_word is not None else allowed,
         window if window is not None else allowed,
         tile_max if tile_max is not None else logits,  # unwritten without HAS_TILE_MAX
+        raw_tiles if raw_tiles is not None else logits,  # unwritten without HAS_RAW_TILES
         vocab_size,
         allowed.shape[1],
         bias_ids.shape[1],
@@ -443,6 +456,7 @@ def launch_process_logits(
         HAS_DRAFTS=drafts is not None,
         HAS_BAD_WORDS=bad_tokens is not None,
         HAS_TILE_MAX=tile_max is not None,
+        HAS_RAW_TILES=raw_tiles is not None,
         BLOCK_SIZE=block_size,
         SPARSE_BLOCK=sparse_block,
         BAD_BLOCK=min(triton.next_power_of_2(max(num_bad, 1)), bad_block),
@@ -454,7 +468,7 @@ def launch_process_logits(
     )
 
 
-@inplace_op("process_logits", mutates_args=("logits", "tile_max"))
+@inplace_op("process_logits", mutates_args=("logits", "tile_max", "raw_tiles"))
 def process_logits(
     source: torch.Tensor,
     logits: torch.Tensor,
@@ -482,6 +496,7 @@ def process_logits(
     window: torch.Tensor | None = None,
     splits: int = 1,
     tile_max: torch.Tensor | None = None,
+    raw_tiles: torch.Tensor | None = None,
 ) -> None:
     """Bad words, logit bias, min_tokens, allowed and grammar bitmasks, penalties and
     temperature: `source` [num_rows, V] float32, float16 or bfloat16 (read only, its rows
@@ -504,7 +519,9 @@ def process_logits(
     it; the output does not depend on it). tile_max: float32 [num_rows, ceil(V / TILE)],
     written when given: each tile's largest processed logit, or +inf (unknown) where the
     tile holds NaN or a phase after the dense pass changed one of its logits (biased, stop
-    ids, banned, saturated tokens; docs/kernels.md, tile maxima).
+    ids, banned, saturated tokens; docs/kernels.md, tile maxima). raw_tiles: float32
+    [num_rows, ceil(V / TILE), 2], written when given: each tile's max of `source` (+inf
+    where it holds NaN) and sum of exp(source - that max), for `compute_logprobs` on it.
     """
     check_logits(logits)
     num_rows, vocab_size = logits.shape
@@ -571,10 +588,12 @@ def process_logits(
         raise ValueError(f"splits must be >= 1, got {splits}")
     if tile_max is not None:
         check_tile_max(tile_max, num_rows, vocab_size)
+    if raw_tiles is not None:
+        check_raw_tiles(raw_tiles, num_rows, vocab_size)
     launch_process_logits(
         source, logits, slots, bias_ids, bias_values, min_tokens, num_generated, stop_ids,
         allowed,
         grammar, counts, overflow_token, overflow_excess, prompt_mask, repetition, frequency,
         presence, temperature, drafts, num_preceding, bad_tokens, bad_back, bad_word, window,
-        tile_max, splits=splits,
+        tile_max, raw_tiles, splits=splits,
     )  # fmt: skip

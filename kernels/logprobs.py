@@ -18,11 +18,14 @@ import triton.language as tl
 from .library import (
     PIPELINE_STAGES,
     SplitPolicy,
+    check_raw_tiles,
     check_rows,
     check_table,
     inplace_op,
+    kth_known,
     split_chunks,
     split_count,
+    tile_count,
 )
 
 _NO_TOKEN = 2**31 - 1  # the id of an empty top-K slot: loses every tie
@@ -52,6 +55,28 @@ def _top_k_update(top_v, top_i, x, cols, in_tile, lanes, K: tl.constexpr, NO_TOK
         taken_run |= top_i == pick
         taken_tile |= cols == pick
     return new_v, new_i
+
+
+@triton.jit
+def _from_tiles(tile_row, num_tiles, first, last, K: tl.constexpr, TILES_BLOCK: tl.constexpr):
+    """From processing's raw-tile table (each tile's max, +inf where it holds NaN, and sum
+    of exp against it): the running max and sum of the tiles [first, last), as the online
+    pass would end with them (up to the float32 order of the sum), and the floor of the
+    row's top K (`kth_known`: every one of the K largest lies in a tile whose max reaches
+    it; +inf at K = 0)."""
+    tiles = tl.arange(0, TILES_BLOCK)
+    bounds = tl.load(tile_row + tiles * 2, mask=tiles < num_tiles, other=float("-inf"))
+    mine = (tiles >= first) & (tiles < last)
+    sums = tl.load(tile_row + tiles * 2 + 1, mask=mine, other=0.0)
+    maxes = tl.where(mine, bounds, float("-inf"))
+    run_max = tl.max(maxes, axis=0)
+    shift = tl.where(run_max == float("-inf"), 0.0, run_max)
+    # an all -inf tile adds nothing (its exp(-inf - shift) would be inf for a low shift)
+    run_sum = tl.sum(tl.where(maxes == float("-inf"), 0.0, sums * tl.exp(maxes - shift)), axis=0)
+    floor = tl.full((), float("inf"), tl.float32)
+    if K > 0:
+        floor = kth_known(bounds, tiles, K)
+    return run_max, run_sum, floor
 
 
 @triton.jit
@@ -118,12 +143,15 @@ def _logprobs_kernel(
     stats_ptr,  # [num_rows, splits, 4] float32, written (SPLIT): max, sum, count, below
     part_v_ptr,  # [num_rows, splits, K_BLOCK] float32, written (SPLIT): the chunk's top K
     part_i_ptr,  # [num_rows, splits, K_BLOCK] int32, written (SPLIT): their ids
+    tiles_ptr,  # [num_rows, ceil(V / BLOCK_SIZE), 2] float32 (HAS_TILES): the raw tiles
     vocab_size,
     chunk,  # columns a program reads: whole tiles (the row, without SPLIT)
     K: tl.constexpr,
     K_BLOCK: tl.constexpr,
     SUBTRACT_LSE: tl.constexpr,
     SPLIT: tl.constexpr,
+    HAS_TILES: tl.constexpr,
+    TILES_BLOCK: tl.constexpr,  # a power of two >= ceil(V / BLOCK_SIZE) (HAS_TILES)
     BLOCK_SIZE: tl.constexpr,
     NO_TOKEN: tl.constexpr,
 ):
@@ -147,6 +175,13 @@ def _logprobs_kernel(
     Outputs: token_ids[r] = [t, top ids...] int32, logprobs[r] = [x[t], top values...]
     minus lse in the logprobs modes (SUBTRACT_LSE), ranks[r] int32.
 
+    With HAS_TILES (the source's tile statistics from processing, `raw_tile_stats`), the
+    logsumexp comes from the table, and only the tiles that can hold one of the K largest
+    (max at or above the K-th largest known max) or a token at or above x[t] are read: a
+    tile left unread lies wholly below x[t], so it adds nothing to the count, and its max
+    is its value nearest below x[t]. The outputs are the full pass's (lse up to the float32
+    order of its sum).
+
     With SPLIT the row is split over programs (grid rows x splits), each scanning a chunk of
     whole tiles and writing its statistics and top K; `_logprobs_combine_kernel` merges them
     (the top K of a row is the top K of its chunks' top Ks) and writes the outputs.
@@ -168,25 +203,42 @@ def _logprobs_kernel(
     below = tl.full((), float("-inf"), tl.float32)  # the largest value under `sampled`
     begin = part * chunk
     end = tl.minimum(begin + chunk, vocab_size)
+    num_tiles = tl.cdiv(vocab_size, BLOCK_SIZE)
+    tile_row = tiles_ptr + row.to(tl.int64) * num_tiles * 2
+    floor = tl.full((), float("-inf"), tl.float32)
+    if HAS_TILES:
+        first, last = begin // BLOCK_SIZE, tl.cdiv(end, BLOCK_SIZE)
+        run_max, run_sum, floor = _from_tiles(tile_row, num_tiles, first, last, K, TILES_BLOCK)
     for start in tl.range(begin, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
         cols = start + tl.arange(0, BLOCK_SIZE)
         in_row = cols < end
-        x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf")).to(tl.float32)
-        # logsumexp, online; a -inf max shifts by 0 so that -inf - -inf never makes NaN
-        tile_max = tl.max(x, axis=0)
-        new_max = tl.maximum(run_max, tile_max)
-        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-        run_sum = run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(x - shift), axis=0)
-        run_max = new_max
-        # rank: tokens at or above the sampled value, and the nearest one below it
-        count_ge += tl.sum((in_row & (x >= sampled)).to(tl.int32), axis=0)
-        below = tl.maximum(below, tl.max(tl.where(x < sampled, x, float("-inf")), axis=0))
-        # top K: a tile changes it only with a value above the K-th, or one equal to an
-        # empty K-th slot's -inf (earlier tiles' ids are lower, so they win equal values)
-        if (tile_max > kth_v) | ((tile_max == kth_v) & (kth_i == NO_TOKEN)):
-            top_v, top_i = _top_k_update(top_v, top_i, x, cols, in_row, lanes, K, NO_TOKEN)
-            kth_v = tl.max(tl.where(lanes == K - 1, top_v, float("-inf")), axis=0)
-            kth_i = tl.min(tl.where(lanes == K - 1, top_i, NO_TOKEN), axis=0)
+        # without the tiles `visit` stays a constant and its `if` static
+        visit = True
+        load_mask = in_row
+        if HAS_TILES:
+            bound = tl.load(tile_row + (start // BLOCK_SIZE) * 2)
+            visit = (bound >= floor) | (bound >= sampled)
+            load_mask = tl.where(visit, in_row, False)
+            # a tile left unread lies below the sampled value: its max is its nearest one
+            below = tl.maximum(below, tl.where(~visit & (bound < sampled), bound, float("-inf")))
+        x = tl.load(row_ptr + cols, mask=load_mask, other=float("-inf")).to(tl.float32)
+        if visit:
+            tile_max = tl.max(x, axis=0)
+            if not HAS_TILES:
+                # logsumexp, online; a -inf max shifts by 0 so that -inf - -inf is never NaN
+                new_max = tl.maximum(run_max, tile_max)
+                shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+                run_sum = run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(x - shift), axis=0)
+                run_max = new_max
+            # rank: tokens at or above the sampled value, and the nearest one below it
+            count_ge += tl.sum((in_row & (x >= sampled)).to(tl.int32), axis=0)
+            below = tl.maximum(below, tl.max(tl.where(x < sampled, x, float("-inf")), axis=0))
+            # top K: a tile changes it only with a value above the K-th, or one equal to an
+            # empty K-th slot's -inf (earlier tiles' ids are lower, so they win equal values)
+            if (tile_max > kth_v) | ((tile_max == kth_v) & (kth_i == NO_TOKEN)):
+                top_v, top_i = _top_k_update(top_v, top_i, x, cols, in_row, lanes, K, NO_TOKEN)
+                kth_v = tl.max(tl.where(lanes == K - 1, top_v, float("-inf")), axis=0)
+                kth_i = tl.min(tl.where(lanes == K - 1, top_i, NO_TOKEN), axis=0)
     if SPLIT:
         at = row.to(tl.int64) * tl.num_programs(1) + part
         tl.store(stats_ptr + at * 4 + 0, run_max)
@@ -239,10 +291,10 @@ def _logprobs_combine_kernel(
     count_ge = tl.sum(tl.load(stats_ptr + at + 2, mask=used, other=0.0), axis=0).to(tl.int32)
     below = tl.max(tl.load(stats_ptr + at + 3, mask=used, other=float("-inf")), axis=0)
     run_max = tl.max(maxes, axis=0)
-    # each chunk's sum is against its own shift (0 for an all -inf chunk, whose sum is 0)
+    # each chunk's sum is against its own max
     shift = tl.where(run_max == float("-inf"), 0.0, run_max)
-    shifts = tl.where(maxes == float("-inf"), 0.0, maxes)
-    run_sum = tl.sum(sums * tl.exp(shifts - shift), axis=0)
+    # an all -inf chunk adds nothing (its exp(-inf - shift) would be inf for a low shift)
+    run_sum = tl.sum(tl.where(maxes == float("-inf"), 0.0, sums * tl.exp(maxes - shift)), axis=0)
     lanes = tl.arange(0, K_BLOCK)
     flat = (row.to(tl.int64) * splits + parts[:, None]) * K_BLOCK + lanes[None, :]
     union_v = tl.load(part_v_ptr + flat, mask=used[:, None], other=float("-inf"))
@@ -283,6 +335,7 @@ def launch_logprobs(
     splits: int = 1,  # programs a row is split over (`logprobs_splits`)
     # [num_rows, >= splits, 4] float32, [.., K_BLOCK] float32 and int32 scratch (splits > 1)
     partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    tiles: torch.Tensor | None = None,  # [num_rows, ceil(V / block_size), 2] float32
 ) -> None:
     """Launch `_logprobs_kernel` over rows x splits, then (splits > 1)
     `_logprobs_combine_kernel` over the rows; outputs must be contiguous. Allocates nothing,
@@ -300,7 +353,10 @@ def launch_logprobs(
     common = dict(K=k, K_BLOCK=k_block, SUBTRACT_LSE=subtract_lse, BLOCK_SIZE=block_size)
     _logprobs_kernel[(num_rows, splits)](
         source, source.stride(0), tokens, token_ids, logprobs, ranks, lse, stats, part_v,
-        part_i, vocab_size, chunk, SPLIT=split, NO_TOKEN=_NO_TOKEN, **common,
+        part_i, tiles if tiles is not None else lse, vocab_size, chunk, SPLIT=split,
+        HAS_TILES=tiles is not None,
+        TILES_BLOCK=triton.next_power_of_2(tile_count(vocab_size, block_size)),
+        NO_TOKEN=_NO_TOKEN, **common,
     )  # fmt: skip
     if split:
         _logprobs_combine_kernel[(num_rows,)](
@@ -325,6 +381,7 @@ def compute_logprobs(
     lse: torch.Tensor,
     subtract_lse: bool,
     splits: int = 1,
+    tiles: torch.Tensor | None = None,
 ) -> None:
     """The logprobs stage in one pass per row: column 0 the sampled token, columns 1..K the
     top K in descending order, minus the row's logsumexp when `subtract_lse` (the
@@ -335,7 +392,10 @@ def compute_logprobs(
     [num_rows, K + 1] float32, ranks [num_rows] int32, lse [num_rows] float32 (the row's
     logsumexp, 0 where not finite). splits: programs per row, each scanning a chunk of whole
     tiles, merged by a second kernel (`logprobs_splits` picks it; the outputs do not depend
-    on it beyond the float32 order of the sum).
+    on it beyond the float32 order of the sum). tiles: float32 [num_rows, ceil(V / TILE), 2]
+    or None: `source`'s tile statistics from `process_logits(raw_tiles=...)`; with them the
+    logsumexp is taken from the table and only the tiles that can matter are read (the same
+    outputs, lse up to the float32 order of its sum).
     """
     if source.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"source must be float32, float16 or bfloat16, got {source.dtype}")
@@ -354,6 +414,8 @@ def compute_logprobs(
         raise ValueError(f"token_ids must have K + 1 columns with 0 <= K <= {vocab_size}")
     if splits < 1:
         raise ValueError(f"splits must be >= 1, got {splits}")
+    if tiles is not None:
+        check_raw_tiles(tiles, num_rows, vocab_size)
     splits = split_count(vocab_size, splits)
     partials = None
     if splits > 1:  # the chunks' statistics and top Ks, merged by the second kernel
@@ -364,5 +426,15 @@ def compute_logprobs(
             torch.empty((num_rows, splits, lanes), dtype=torch.int32, device=device),
         )
     launch_logprobs(
-        source, tokens, token_ids, logprobs, ranks, lse, subtract_lse, 1024, splits, partials
+        source,
+        tokens,
+        token_ids,
+        logprobs,
+        ranks,
+        lse,
+        subtract_lse,
+        1024,
+        splits,
+        partials,
+        tiles,
     )

@@ -29,6 +29,7 @@ from .library import (
     check_rows,
     check_tile_max,
     inplace_op,
+    kth_known,
     split_chunks,
     tile_count,
 )
@@ -85,11 +86,10 @@ def _tile_floor(
     every logit a cut may keep)."""
     tiles = tl.arange(0, TILES_BLOCK)
     bounds = tl.load(tile_row + tiles, mask=tiles < num_tiles, other=float("-inf"))
-    known = tl.where(bounds < float("inf"), bounds, float("-inf"))
-    ordered = tl.sort(known, descending=True)
-    floor = tl.max(tl.where(tiles == k - 1, ordered, float("-inf")), axis=0)
+    floor = kth_known(bounds, tiles, k)
     if HAS_MIN_P:  # noqa: SIM102 (a constexpr guard)
         if min_p != 0.0:
+            known = tl.where(bounds < float("inf"), bounds, float("-inf"))
             floor = tl.maximum(floor, tl.max(known, axis=0) + log_min_p)
     skipped = (tiles >= first) & (tiles < last) & (bounds < floor)
     complete = tl.max(tl.where(skipped, bounds, float("-inf")), axis=0)

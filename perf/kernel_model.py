@@ -65,8 +65,13 @@ program over its row of each tensor:
                      and a cut, the tiles holding   rows; the chunk's tile maxima
                      one of top-k's k and the
                      unknown ones
-    logprobs         1 read of the source (the      K + 1 ids and values, rank, lse written
-                     rare second pass: never)
+    logprobs         1 read of the source (the      K + 1 ids and values, rank, lse written;
+                     rare second pass: never);      the row's raw-tile table read per
+                     with the raw tiles, max(K,     program
+                     survivors / 2) of the tiles
+                     (the sampled token taken as
+                     a top-k survivor of uniform
+                     rank)
     commit_history   none                           committing rows: one count byte read
                                                     and written, one ring entry written
     min_p            rows with min_p: 2 reads +     per-slot min_p

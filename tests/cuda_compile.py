@@ -168,10 +168,13 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
     calls: list[tuple[str, Callable[[], None]]] = []
 
     # the pipeline always passes the bad-words tables, and the tile-max table unless custom
-    # processors run; the kernel tests also launch without either
-    for grammar, drafts, bad_words, tiles in (
-        (False, False, True, True), (True, False, True, True), (False, True, True, True),
-        (True, True, True, True), (False, False, True, False), (False, False, False, False),
+    # processors run (and the raw-tile table in the raw logprobs modes); the kernel tests
+    # also launch without either
+    for grammar, drafts, bad_words, tiles, raw in (
+        (False, False, True, True, False), (True, False, True, True, False),
+        (False, True, True, True, False), (True, True, True, True, False),
+        (False, False, True, False, False), (False, False, False, False, False),
+        (False, False, True, True, True), (True, False, True, True, True),
     ):  # fmt: skip
 
         def process(
@@ -179,6 +182,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
             drafts: bool = drafts,
             bad: bool = bad_words,
             tiles: bool = tiles,
+            raw: bool = raw,
         ) -> None:
             logits_processing.launch_process_logits(
                 x, _t(rows, vocab), slots, _i32(slots_n, 8), _t(slots_n, 8), _i32(slots_n),
@@ -189,11 +193,12 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
                 _i64(rows, 2) if drafts else None, _i64(rows) if drafts else None,
                 *((_i32(slots_n, 1024),) * 3 + (_i32(slots_n, 16),) if bad else (None,) * 4),
                 tile_max=_t(rows, 1) if tiles else None,
+                raw_tiles=_t(rows, 1, 2) if raw else None,
             )  # fmt: skip
 
         label = (
             f"process_logits grammar={grammar} drafts={drafts} bad_words={bad_words} "
-            f"tile_max={tiles}"
+            f"tile_max={tiles} raw_tiles={raw}"
         )
         calls.append((label, process))
 
@@ -284,26 +289,38 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
 
     calls.append(("rng_noise", noise))
 
-    for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        for subtract_lse in (False, True):
+    # the raw modes take the raw-tile table (any dtype; two of them here)
+    for dtype, subtract_lse, raw in (
+        (torch.float32, False, False), (torch.float32, True, False),
+        (torch.bfloat16, False, False), (torch.bfloat16, True, False),
+        (torch.float16, False, False), (torch.float16, True, False),
+        (torch.float32, True, True), (torch.bfloat16, False, True),
+    ):  # fmt: skip
 
-            def lp(dtype: torch.dtype = dtype, subtract_lse: bool = subtract_lse) -> None:
-                logprobs.launch_logprobs(
-                    _t(rows, vocab, dtype=dtype), _i64(rows), _i32(rows, 6), _t(rows, 6),
-                    _i32(rows), _t(rows), subtract_lse,
-                )  # fmt: skip
+        def lp(
+            dtype: torch.dtype = dtype, subtract_lse: bool = subtract_lse, raw: bool = raw
+        ) -> None:
+            logprobs.launch_logprobs(
+                _t(rows, vocab, dtype=dtype), _i64(rows), _i32(rows, 6), _t(rows, 6),
+                _i32(rows), _t(rows), subtract_lse, tiles=_t(rows, 1, 2) if raw else None,
+            )  # fmt: skip
 
-            calls.append((f"compute_logprobs {dtype} subtract_lse={subtract_lse}", lp))
+        label = f"compute_logprobs {dtype} subtract_lse={subtract_lse} raw_tiles={raw}"
+        calls.append((label, lp))
 
     # split rows (a GPU's small batch): chunks' partials, merged by the combine kernel; K 20
-    def split_lp() -> None:
-        partials = (_t(rows, 64, 4), _t(rows, 64, 32), _i32(rows, 64, 32))
-        logprobs.launch_logprobs(
-            _t(rows, 151_936), _i64(rows), _i32(rows, 21), _t(rows, 21), _i32(rows), _t(rows),
-            True, 1024, 64, partials,
-        )  # fmt: skip
+    for raw in (False, True):
 
-    calls.append(("compute_logprobs splits=64 K=20 subtract_lse=True", split_lp))
+        def split_lp(raw: bool = raw) -> None:
+            partials = (_t(rows, 64, 4), _t(rows, 64, 32), _i32(rows, 64, 32))
+            logprobs.launch_logprobs(
+                _t(rows, 151_936), _i64(rows), _i32(rows, 21), _t(rows, 21), _i32(rows),
+                _t(rows), True, 1024, 64, partials, _t(rows, 149, 2) if raw else None,
+            )  # fmt: skip
+
+        calls.append(
+            (f"compute_logprobs splits=64 K=20 subtract_lse=True raw_tiles={raw}", split_lp)
+        )
 
     calls.append(("apply_min_p", lambda: min_p.launch_min_p(x, slots, _t(slots_n))))
 

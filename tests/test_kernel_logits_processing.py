@@ -326,8 +326,10 @@ def test_tile_maxima(splits: int, kernel_device: torch.device) -> None:
     """The tile-max table: each 1,024-token tile's largest processed logit exactly (+inf
     where it holds NaN), except the tiles a phase after the dense pass changed, +inf
     (unknown): the biased tokens, the stop ids while min_tokens holds, the listed saturated
-    tokens under a frequency penalty. The logits are those of the table-less launch."""
-    from tile_maxima import expected_tile_maxima
+    tokens under a frequency penalty. The logits are those of the table-less launch. The
+    raw-tile table: each tile's max of the raw logits (exact, +inf at the NaN) and its sum
+    of exp (float32 rounding of the float64 one, NaN at the NaN)."""
+    from tile_maxima import expected_tile_maxima, raw_tiles
 
     gen = _gen()
     rows, vocab = 3, 16_000
@@ -355,7 +357,13 @@ def test_tile_maxima(splits: int, kernel_device: torch.device) -> None:
     args = (*state.kernel_args(), grammar, *state.penalty_args())
     got = torch.full_like(logits, float("nan"))
     tile_max = torch.full((rows, 16), float("nan"), device=kernel_device)
-    process_logits(logits, got, slots, *args, splits=splits, tile_max=tile_max)
+    raw = torch.full((rows, 16, 2), -7.0, device=kernel_device)
+    process_logits(logits, got, slots, *args, splits=splits, tile_max=tile_max, raw_tiles=raw)
+    want_raw = raw_tiles(logits.cpu())
+    assert torch.equal(raw[..., 0].cpu(), want_raw[..., 0])
+    assert bool(torch.isposinf(raw[1, 4, 0])) and bool(torch.isnan(raw[1, 4, 1]))
+    torch.testing.assert_close(raw[..., 1].cpu(), want_raw[..., 1], rtol=1e-5, atol=0,
+                               equal_nan=True)  # fmt: skip
     torch.testing.assert_close(got, _kernel(logits, slots, state, grammar), rtol=0, atol=0,
                                equal_nan=True)  # fmt: skip
     unknown = torch.zeros(rows, vocab, dtype=torch.bool)

@@ -29,7 +29,12 @@ def _torch_logprobs(
 
 
 def _kernel(
-    source: torch.Tensor, tokens: torch.Tensor, k: int, subtract_lse: bool, splits: int = 1
+    source: torch.Tensor,
+    tokens: torch.Tensor,
+    k: int,
+    subtract_lse: bool,
+    splits: int = 1,
+    tiles: torch.Tensor | None = None,
 ) -> tuple[LogprobsTensors, torch.Tensor]:
     """Outputs poisoned first, so an element the kernel never wrote shows up."""
     rows, device = source.shape[0], source.device
@@ -37,8 +42,15 @@ def _kernel(
     values = torch.full((rows, k + 1), float("nan"), device=device)
     ranks = torch.full((rows,), -7, dtype=torch.int32, device=device)
     lse = torch.full((rows,), float("nan"), device=device)
-    compute_logprobs(source, tokens, ids, values, ranks, lse, subtract_lse, splits)
+    compute_logprobs(source, tokens, ids, values, ranks, lse, subtract_lse, splits, tiles)
     return LogprobsTensors(ids, values, ranks), lse
+
+
+def _raw_tiles(source: torch.Tensor) -> torch.Tensor:
+    """The raw-tile table `process_logits` writes of `source` (tests/tile_maxima.py)."""
+    from tile_maxima import raw_tiles
+
+    return raw_tiles(source.cpu()).to(source.device)
 
 
 def _logits_and_tokens(
@@ -167,6 +179,109 @@ def test_split_rows_merge_to_one_programs_outputs(mode: str, kernel_device: torc
             assert torch.equal(got.selected_token_ranks, whole.selected_token_ranks)
 
 
+def _hard_rows(gen: torch.Generator, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[9, vocab] raw logits over 9 tiles and a sampled token a row: random; quantised (ties
+    across tiles and at the floor); a NaN; a +inf; the sampled token in a tile far below the
+    rest; NaN in most tiles (fewer known tiles than K); three finite tokens among -inf;
+    everything below -200 (a low shift); and one peak a tile, 10 - t in tile t, the row's
+    max sampled, so that the K-th largest is the floor itself."""
+    raw = torch.randn(9, vocab, generator=gen) * 3
+    tokens = torch.randint(0, vocab, (9,), generator=gen)
+    raw[1] = (raw[1] * 2).round()
+    raw[2, 5000] = float("nan")
+    raw[3, 100] = float("inf")
+    raw[4, 2048:3072] -= 30.0
+    tokens[4] = 2500
+    raw[5, torch.arange(6) * 1024 + 7] = float("nan")
+    raw[6] = float("-inf")
+    raw[6, [10, 4000, 8000]] = torch.tensor([1.0, 2.0, 1.0])
+    raw[7] -= 200.0
+    raw[8] -= 20.0
+    peaks = torch.arange(-(-vocab // 1024))
+    raw[8, peaks * 1024 + 3] = 10.0 - peaks.float()
+    tokens[8] = 3
+    return raw, tokens
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf - inf
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("mode", ["raw_logprobs", "raw_logits"])
+def test_raw_tiles_give_the_full_pass_outputs(
+    mode: str, splits: int, kernel_device: torch.device
+) -> None:
+    """With processing's raw-tile table the kernel takes the logsumexp from it and reads
+    only the tiles that can hold one of the K largest or a token at or above the sampled
+    one: the full pass's ids, values and ranks (the logits mode bit for bit), lse within
+    float32 rounding of its other summation order, on rows built to break a wrong floor."""
+    gen = _gen()
+    raw, tokens = _hard_rows(gen, 9000)
+    raw, tokens = raw.to(kernel_device), tokens.to(kernel_device)
+    subtract_lse = mode.endswith("logprobs")
+    full, full_lse = _kernel(raw, tokens, 5, subtract_lse, splits)
+    got, lse = _kernel(raw, tokens, 5, subtract_lse, splits, _raw_tiles(raw))
+    assert torch.equal(got.logprob_token_ids, full.logprob_token_ids)
+    assert torch.equal(got.selected_token_ranks, full.selected_token_ranks)
+    torch.testing.assert_close(lse, full_lse, rtol=2e-6, atol=1e-6)
+    if subtract_lse:
+        torch.testing.assert_close(got.logprobs, full.logprobs, rtol=2e-6, atol=2e-6)
+    else:
+        assert torch.equal(got.logprobs, full.logprobs)
+    finite = [0, 1, 4, 7, 8]  # the rows torch's reference takes without NaN or inf
+    want = _torch_logprobs(mode, 5, raw[finite], raw[finite], tokens[finite])
+    _check(
+        LogprobsTensors(*(t[finite] for t in got)), lse[finite], want, raw[finite],
+        tokens[finite], subtract_lse,
+    )  # fmt: skip
+
+
+def test_raw_tiles_leave_the_tiles_below_unread(kernel_device: torch.device) -> None:
+    """A tile whose max lies below the K-th largest tile max and below the sampled value is
+    never read: a value planted in it that would top the row changes nothing when the table
+    is the unplanted row's, while the full pass finds it."""
+    gen = _gen()
+    raw = torch.randn(2, 9000, generator=gen) * 3
+    raw[:, 4096:5120] -= 50.0
+    tokens = raw.argmax(-1)
+    raw, tokens = raw.to(kernel_device), tokens.to(kernel_device)
+    tiles = _raw_tiles(raw)
+    clean, clean_lse = _kernel(raw, tokens, 3, True, 3, tiles)
+    planted = raw.clone()
+    planted[:, 4500] = 1000.0
+    got, lse = _kernel(planted, tokens, 3, True, 3, tiles)
+    for a, b in (
+        (got.logprob_token_ids, clean.logprob_token_ids),
+        (got.logprobs, clean.logprobs),
+        (got.selected_token_ranks, clean.selected_token_ranks),
+        (lse, clean_lse),
+    ):
+        assert torch.equal(a, b)  # fmt: skip
+    read, _ = _kernel(planted, tokens, 3, True, 3)
+    assert bool((read.logprob_token_ids[:, 1] == 4500).all())
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_rank_merges_a_neighbour_in_an_unread_tile(
+    splits: int, kernel_device: torch.device
+) -> None:
+    """The sampled token's nearest value below sits alone in a tile the table lets the
+    kernel skip (its max is below both the sampled value and the K-th tile max): that max
+    still triggers the second pass, which counts the neighbour the shift merges with it,
+    as the full pass does (see the test below for the rounding)."""
+    gen = _gen()
+    raw = torch.rand(1, 3072, generator=gen) * 1e-6 + 1e-7  # above the sampled 0.0
+    raw[0, 7] = 10.0
+    raw[0, 2048:] = -1.0
+    raw[0, 2500] = -(2.0**-23)
+    tokens = torch.tensor([1500])
+    raw[0, 1500] = 0.0
+    raw, tokens = raw.to(kernel_device), tokens.to(kernel_device)
+    full, _ = _kernel(raw, tokens, 1, True, splits)
+    got, _ = _kernel(raw, tokens, 1, True, splits, _raw_tiles(raw))
+    exact = int((raw >= 0.0).sum())
+    assert int(full.selected_token_ranks[0]) == exact + 1
+    assert torch.equal(got.selected_token_ranks, full.selected_token_ranks)
+
+
 def test_rank_counts_tokens_merged_by_the_shift(kernel_device: torch.device) -> None:
     """Tokens within 1e-6 of each other near 0, beside a max of 10: after the shift by
     lse (about 10) they round together, so the rank counts some below the sampled value
@@ -207,6 +322,10 @@ def test_rejects_bad_input(kernel_device: torch.device) -> None:
         tokens = torch.zeros(2, dtype=torch.int64, device=device)
         wide = torch.zeros(2, 4, device=device)
         compute_logprobs(source, tokens, ids, wide, ranks, lse, True)
+    with pytest.raises(ValueError, match=r"raw_tiles must have shape \[2, 1, 2\], got \(2, 1\)"):
+        tokens = torch.zeros(2, dtype=torch.int64, device=device)
+        tiles = torch.zeros(2, 1, device=device)
+        compute_logprobs(source, tokens, ids, values, ranks, lse, True, 1, tiles)
 
 
 def test_opcheck(kernel_device: torch.device) -> None:

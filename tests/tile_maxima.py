@@ -1,6 +1,6 @@
 """What a tile-max table holds (docs/kernels.md, tile maxima): the reference the kernel
-tests compare `process_logits`' table with, and the tables they hand the consumers (stage 1
-of top-k/top-p, sampling)."""
+tests compare `process_logits`' tables with, and the tables they hand the consumers (stage 1
+of top-k/top-p, sampling, logprobs)."""
 
 from __future__ import annotations
 
@@ -27,3 +27,17 @@ def expected_tile_maxima(x: torch.Tensor, unknown: torch.Tensor, block_size: int
     padded[:, :vocab] = unknown
     touched = padded.view(rows, tiles, block_size).any(-1)
     return torch.where(touched.to(exact.device), float("inf"), exact)
+
+
+def raw_tiles(source: torch.Tensor, block_size: int = 1024) -> torch.Tensor:
+    """[rows, ceil(V / block_size), 2] float32: each tile's max (`exact_tile_maxima`) and
+    sum of exp(x - max) (a -inf max shifts by 0; NaN or +inf make it NaN), in float64."""
+    x = source.double()
+    rows, vocab = x.shape
+    tiles = -(-vocab // block_size)
+    padded = torch.full((rows, tiles * block_size), float("-inf"), dtype=x.dtype, device=x.device)
+    padded[:, :vocab] = x
+    top = exact_tile_maxima(x, block_size).double()
+    shift = torch.where(top == float("-inf"), 0.0, top)
+    sums = torch.exp(padded.view(rows, tiles, block_size) - shift[..., None]).sum(-1)
+    return torch.stack([top, sums], dim=-1).float().contiguous()

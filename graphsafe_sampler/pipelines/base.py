@@ -31,6 +31,11 @@ class Processed:
     tile_max: [num_rows, ceil(V / 1024)] float32 or None: an upper bound of each 1,024-token
         tile of `logits` (the Triton pipeline's, from processing), with which sampling skips
         the tiles below the cut unread.
+    raw_tiles: [num_rows, ceil(V / 1024), 2] float32 or None: each tile of the *raw* logits'
+        max (+inf where it holds NaN) and sum of exp against it, where `process` was asked
+        for them (`raw_tiles=True`) and makes them (the Triton pipeline, from its one read
+        of the raw logits): logprobs in the raw modes take the logsumexp from them and read
+        only the tiles that can matter.
     """
 
     logits: torch.Tensor
@@ -38,6 +43,7 @@ class Processed:
     greedy: torch.Tensor | None
     is_greedy: torch.Tensor | None
     tile_max: torch.Tensor | None = None
+    raw_tiles: torch.Tensor | None = None
 
     def greedy_tokens(self) -> torch.Tensor:
         """[num_rows] int64, each row's greedy token (an argmax pass where not at hand)."""
@@ -62,11 +68,13 @@ class Pipeline(Protocol):
         num_preceding: torch.Tensor | None = None,  # [num_rows] int64 in [0, S]
         *,
         write_mask: bool = True,
+        raw_tiles: bool = False,
     ) -> Processed:
         """Steps 2-8 on rows that read their request state from `slots`. With `drafts`, the
         first `num_preceding[r]` of row r's drafts precede it in the step and count as output
         tokens (penalties, bad words, min_tokens). `write_mask=False` lets a pipeline keep the
-        top-k/top-p mask as `Processed.cut` instead of writing it."""
+        top-k/top-p mask as `Processed.cut` instead of writing it; `raw_tiles=True` lets it
+        return the raw logits' tile statistics as `Processed.raw_tiles` (for `logprobs`)."""
         ...
 
     def sample(self, processed: Processed, slots: torch.Tensor) -> torch.Tensor:
@@ -89,10 +97,15 @@ class Pipeline(Protocol):
         ...
 
     def logprobs(
-        self, source: torch.Tensor, tokens: torch.Tensor, subtract_lse: bool
+        self,
+        source: torch.Tensor,
+        tokens: torch.Tensor,
+        subtract_lse: bool,
+        raw_tiles: torch.Tensor | None = None,
     ) -> LogprobsTensors:
         """Step 10 on source [num_rows, V] (raw or processed logits) for tokens [num_rows]
-        int32 or int64."""
+        int32 or int64; raw_tiles: `Processed.raw_tiles` where `source` is the raw logits
+        they were made from, else None."""
         ...
 
     def commit(self, slots: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor | None) -> None:

@@ -33,6 +33,7 @@ class TorchPipeline:
         num_preceding: torch.Tensor | None = None,
         *,
         write_mask: bool = True,
+        raw_tiles: bool = False,  # never made: the PyTorch logprobs take no tiles
     ) -> Processed:
         if (drafts is None) != (num_preceding is None):
             raise ValueError("drafts and num_preceding come together")
@@ -92,7 +93,11 @@ class TorchPipeline:
         return (scores + gumbel).argmax(dim=-1)
 
     def logprobs(
-        self, source: torch.Tensor, tokens: torch.Tensor, subtract_lse: bool
+        self,
+        source: torch.Tensor,
+        tokens: torch.Tensor,
+        subtract_lse: bool,
+        raw_tiles: torch.Tensor | None = None,
     ) -> LogprobsTensors:
         return compute_logprobs(source.to(torch.float32), tokens, self.k, subtract_lse)
 

@@ -66,6 +66,7 @@ class TritonPipeline:
         num_preceding: torch.Tensor | None = None,
         *,
         write_mask: bool = True,
+        raw_tiles: bool = False,
     ) -> Processed:
         if not self.fused:
             done = self.unfused.process(logits, slots, grammar, drafts, num_preceding)
@@ -82,6 +83,11 @@ class TritonPipeline:
                 (logits.shape[0], tile_count(logits.shape[1])), dtype=torch.float32,
                 device=logits.device,
             )  # fmt: skip
+        # the raw logits' tile statistics, from the same read, for logprobs in the raw modes
+        raw = None
+        if raw_tiles:
+            shape = (logits.shape[0], tile_count(logits.shape[1]), 2)
+            raw = torch.empty(shape, dtype=torch.float32, device=logits.device)
         process_logits(
             logits,
             x,
@@ -109,6 +115,7 @@ class TritonPipeline:
             s.bad_words.window.device,
             process_splits(*logits.shape, logits.device),
             tile_max,
+            raw,
         )
         if not self.fold_min_p:
             apply_min_p(x, slots, s.min_p.min_p.device)
@@ -122,7 +129,7 @@ class TritonPipeline:
         op(x, slots, top_k, top_p, cut, min_p, splits, tile_max)
         # is_greedy: the kernels read the temperature themselves (greedy_rows when needed);
         # the tile maxima stay upper bounds under the mask
-        return Processed(x, None if write_mask else cut, None, None, tile_max)
+        return Processed(x, None if write_mask else cut, None, None, tile_max, raw)
 
     def sample(self, processed: Processed, slots: torch.Tensor) -> torch.Tensor:
         # int32, the output's type; the positions are read by slot in the kernel
@@ -172,7 +179,11 @@ class TritonPipeline:
         return torch.where(is_bonus, bonus, recovered)
 
     def logprobs(
-        self, source: torch.Tensor, tokens: torch.Tensor, subtract_lse: bool
+        self,
+        source: torch.Tensor,
+        tokens: torch.Tensor,
+        subtract_lse: bool,
+        raw_tiles: torch.Tensor | None = None,
     ) -> LogprobsTensors:
         num_rows, device = source.shape[0], source.device
         token_ids = torch.empty(num_rows, self.k + 1, dtype=torch.int32, device=device)
@@ -180,7 +191,9 @@ class TritonPipeline:
         ranks = torch.empty(num_rows, dtype=torch.int32, device=device)
         lse = torch.empty(num_rows, dtype=torch.float32, device=device)
         splits = logprobs_splits(*source.shape, device)
-        compute_logprobs(source, tokens, token_ids, values, ranks, lse, subtract_lse, splits)
+        compute_logprobs(
+            source, tokens, token_ids, values, ranks, lse, subtract_lse, splits, raw_tiles
+        )
         return LogprobsTensors(token_ids, values, ranks)
 
     def commit(self, slots: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor | None) -> None:

@@ -178,8 +178,13 @@ def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             "overflow_excess_ptr": used / (entries + 1),
             "drafts_ptr": drafts,
             "num_preceding_ptr": drafts,
+            "raw_tiles_ptr": zeros,
         },
-        writes={"logits_ptr": 1 + sparse + full, "tile_max_ptr": ones * float(c["HAS_TILE_MAX"])},
+        writes={
+            "logits_ptr": 1 + sparse + full,
+            "tile_max_ptr": ones * float(c["HAS_TILE_MAX"]),
+            "raw_tiles_ptr": ones * float(c["HAS_RAW_TILES"]),
+        },
         walks={
             tile_loop(k._process_logits_kernel, 0): ones,
             tile_loop(k._process_logits_kernel, 1): full,
@@ -400,9 +405,28 @@ def _logprobs_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     written = ("token_ids_ptr", "logprobs_ptr", "ranks_ptr", "lse_ptr")
     partials = ("stats_ptr", "part_v_ptr", "part_i_ptr")
     split = float(c["SPLIT"])  # each program writes its chunk's partials, not the outputs
+    tiles = math.ceil(vocab / c["BLOCK_SIZE"])
+    chunk_tiles = math.ceil(a["chunk"] / c["BLOCK_SIZE"])
+    # with the raw tiles, a row reads the tiles holding one of its K largest or a token at
+    # or above the sampled one: the sampled token taken as a top-k survivor of uniform
+    # rank, so max(K, survivors / 2) tiles (`_visited`); without a cut, every tile
+    visited = ones
+    survivors = a.get(SURVIVORS)
+    if c["HAS_TILES"]:
+        visited = ones if survivors is None else _visited(survivors.clamp(min=2 * c["K"]) / 2,
+                                                          tiles, None)  # fmt: skip
+    merge = source_line(k._logprobs_kernel, "if (tile_max > kth_v) |")
+    # the running top K is merged with a tile holding a new one of the K largest, among the
+    # tiles the program reads
+    read_tiles = torch.clamp(visited * chunk_tiles, min=1.0)
+    taken = {merge: torch.stack([record_tiles(c["K"], math.ceil(float(t))) for t in read_tiles])}
+    if c["HAS_TILES"]:
+        taken[source_line(k._logprobs_kernel, "if visit:")] = visited
     return Work(
         reads={
-            "source_ptr": ones * (1 + 1 / vocab),
+            "source_ptr": visited + 1 / vocab,
+            # each program reads the row's table: its floor comes from every tile
+            "tiles_ptr": ones * float(c["HAS_TILES"]) * math.ceil(tiles / chunk_tiles),
             **dict.fromkeys(written + partials, 0 * ones),
         },
         writes={
@@ -410,11 +434,7 @@ def _logprobs_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             **dict.fromkeys(partials, ones * split),
         },
         walks={tile_loop(k._logprobs_kernel, 0): ones, tile_loop(k._finish_row, 0): 0 * ones},
-        # the running top K is merged with a tile holding a new one of the K largest
-        taken={
-            source_line(k._logprobs_kernel, "if (tile_max > kth_v) |"): ones
-            * record_tiles(c["K"], math.ceil(a["chunk"] / c["BLOCK_SIZE"]))
-        },
+        taken=taken,
     )
 
 
