@@ -16,8 +16,11 @@ import pytest
 import torch
 
 from graphsafe_sampler.stages.top_k_top_p import (
+    CANDIDATES,
     apply_top_k_top_p,
+    candidate_cut,
     top_k_threshold,
+    top_k_top_p_cut,
     top_p_threshold,
 )
 from graphsafe_sampler.testing import SyncOpDetector
@@ -328,3 +331,67 @@ def test_compiled_fullgraph_equals_eager(gen: torch.Generator) -> None:
         rounding_rows |= check_filtered(compiled_out, logits, top_k, top_p)
         same = [r for r in range(num_rows) if r not in rounding_rows]
         assert torch.equal(compiled_out[same], eager_out[same])
+
+
+# --- the candidates and the conditional ---------------------------------------------------
+
+
+def test_candidates_settle_llm_rows_with_the_searches_cut(gen: torch.Generator) -> None:
+    """LLM-like rows under top-k <= CANDIDATES and a top-p whose nucleus is small are
+    settled: top-k's cut is the search's bit for bit, top-p's keeps a valid set (its masses
+    are summed in another order); k above CANDIDATES, a nucleus past the candidates, a NaN
+    and an all -inf row are not settled."""
+    logits = llm_logits(12, 4099, gen)
+    top_k = torch.tensor([50, 1, CANDIDATES, 0, 0, 50, CANDIDATES + 1, 0, 0, 50, 0, 0])
+    top_p = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.5, 0.9, 1.0, 0.9999, 1.0, 0.9, 1.0, 0.3])
+    logits[7] = torch.randn(4099, generator=gen) * 0.01  # flat: a nucleus of ~4,000
+    logits[10, 5] = float("nan")
+    logits[11] = NEG_INF
+    cut, settled = candidate_cut(logits, top_k, top_p)
+    want = [True, True, True, True, True, True, False, False, True, True, False, False]
+    assert settled[:, 0].tolist() == want
+    exact = top_p_threshold(logits, top_p, top_k_threshold(logits, top_k))
+    only_k = (top_p >= 1.0) & settled[:, 0]
+    assert torch.equal(cut[only_k], exact[only_k])
+    out = logits.masked_fill(logits < top_k_top_p_cut(logits, top_k, top_p), NEG_INF)
+    rows = [r for r in range(12) if r not in (10, 11)]
+    check_filtered(out[rows], logits[rows], top_k[rows], top_p[rows])
+
+
+def _with_conditional(conditional: bool):  # type: ignore[no-untyped-def]
+    def cut(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+        return top_k_top_p_cut(logits, top_k, top_p, conditional)
+
+    return cut
+
+
+def test_compiled_conditional_equals_branch_free(gen: torch.Generator) -> None:
+    """Compiled on the CPU, the cut with the traced conditional (one compile: a cond op in
+    the graph, not a branch baked in) equals the branch-free one bit for bit, both when the
+    candidates settle every row (the searches skipped) and when a row needs them."""
+    from torch._inductor.compile_fx import compile_fx
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def recording(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]):  # type: ignore[no-untyped-def]
+        graphs.append(gm)
+        return compile_fx(gm, inputs)
+
+    conditional = torch.compile(_with_conditional(True), backend=recording, fullgraph=True)
+    branch_free = torch.compile(_with_conditional(False), fullgraph=True)
+    num_rows, vocab_size = 9, 2049
+    for step in range(4):
+        logits = llm_logits(num_rows, vocab_size, gen)
+        top_k = torch.randint(1, 100, (num_rows,), generator=gen, dtype=torch.int32)
+        top_p = torch.rand(num_rows, generator=gen) * 0.8 + 0.1
+        if step % 2:  # a row the candidates cannot settle: k past them, or a flat nucleus
+            top_k[step % num_rows] = CANDIDATES + 50
+            logits[0] = torch.randn(vocab_size, generator=gen) * 0.01
+            top_k[0], top_p[0] = 0, 0.99
+        settled = bool(candidate_cut(logits, top_k, top_p)[1].all())
+        assert settled == (step % 2 == 0)
+        got = conditional(logits, top_k, top_p)
+        assert torch.equal(got, branch_free(logits, top_k, top_p)), step
+    assert len(graphs) == 1
+    targets = {node.target for node in graphs[0].graph.nodes}
+    assert torch.ops.higher_order.cond in targets

@@ -133,13 +133,103 @@ def top_p_threshold(
     return torch.where(p >= 1.0, floor, threshold)
 
 
+CANDIDATES = 128
+"""The largest logits of a row that `candidate_cut` keeps (torch.topk): a top-k with k up to
+this, and a top-p whose nucleus lies within them, are settled from them alone."""
+
+
+def candidate_cut(
+    logits: torch.Tensor,  # [num_rows, V] float32
+    top_k: torch.Tensor,  # [num_rows] int; <= 0 or >= V is off
+    top_p: torch.Tensor,  # [num_rows] float32; >= 1 is off
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """([num_rows, 1] float32 cut, [num_rows, 1] bool settled): the top-k then top-p cut
+    from the row's CANDIDATES largest logits, exact where `settled`.
+
+    top-k's cut is the k-th candidate (exactly the search's). top-p's weight of a candidate
+    value, the mass of the tokens at or above it, is the cumulative sum of the candidates'
+    masses in descending order up to the end of its run of equal values; the cut is the
+    largest value whose weight reaches top_p of the row's total mass (summed over the
+    row). A row is settled when top-k is off or k <= CANDIDATES, and top-p is off or its
+    cut lies strictly above the last candidate (every token at or above it is a
+    candidate); never when the row holds NaN (topk ranks NaN first; the search leaves it
+    out)."""
+    vocab_size = logits.shape[1]
+    n = min(CANDIDATES, vocab_size)
+    values = logits.topk(n, dim=-1).values  # [num_rows, n] descending, NaN first
+    k = top_k.to(torch.int64)[:, None]
+    k_off = (k <= 0) | (k >= vocab_size)
+    kth = values.gather(1, k.clamp(1, n) - 1)
+    floor = torch.where(k_off, float("-inf"), kth)
+    row_max = values[:, :1]
+    # as top_p_threshold: an all -inf row shifts by 0, so that its masses are 0, not NaN
+    shift = torch.where(torch.isfinite(row_max), row_max, 0.0)
+    total = torch.where(logits >= floor, torch.exp(logits - shift), 0.0).sum(-1, keepdim=True)
+    mass = torch.where(values >= floor, torch.exp(values - shift), 0.0)
+    # the weight at each candidate: the cumulative mass at the end of its run of ties
+    run_end = torch.ones_like(values, dtype=torch.bool)
+    run_end[:, :-1] = values[:, :-1] > values[:, 1:]
+    ends = torch.where(run_end, mass.cumsum(-1), float("inf"))
+    weight = ends.flip(-1).cummin(-1).values.flip(-1)
+    p = top_p.to(torch.float32)[:, None]
+    reached = (weight < p * total).sum(-1, keepdim=True)  # candidates short of the target
+    cut_p = values.gather(1, reached.clamp(max=n - 1))
+    p_off = p >= 1.0
+    cut = torch.where(p_off, floor, torch.maximum(cut_p, floor))
+    settled_p = p_off | ((reached < n) & (cut_p > values[:, n - 1 :]))
+    settled = (k_off | (k <= n)) & settled_p & ~torch.isnan(row_max)
+    return cut, settled
+
+
+def top_k_top_p_cut(
+    logits: torch.Tensor,  # [num_rows, V] float32
+    top_k: torch.Tensor,  # [num_rows] int; <= 0 or >= V is off
+    top_p: torch.Tensor,  # [num_rows] float32; >= 1 is off
+    conditional: bool | None = None,
+) -> torch.Tensor:
+    """[num_rows, 1] float32: the top-k then top-p cut (keep `logits >= cut`): the
+    candidates' where they settle the row (`candidate_cut`), the exact searches' elsewhere.
+
+    Branch-free: both run, and each row takes one. `conditional` (None: under torch.compile
+    on a CPU, the only place docs/design.md allows data-dependent control flow) adds a
+    traced conditional (`torch.cond`, an op of the graph) that skips the searches when
+    every row is settled; the cut is the same."""
+    if conditional is None:
+        conditional = logits.device.type == "cpu" and torch.compiler.is_compiling()
+    cut, settled = candidate_cut(logits, top_k, top_p)
+
+    def searched(
+        logits: torch.Tensor,
+        top_k: torch.Tensor,
+        top_p: torch.Tensor,
+        cut: torch.Tensor,
+        settled: torch.Tensor,
+    ) -> torch.Tensor:
+        exact = top_p_threshold(logits, top_p, top_k_threshold(logits, top_k))
+        return torch.where(settled, cut, exact)
+
+    def candidates_only(
+        logits: torch.Tensor,
+        top_k: torch.Tensor,
+        top_p: torch.Tensor,
+        cut: torch.Tensor,
+        settled: torch.Tensor,
+    ) -> torch.Tensor:
+        return cut.clone()
+
+    operands = (logits, top_k, top_p, cut, settled)
+    if conditional:
+        return torch.cond(settled.all(), candidates_only, searched, operands)
+    return searched(*operands)
+
+
 def apply_top_k_top_p(
     logits: torch.Tensor,  # [num_rows, V] float32, updated in place
     top_k: torch.Tensor,  # [num_rows] int; 0, -1 (any <= 0) or >= V is off
     top_p: torch.Tensor,  # [num_rows] float32; 1.0 (any >= 1) is off
 ) -> torch.Tensor:
     """Set the logits that top-k, then top-p, remove to -inf, in place; returns `logits`."""
-    threshold = top_p_threshold(logits, top_p, top_k_threshold(logits, top_k))
+    threshold = top_k_top_p_cut(logits, top_k, top_p)
     return logits.masked_fill_(logits < threshold, float("-inf"))
 
 
