@@ -227,8 +227,9 @@ class Sampler(nn.Module):
         logprobs = None
         if k > 0:
             source = logits if raw_mode else processed.logits
-            tiles = processed.raw_tiles if raw_mode else None
-            logprobs = self.pipeline.logprobs(source, tokens, mode.endswith("logprobs"), tiles)
+            logprobs = self.pipeline.logprobs(
+                source, tokens, mode.endswith("logprobs"), processed.raw_tiles
+            )
         if commit:
             self.pipeline.commit(slots, tokens, commit_mask)
         return SamplerOutput(tokens.to(torch.int32)[:, None], logprobs)

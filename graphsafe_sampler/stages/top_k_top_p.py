@@ -208,18 +208,10 @@ def top_k_top_p_cut(
         exact = top_p_threshold(logits, top_p, top_k_threshold(logits, top_k))
         return torch.where(settled, cut, exact)
 
-    def candidates_only(
-        logits: torch.Tensor,
-        top_k: torch.Tensor,
-        top_p: torch.Tensor,
-        cut: torch.Tensor,
-        settled: torch.Tensor,
-    ) -> torch.Tensor:
-        return cut.clone()
-
     operands = (logits, top_k, top_p, cut, settled)
     if conditional:
-        return torch.cond(settled.all(), candidates_only, searched, operands)
+        # both branches take the same operands; the settled one only copies the cut out
+        return torch.cond(settled.all(), lambda *ops: ops[3].clone(), searched, operands)
     return searched(*operands)
 
 
