@@ -16,9 +16,12 @@ import pytest
 import torch
 
 from graphsafe_sampler.stages.top_k_top_p import (
+    CANDIDATE_TILE,
     CANDIDATES,
     apply_top_k_top_p,
     candidate_cut,
+    filter_top_k_top_p,
+    top_candidates,
     top_k_threshold,
     top_k_top_p_cut,
     top_p_threshold,
@@ -39,12 +42,15 @@ def gen() -> torch.Generator:
 # --- inputs -------------------------------------------------------------------------------
 
 
-def llm_logits(num_rows: int, vocab_size: int, gen: torch.Generator) -> torch.Tensor:
-    """A few tokens hold most of the mass, then a long tail; token order shuffled per row."""
+def llm_logits(
+    num_rows: int, vocab_size: int, gen: torch.Generator, slope: float | None = None
+) -> torch.Tensor:
+    """A few tokens hold most of the mass, then a long tail; token order shuffled per row.
+    p(rank r) ~ r ** -slope, the slope drawn in [0.5, 3.5] per row unless given."""
     rank = torch.arange(1, vocab_size + 1, dtype=torch.float32)
-    slope = torch.rand(num_rows, 1, generator=gen) * 3.0 + 0.5
+    slopes = torch.rand(num_rows, 1, generator=gen) * 3.0 + 0.5 if slope is None else slope
     noise = torch.randn(num_rows, vocab_size, generator=gen) * 0.5
-    values = -slope * rank.log() + noise + torch.randn(num_rows, 1, generator=gen) * 5.0
+    values = -slopes * rank.log() + noise + torch.randn(num_rows, 1, generator=gen) * 5.0
     order = torch.rand(num_rows, vocab_size, generator=gen).argsort(dim=-1)
     return values.gather(1, order)
 
@@ -341,7 +347,9 @@ def test_candidates_settle_llm_rows_with_the_searches_cut(gen: torch.Generator) 
     settled: top-k's cut is the search's bit for bit, top-p's keeps a valid set (its masses
     are summed in another order); k above CANDIDATES, a nucleus past the candidates, a NaN
     and an all -inf row are not settled."""
-    logits = llm_logits(12, 4099, gen)
+    # slope 2: top-p 0.5 and 0.9 keep a few tokens (at 0.5 a row's nucleus could otherwise
+    # pass the candidates, ~1,000 tokens at slope 0.5)
+    logits = llm_logits(12, 4099, gen, slope=2.0)
     top_k = torch.tensor([50, 1, CANDIDATES, 0, 0, 50, CANDIDATES + 1, 0, 0, 50, 0, 0])
     top_p = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.5, 0.9, 1.0, 0.9999, 1.0, 0.9, 1.0, 0.3])
     logits[7] = torch.randn(4099, generator=gen) * 0.01  # flat: a nucleus of ~4,000
@@ -395,3 +403,66 @@ def test_compiled_conditional_equals_branch_free(gen: torch.Generator) -> None:
     assert len(graphs) == 1
     targets = {node.target for node in graphs[0].graph.nodes}
     assert torch.ops.higher_order.cond in targets
+
+
+# --- the candidates' two-level top-k and the rows they cover --------------------------------
+
+
+@pytest.mark.parametrize("vocab_size", [4099, 5000, 8192], ids=lambda v: f"V{v}")
+@pytest.mark.parametrize("n", [5, CANDIDATES])
+def test_top_candidates_are_topk_values(vocab_size: int, n: int, gen: torch.Generator) -> None:
+    """The values equal torch.topk's bit for bit (NaN first) on LLM-like, tied, sparse
+    (mostly -inf, the padding of a vocabulary that is no multiple of the tile in play),
+    NaN and all -inf rows, and each id holds its value (the ids of -inf values may
+    repeat, nothing else)."""
+    assert -(-vocab_size // CANDIDATE_TILE) > CANDIDATES  # two levels, not one topk
+    rows = [
+        llm_logits(3, vocab_size, gen),
+        tied_logits(3, vocab_size, gen),
+        randn_logits(3, vocab_size, gen),
+    ]
+    sparse = randn_logits(3, vocab_size, gen)
+    sparse[sparse < 2.4] = NEG_INF  # about 30 tokens left a row: -inf past them
+    rows.append(sparse)
+    nan = tied_logits(2, vocab_size, gen)
+    nan[0, int(torch.randint(vocab_size, (1,), generator=gen))] = float("nan")
+    nan[1] = NEG_INF
+    rows.append(nan)
+    logits = torch.cat(rows)
+    got = top_candidates(logits, n)
+    want = logits.topk(n, dim=-1).values
+    assert torch.equal(got.values.nan_to_num(nan=1e30), want.nan_to_num(nan=1e30))
+    assert got.ids.dtype == torch.int64 and bool(((got.ids >= 0) & (got.ids < vocab_size)).all())
+    held = logits.gather(1, got.ids)
+    above = got.values > NEG_INF
+    assert torch.equal(held[above], got.values[above])
+    for r in range(logits.shape[0]):
+        ids = got.ids[r][above[r]].tolist()
+        assert len(set(ids)) == len(ids)
+
+
+def test_covered_rows_keep_only_candidates(gen: torch.Generator) -> None:
+    """A covered row keeps no token outside its candidates and has a maximum above -inf;
+    rows with neither filter, a nucleus past the candidates, ties at the last candidate,
+    a NaN or nothing above -inf are not covered; the mask is apply_top_k_top_p's."""
+    vocab_size = 4099
+    logits = llm_logits(10, vocab_size, gen, slope=2.0)
+    top_k = torch.tensor([50, 0, 0, 20, 0, 0, CANDIDATES, 0, 0, 0])
+    top_p = torch.tensor([1.0, 0.9, 1.0, 0.8, 0.9999, 1.0, 1.0, 0.9, 1.0, 1.0])
+    logits[4] = torch.randn(vocab_size, generator=gen) * 0.01  # flat: a nucleus of ~4,000
+    logits[5, ::2] = NEG_INF  # neither filter, but only 2,050 tokens left
+    logits[6] = tied_logits(1, vocab_size, gen)  # the k-th value ties far past the candidates
+    logits[7, 3] = float("nan")
+    logits[8] = NEG_INF
+    logits[9, : vocab_size - 100] = NEG_INF  # neither filter, 100 tokens left: all candidates
+    expected = apply_top_k_top_p(logits.clone(), top_k, top_p)
+    filtered = filter_top_k_top_p(logits.clone(), top_k, top_p)
+    assert torch.equal(filtered.logits.nan_to_num(nan=1e30), expected.nan_to_num(nan=1e30))
+    covered = filtered.covered.tolist()
+    assert covered == [True, True, False, True, False, False, False, False, False, True]
+    for r in range(10):
+        if covered[r]:
+            outside = torch.ones(vocab_size, dtype=torch.bool)
+            outside[filtered.candidates.ids[r]] = False
+            assert bool(filtered.logits[r, outside].isneginf().all())
+            assert float(filtered.logits[r].max()) > NEG_INF

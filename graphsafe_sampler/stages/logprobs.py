@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from graphsafe_sampler.output import LogprobsTensors
+from graphsafe_sampler.stages.top_k_top_p import top_candidates
 
 
 def compute_logprobs(
@@ -21,7 +22,9 @@ def compute_logprobs(
     k: int,  # K = max_num_logprobs >= 1
     subtract_lse: bool,  # the *_logprobs modes (else *_logits)
 ) -> LogprobsTensors:
-    top_values, top_ids = source.topk(k, dim=-1)  # [num_rows, K]
+    # the top K: exactly topk's values (ties among them in no set order), at about a
+    # quarter of its cost over a CPU row (`top_candidates`)
+    top_values, top_ids = top_candidates(source, k)  # [num_rows, K]
     sampled = source.gather(1, tokens[:, None])  # [num_rows, 1]
     values = torch.cat([sampled, top_values], dim=1)  # [num_rows, K + 1]
     if subtract_lse:

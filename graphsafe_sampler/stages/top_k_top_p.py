@@ -14,6 +14,7 @@ full, the passes, the alternatives measured and the exactness: docs/kernels.md, 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -137,11 +138,54 @@ CANDIDATES = 128
 """The largest logits of a row that `candidate_cut` keeps (torch.topk): a top-k with k up to
 this, and a top-p whose nucleus lies within them, are settled from them alone."""
 
+CANDIDATE_TILE = 32
+"""Tokens a tile of `top_candidates`' first level (its maximum stands for it)."""
+
+
+class Candidates(NamedTuple):
+    """Each row's `n` largest logits: values [num_rows, n] float32, descending (NaN first),
+    and their token ids [num_rows, n] int64 (among equal values in no set order; where the
+    row has fewer than n tokens above -inf, an id of a -inf value may repeat another)."""
+
+    values: torch.Tensor
+    ids: torch.Tensor
+
+
+def top_candidates(logits: torch.Tensor, n: int) -> Candidates:  # logits [num_rows, V]
+    """The n largest logits of each row, the values exactly `logits.topk(n)`'s.
+
+    Two small top-k's instead of one over the row (which costs about 4 passes over it on a
+    CPU): the n tiles of CANDIDATE_TILE tokens with the largest maxima hold the n largest
+    values. Why: the n-th largest tile maximum m is at most the n-th largest value (n
+    distinct tokens reach it), and every other tile lies at or below m, so every value above
+    m is in a chosen tile, and so are as many copies of a value equal to m as the top n
+    hold. A NaN makes its tile's maximum NaN, which both top-k's rank first, as topk does.
+    """
+    num_rows, vocab_size = logits.shape
+    num_tiles = -(-vocab_size // CANDIDATE_TILE)
+    if num_tiles <= n:  # a small vocabulary: one top-k is as cheap
+        values, ids = logits.topk(n, dim=-1)
+        return Candidates(values, ids)
+    pad = num_tiles * CANDIDATE_TILE - vocab_size
+    padded = torch.nn.functional.pad(logits, (0, pad), value=float("-inf")) if pad else logits
+    tile_max = padded.view(num_rows, num_tiles, CANDIDATE_TILE).amax(-1)  # [num_rows, tiles]
+    tiles = tile_max.topk(n, dim=-1).indices  # [num_rows, n]
+    lanes = torch.arange(CANDIDATE_TILE, device=logits.device)
+    ids = (tiles[:, :, None] * CANDIDATE_TILE + lanes).view(num_rows, -1)  # [num_rows, n * T]
+    # The last tile's padding reads as -inf at id V-1: picked only among -inf values, it
+    # repeats V-1 (then a candidate) or a -inf token, which no consumer tells apart.
+    inside = ids < vocab_size
+    ids = ids.clamp(max=vocab_size - 1)
+    gathered = torch.where(inside, logits.gather(1, ids), float("-inf"))
+    values, picks = gathered.topk(n, dim=-1)
+    return Candidates(values, ids.gather(1, picks))
+
 
 def candidate_cut(
     logits: torch.Tensor,  # [num_rows, V] float32
     top_k: torch.Tensor,  # [num_rows] int; <= 0 or >= V is off
     top_p: torch.Tensor,  # [num_rows] float32; >= 1 is off
+    candidates: Candidates | None = None,  # top_candidates(logits, min(CANDIDATES, V))
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """([num_rows, 1] float32 cut, [num_rows, 1] bool settled): the top-k then top-p cut
     from the row's CANDIDATES largest logits, exact where `settled`.
@@ -156,7 +200,9 @@ def candidate_cut(
     out)."""
     vocab_size = logits.shape[1]
     n = min(CANDIDATES, vocab_size)
-    values = logits.topk(n, dim=-1).values  # [num_rows, n] descending, NaN first
+    if candidates is None:
+        candidates = top_candidates(logits, n)
+    values = candidates.values  # [num_rows, n] descending, NaN first
     k = top_k.to(torch.int64)[:, None]
     k_off = (k <= 0) | (k >= vocab_size)
     kth = values.gather(1, k.clamp(1, n) - 1)
@@ -186,6 +232,7 @@ def top_k_top_p_cut(
     top_k: torch.Tensor,  # [num_rows] int; <= 0 or >= V is off
     top_p: torch.Tensor,  # [num_rows] float32; >= 1 is off
     conditional: bool | None = None,
+    candidates: Candidates | None = None,  # top_candidates(logits, min(CANDIDATES, V))
 ) -> torch.Tensor:
     """[num_rows, 1] float32: the top-k then top-p cut (keep `logits >= cut`): the
     candidates' where they settle the row (`candidate_cut`), the exact searches' elsewhere.
@@ -196,7 +243,7 @@ def top_k_top_p_cut(
     every row is settled; the cut is the same."""
     if conditional is None:
         conditional = logits.device.type == "cpu" and torch.compiler.is_compiling()
-    cut, settled = candidate_cut(logits, top_k, top_p)
+    cut, settled = candidate_cut(logits, top_k, top_p, candidates)
 
     def searched(
         logits: torch.Tensor,
@@ -213,6 +260,32 @@ def top_k_top_p_cut(
         # both branches take the same operands; the settled one only copies the cut out
         return torch.cond(settled.all(), lambda *ops: ops[3].clone(), searched, operands)
     return searched(*operands)
+
+
+class Filtered(NamedTuple):
+    """`filter_top_k_top_p`'s result: logits [num_rows, V] float32, masked; the candidates
+    the cut came from (before the mask); covered [num_rows] bool, where every token the row
+    keeps is a candidate and its maximum is above -inf (and not NaN): a race among the
+    candidates draws the token a race over the row would (`SamplingState.race_covered`)."""
+
+    logits: torch.Tensor
+    candidates: Candidates
+    covered: torch.Tensor
+
+
+def filter_top_k_top_p(
+    logits: torch.Tensor,  # [num_rows, V] float32, updated in place
+    top_k: torch.Tensor,  # [num_rows] int; 0, -1 (any <= 0) or >= V is off
+    top_p: torch.Tensor,  # [num_rows] float32; 1.0 (any >= 1) is off
+) -> Filtered:
+    """`apply_top_k_top_p`, with the candidates and the rows they cover."""
+    candidates = top_candidates(logits, min(CANDIDATES, logits.shape[1]))
+    cut = top_k_top_p_cut(logits, top_k, top_p, candidates=candidates)
+    last = candidates.values[:, -1:]
+    # a token that is no candidate lies at or below `last`: kept only where cut <= last
+    covered = ((cut > last) | (last == float("-inf"))) & (candidates.values[:, :1] > float("-inf"))
+    logits = logits.masked_fill_(logits < cut, float("-inf"))
+    return Filtered(logits, candidates, covered[:, 0])
 
 
 def apply_top_k_top_p(
@@ -255,3 +328,11 @@ class TopKTopPState(SlotTables):
     ) -> torch.Tensor:
         """`apply_top_k_top_p` with each row's request parameters."""
         return apply_top_k_top_p(logits, self.top_k.device[slots], self.top_p.device[slots])
+
+    def filter(
+        self,
+        logits: torch.Tensor,  # [num_rows, V] float32, updated in place
+        slots: torch.Tensor,  # [num_rows] int64
+    ) -> Filtered:
+        """`filter_top_k_top_p` with each row's request parameters."""
+        return filter_top_k_top_p(logits, self.top_k.device[slots], self.top_p.device[slots])
