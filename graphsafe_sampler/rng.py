@@ -137,13 +137,13 @@ def row_keys(seeds: torch.Tensor, positions: torch.Tensor, salt: int) -> torch.T
 
 
 def hash_tokens(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """keys: [rows] int64 from `row_keys`; token_ids: [n] int64 in [0, 2**32)
-    -> [rows, n] int64 hashes in [0, 2**32)."""
+    """keys: [rows] int64 from `row_keys`; token_ids: [n] (every row's) or [rows, n] (each
+    row's own) int64 in [0, 2**32) -> [rows, n] int64 hashes in [0, 2**32)."""
     offset = (keys & _MASK32)[:, None]
     mult = ((keys >> 32) & _MASK32)[:, None]
     # why the fold: t * mult < 2**63 needs t < 2**31; 0xFFFFFFFF is -1 mod 2**32
     token_ids = token_ids - (token_ids >> 31) * 2**32
-    x = token_ids[None, :] * mult  # |x| < 2**63
+    x = (token_ids if token_ids.dim() == 2 else token_ids[None, :]) * mult  # |x| < 2**63
     return _fmix32_(x.add_(offset).bitwise_and_(_MASK32))
 
 
@@ -216,3 +216,13 @@ def gumbel_noise(
     """seeds, positions: [rows] int64 -> [rows, vocab_size] float32 standard Gumbel noise,
     `-log(exponential(...))`, in [-2.82, 22.88]: `argmax(logits + g)` samples softmax(logits)."""
     return exponential(seeds, positions, vocab_size, salt).log_().neg_()
+
+
+def gumbel_noise_at(
+    seeds: torch.Tensor, positions: torch.Tensor, token_ids: torch.Tensor, salt: int
+) -> torch.Tensor:
+    """seeds, positions: [rows] int64; token_ids: [rows, n] int64 ids in [0, 2**31) ->
+    [rows, n] float32: the `gumbel_noise` of those tokens alone (the same function of the id,
+    so a race over a row's candidates sees the numbers a race over the row would)."""
+    keys = row_keys(seeds, positions, salt)
+    return exponentials_from_hashes(hash_tokens(keys, token_ids)).log_().neg_()

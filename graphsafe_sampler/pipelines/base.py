@@ -36,6 +36,10 @@ class Processed:
         for them (`raw_tiles=True`) and makes them (the Triton pipeline, from its one read
         of the raw logits): logprobs in the raw modes take the logsumexp from them and read
         only the tiles that can matter.
+    candidate_ids: [num_rows, n] int64 or None: each row's largest logits before the
+        top-k/top-p mask (the PyTorch pipeline's, from top-k/top-p), and
+    covered: [num_rows] bool or None: the rows whose kept tokens are all candidates, which
+        a race among the candidates samples (`SamplingState.race_covered`).
     """
 
     logits: torch.Tensor
@@ -44,6 +48,8 @@ class Processed:
     is_greedy: torch.Tensor | None
     tile_max: torch.Tensor | None = None
     raw_tiles: torch.Tensor | None = None
+    candidate_ids: torch.Tensor | None = None
+    covered: torch.Tensor | None = None
 
     def greedy_tokens(self) -> torch.Tensor:
         """[num_rows] int64, each row's greedy token (an argmax pass where not at hand)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from graphsafe_sampler.kernels.constants import SALT_BONUS, SALT_RECOVER, SALT_SAMPLE
+from graphsafe_sampler.kernels.constants import SALT_BONUS, SALT_RECOVER
 from graphsafe_sampler.output import LogprobsTensors
 from graphsafe_sampler.pipelines.base import Processed
 from graphsafe_sampler.rng import exponentials_from_hashes, hash_tokens, row_keys
@@ -63,13 +63,30 @@ class TorchPipeline:
         for proc in s.custom:
             if proc.is_argmax_invariant():
                 x = proc.apply_slots(x, slots)
-        x = s.top_k_top_p.apply(x, slots)
-        return Processed(x, None, greedy, is_greedy)
+        filtered = s.top_k_top_p.filter(x, slots)
+        return Processed(
+            filtered.logits,
+            None,
+            greedy,
+            is_greedy,
+            candidate_ids=filtered.candidates.ids,
+            covered=filtered.covered,
+        )
 
     def sample(self, processed: Processed, slots: torch.Tensor) -> torch.Tensor:
         sampling = self.stages.sampling
-        random = sampling.race(processed.logits, slots, sampling.positions(slots), SALT_SAMPLE)
-        assert processed.is_greedy is not None  # set by this pipeline's process
+        positions = sampling.positions(slots)
+        # set by this pipeline's process
+        assert processed.is_greedy is not None
+        assert processed.candidate_ids is not None and processed.covered is not None
+        random = sampling.race_covered(
+            processed.logits,
+            processed.candidate_ids,
+            processed.covered,
+            processed.is_greedy,
+            slots,
+            positions,
+        )
         return torch.where(processed.is_greedy, processed.greedy_tokens(), random)
 
     def race_emitted(

@@ -23,8 +23,12 @@ from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.kernels.constants import SALT_SAMPLE
 from graphsafe_sampler.params import SamplingParams
-from graphsafe_sampler.rng import gumbel_noise
+from graphsafe_sampler.rng import gumbel_noise, gumbel_noise_at
 from graphsafe_sampler.slot_tables import SlotTables
+
+LANES_PER_ROW = 4
+"""On a compiled CPU (`race_covered`), one vocabulary-wide race lane for every this many rows:
+the rows that fit no candidate set share them (with more such rows, every row races)."""
 
 _UINT64 = 2**64
 _INT64_HALF = 2**63
@@ -74,3 +78,81 @@ class SamplingState(SlotTables):
         race on the stream `salt` at the rows' positions (lowest index on exact ties)."""
         noise = gumbel_noise(self.seed.device[slots], positions, logits.shape[1], salt)
         return (logits + noise).argmax(dim=-1)
+
+    def race_candidates(
+        self,
+        logits: torch.Tensor,  # [num_rows, V] float32, processed and filtered
+        ids: torch.Tensor,  # [num_rows, n] int64: each row's candidate token ids
+        slots: torch.Tensor,  # [num_rows] int64
+        positions: torch.Tensor,  # [num_rows] int64
+        salt: int = SALT_SAMPLE,
+    ) -> torch.Tensor:
+        """[num_rows] int64: the race among each row's candidates alone, the token `race`
+        draws wherever every token the row keeps is a candidate and its maximum is above
+        -inf: the noise of a token is a function of its id, and exact ties go to the
+        lowest id, as argmax gives them."""
+        noise = gumbel_noise_at(self.seed.device[slots], positions, ids, salt)
+        scores = logits.gather(1, ids) + noise  # [num_rows, n]
+        best = scores.amax(-1, keepdim=True)
+        return torch.where(scores == best, ids, logits.shape[1]).amin(-1)
+
+    def race_covered(
+        self,
+        logits: torch.Tensor,  # [num_rows, V] float32, processed and filtered
+        ids: torch.Tensor,  # [num_rows, n] int64 candidate token ids
+        covered: torch.Tensor,  # [num_rows] bool: every kept token is a candidate
+        unread: torch.Tensor,  # [num_rows] bool: rows whose random token is not read
+        slots: torch.Tensor,  # [num_rows] int64
+        positions: torch.Tensor,  # [num_rows] int64
+        conditional: bool | None = None,
+    ) -> torch.Tensor:
+        """[num_rows] int64: `race` on SALT_SAMPLE, the same tokens wherever `~unread`.
+
+        Branch-free (CUDA, eager), every row races over the vocabulary. With `conditional`
+        (None: under torch.compile on a CPU, where docs/design.md allows data-dependent
+        control flow), traced conditionals (`torch.cond`) race the covered rows over their
+        candidates and only the rest over the vocabulary: none, a quarter of the rows'
+        worth of lanes holding them all, or every row."""
+        if conditional is None:
+            conditional = logits.device.type == "cpu" and torch.compiler.is_compiling()
+        if not conditional:
+            return self.race(logits, slots, positions)
+        lanes = max(1, logits.shape[0] // LANES_PER_ROW)
+        need = ~(covered | unread)  # [num_rows]: rows that race over the vocabulary
+        operands = (logits, ids, need, slots, positions)
+
+        def candidates_only(
+            logits: torch.Tensor,
+            ids: torch.Tensor,
+            need: torch.Tensor,
+            slots: torch.Tensor,
+            positions: torch.Tensor,
+        ) -> torch.Tensor:
+            return self.race_candidates(logits, ids, slots, positions)
+
+        def some_rows(
+            logits: torch.Tensor,
+            ids: torch.Tensor,
+            need: torch.Tensor,
+            slots: torch.Tensor,
+            positions: torch.Tensor,
+        ) -> torch.Tensor:
+            # the rows in need first; the lanes they leave hold other rows, whose race over
+            # the vocabulary draws their candidate race's token (or an unread one)
+            rows = need.to(torch.int8).argsort(descending=True, stable=True)[:lanes]
+            full = self.race(logits[rows], slots[rows], positions[rows])
+            return self.race_candidates(logits, ids, slots, positions).scatter(0, rows, full)
+
+        def every_row(
+            logits: torch.Tensor,
+            ids: torch.Tensor,
+            need: torch.Tensor,
+            slots: torch.Tensor,
+            positions: torch.Tensor,
+        ) -> torch.Tensor:
+            return self.race(logits, slots, positions)
+
+        def some_or_every(*ops: torch.Tensor) -> torch.Tensor:
+            return torch.cond(ops[2].sum() <= lanes, some_rows, every_row, ops)
+
+        return torch.cond(need.any(), some_or_every, candidates_only, operands)
