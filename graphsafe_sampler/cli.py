@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from graphsafe_sampler.bench.allocator import ALLOCATORS, use_allocator
 from graphsafe_sampler.bench.results import DEFAULT_THRESHOLD
 
 # The default run must finish in about 2 minutes on any machine, compile included, and
@@ -153,6 +154,15 @@ def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "every parallel op waits for descheduled workers (a 26 µs clone took 16 ms with 2 "
         "threads on a loaded 2-core machine): --threads 1 gives steadier numbers there",
     )
+    parser.add_argument(
+        "--allocator",
+        choices=ALLOCATORS,
+        default="heap",
+        help="host allocator on a CPU, for every provider alike: 'heap' keeps freed memory in "
+        "glibc's heap for reuse (no mmap, no trim), as an engine's caching allocator would; "
+        "'system' leaves glibc as it is, and each step page-faults its [rows, V] buffers in "
+        "again (perf/README.md) (default: heap)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seeds logits, requests and churn")
     parser.add_argument(
         "--json",
@@ -215,9 +225,12 @@ def _run_bench(args: argparse.Namespace) -> int:
     )
     if args.threads is not None:  # only once every argument is known to be good
         torch.set_num_threads(args.threads)
+    # the GPU's buffers come from torch's caching allocator: the host's matters on a CPU only
+    allocator = use_allocator(args.allocator if device.type == "cpu" else "system")
     out = sys.stdout
     print(
-        f"graphsafe-sampler bench on {device} ({torch.get_num_threads()} threads): "
+        f"graphsafe-sampler bench on {device} ({torch.get_num_threads()} threads, "
+        f"{allocator} allocator): "
         f"stages {' '.join(grid.stages)}; rows {' '.join(map(str, grid.rows))}; "
         f"vocab {' '.join(map(str, grid.vocabs))}; "
         f"{' '.join(str(d).removeprefix('torch.') for d in grid.dtypes)}; "
@@ -236,6 +249,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     results, skipped = run_grid(grid, progress=not args.quiet)
     results.context["wall_s"] = round(time.perf_counter() - start, 3)
+    results.context["allocator"] = allocator
     print(format_table(results), file=out)
     for note in skipped:
         print(f"skipped: {note}", file=out)

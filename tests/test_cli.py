@@ -17,6 +17,7 @@ from graphsafe_sampler.bench.results import CaseResult, Results, fill_ratios
 from graphsafe_sampler.cli import build_parser, main
 
 TINY = ["--rows", "3", "--vocab", "1000", "--steps", "2", "--warmup", "0", "--quiet"]
+TINY += ["--allocator", "system"]  # the heap setting would outlive the test in this worker
 
 
 def test_bench_writes_table_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -222,3 +223,39 @@ def test_python_dash_m_runs_the_cli() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "BASE.json" in done.stdout and "--threshold" in done.stdout
+
+
+_FAULTS = """
+import resource, sys, torch
+from graphsafe_sampler.bench.allocator import use_allocator
+print(use_allocator(sys.argv[1]))
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def step():
+    # 41 MB each: above glibc's largest mmap threshold; two at once: above its trim one
+    y = torch.empty(64, 160_000).fill_(1.0)
+    z = torch.empty(64, 160_000).fill_(2.0)
+    del y, z
+step(); step()  # the first steps fault their buffers in, whatever the allocator
+before = faults()
+for _ in range(5):
+    step()
+print(faults() - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_the_heap_allocator_stops_the_page_faults_of_large_buffers() -> None:
+    # In its own process: the setting lasts for the process.
+    runs = {}
+    for allocator in ("system", "heap"):
+        done = subprocess.run(
+            [sys.executable, "-c", _FAULTS, allocator],
+            capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+        effect, faults = done.stdout.split()
+        runs[allocator] = (effect, int(faults))
+    assert runs["system"][0] == "system" and runs["heap"][0] == "heap"
+    buffer = 64 * 160_000 * 4 // 4096  # pages
+    assert runs["system"][1] >= 10 * buffer  # each of the 10 buffers faulted in afresh
+    assert runs["heap"][1] <= buffer  # reused (a stray first touch at most)
