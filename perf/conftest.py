@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+from graphsafe_sampler.bench.allocator import ALLOCATORS, use_allocator
 from graphsafe_sampler.bench.results import (
     CaseResult,
     Results,
@@ -32,6 +33,7 @@ from graphsafe_sampler.bench.results import (
 
 BENCH_FILES = "bench_*.py"
 _CASES = pytest.StashKey[list[CaseResult]]()
+_ALLOCATOR = pytest.StashKey[str]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,6 +43,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="PATH",
         default=None,
         help="write the results as graphsafe-sampler JSON (for `graphsafe-sampler compare`)",
+    )
+    group.addoption(
+        "--gs-allocator",
+        choices=ALLOCATORS,
+        default="heap",
+        help="host allocator on a CPU, for every provider alike: 'heap' keeps glibc's freed "
+        "memory for reuse, 'system' leaves it as it is (graphsafe_sampler/bench/allocator.py)",
     )
     group.addoption(
         "--full",
@@ -53,6 +62,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_CASES] = []
+    # the GPU's buffers come from torch's caching allocator: the host's matters on a CPU only
+    on_cpu = not torch.cuda.is_available()
+    config.stash[_ALLOCATOR] = use_allocator(
+        config.getoption("--gs-allocator") if on_cpu else "system"
+    )
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Module | None:
@@ -116,7 +130,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     fill_ratios(cases)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    Results(run_context(device, suite="perf (pytest-benchmark)"), cases).write(path)
+    context = run_context(
+        device, suite="perf (pytest-benchmark)", allocator=session.config.stash[_ALLOCATOR]
+    )
+    Results(context, cases).write(path)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
