@@ -121,35 +121,21 @@ class SamplingState(SlotTables):
         need = ~(covered | unread)  # [num_rows]: rows that race over the vocabulary
         operands = (logits, ids, need, slots, positions)
 
-        def candidates_only(
-            logits: torch.Tensor,
-            ids: torch.Tensor,
-            need: torch.Tensor,
-            slots: torch.Tensor,
-            positions: torch.Tensor,
-        ) -> torch.Tensor:
+        # each branch takes the operands (logits, ids, need, slots, positions)
+        def candidates_only(*ops: torch.Tensor) -> torch.Tensor:
+            logits, ids, _, slots, positions = ops
             return self.race_candidates(logits, ids, slots, positions)
 
-        def some_rows(
-            logits: torch.Tensor,
-            ids: torch.Tensor,
-            need: torch.Tensor,
-            slots: torch.Tensor,
-            positions: torch.Tensor,
-        ) -> torch.Tensor:
+        def some_rows(*ops: torch.Tensor) -> torch.Tensor:
+            logits, ids, need, slots, positions = ops
             # the rows in need first; the lanes they leave hold other rows, whose race over
             # the vocabulary draws their candidate race's token (or an unread one)
             rows = need.to(torch.int8).argsort(descending=True, stable=True)[:lanes]
             full = self.race(logits[rows], slots[rows], positions[rows])
             return self.race_candidates(logits, ids, slots, positions).scatter(0, rows, full)
 
-        def every_row(
-            logits: torch.Tensor,
-            ids: torch.Tensor,
-            need: torch.Tensor,
-            slots: torch.Tensor,
-            positions: torch.Tensor,
-        ) -> torch.Tensor:
+        def every_row(*ops: torch.Tensor) -> torch.Tensor:
+            logits, _, _, slots, positions = ops
             return self.race(logits, slots, positions)
 
         def some_or_every(*ops: torch.Tensor) -> torch.Tensor:
