@@ -176,6 +176,12 @@ def exponentials_from_hashes(h: torch.Tensor) -> torch.Tensor:
     return v.log1p_().neg_()
 
 
+def gumbels_from_hashes(h: torch.Tensor) -> torch.Tensor:
+    """h: int64 hashes in [0, 2**32) -> float32 standard Gumbel draws, `-log(e)` of
+    `exponentials_from_hashes(h)`, in [-2.82, 22.88], same shape."""
+    return exponentials_from_hashes(h).log_().neg_()
+
+
 def token_uniforms(
     seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int, salt: int
 ) -> torch.Tensor:
@@ -215,7 +221,7 @@ def gumbel_noise(
 ) -> torch.Tensor:
     """seeds, positions: [rows] int64 -> [rows, vocab_size] float32 standard Gumbel noise,
     `-log(exponential(...))`, in [-2.82, 22.88]: `argmax(logits + g)` samples softmax(logits)."""
-    return exponential(seeds, positions, vocab_size, salt).log_().neg_()
+    return gumbels_from_hashes(token_hashes(seeds, positions, vocab_size, salt))
 
 
 def gumbel_noise_at(
@@ -225,4 +231,4 @@ def gumbel_noise_at(
     [rows, n] float32: the `gumbel_noise` of those tokens alone (the same function of the id,
     so a race over a row's candidates sees the numbers a race over the row would)."""
     keys = row_keys(seeds, positions, salt)
-    return exponentials_from_hashes(hash_tokens(keys, token_ids)).log_().neg_()
+    return gumbels_from_hashes(hash_tokens(keys, token_ids))

@@ -12,7 +12,7 @@ import torch
 from graphsafe_sampler.kernels.constants import SALT_BONUS, SALT_RECOVER
 from graphsafe_sampler.output import LogprobsTensors
 from graphsafe_sampler.pipelines.base import Processed
-from graphsafe_sampler.rng import exponentials_from_hashes, hash_tokens, row_keys
+from graphsafe_sampler.rng import gumbels_from_hashes, hash_tokens, row_keys
 from graphsafe_sampler.stages import Stages
 from graphsafe_sampler.stages.logprobs import compute_logprobs
 
@@ -106,7 +106,7 @@ class TorchPipeline:
         )
         scores = torch.where(is_bonus[:, None], bonus_scores, recovered_scores)
         token_ids = torch.arange(scores.shape[1], device=scores.device)
-        gumbel = exponentials_from_hashes(hash_tokens(keys, token_ids)).log_().neg_()
+        gumbel = gumbels_from_hashes(hash_tokens(keys, token_ids))
         return (scores + gumbel).argmax(dim=-1)
 
     def logprobs(

@@ -119,20 +119,20 @@ class SamplingState(SlotTables):
             return self.race(logits, slots, positions)
         lanes = max(1, logits.shape[0] // LANES_PER_ROW)
         need = ~(covered | unread)  # [num_rows]: rows that race over the vocabulary
-        operands = (logits, ids, need, slots, positions)
+        drawn = self.race_candidates(logits, ids, slots, positions)  # cheap: n a row
+        operands = (logits, drawn, need, slots, positions)
 
-        # each branch takes the operands (logits, ids, need, slots, positions)
+        # each branch takes the operands (logits, drawn, need, slots, positions)
         def candidates_only(*ops: torch.Tensor) -> torch.Tensor:
-            logits, ids, _, slots, positions = ops
-            return self.race_candidates(logits, ids, slots, positions)
+            return ops[1].clone()
 
         def some_rows(*ops: torch.Tensor) -> torch.Tensor:
-            logits, ids, need, slots, positions = ops
+            logits, drawn, need, slots, positions = ops
             # the rows in need first; the lanes they leave hold other rows, whose race over
             # the vocabulary draws their candidate race's token (or an unread one)
             rows = need.to(torch.int8).argsort(descending=True, stable=True)[:lanes]
             full = self.race(logits[rows], slots[rows], positions[rows])
-            return self.race_candidates(logits, ids, slots, positions).scatter(0, rows, full)
+            return drawn.scatter(0, rows, full)
 
         def every_row(*ops: torch.Tensor) -> torch.Tensor:
             logits, _, _, slots, positions = ops

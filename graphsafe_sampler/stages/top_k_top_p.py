@@ -199,10 +199,10 @@ def candidate_cut(
     candidate); never when the row holds NaN (topk ranks NaN first; the search leaves it
     out)."""
     vocab_size = logits.shape[1]
-    n = min(CANDIDATES, vocab_size)
     if candidates is None:
-        candidates = top_candidates(logits, n)
+        candidates = top_candidates(logits, min(CANDIDATES, vocab_size))
     values = candidates.values  # [num_rows, n] descending, NaN first
+    n = values.shape[1]
     k = top_k.to(torch.int64)[:, None]
     k_off = (k <= 0) | (k >= vocab_size)
     kth = values.gather(1, k.clamp(1, n) - 1)
@@ -278,7 +278,8 @@ def filter_top_k_top_p(
     top_k: torch.Tensor,  # [num_rows] int; 0, -1 (any <= 0) or >= V is off
     top_p: torch.Tensor,  # [num_rows] float32; 1.0 (any >= 1) is off
 ) -> Filtered:
-    """`apply_top_k_top_p`, with the candidates and the rows they cover."""
+    """Set the logits that top-k, then top-p, remove to -inf, in place; with the
+    candidates and the rows they cover."""
     candidates = top_candidates(logits, min(CANDIDATES, logits.shape[1]))
     cut = top_k_top_p_cut(logits, top_k, top_p, candidates=candidates)
     last = candidates.values[:, -1:]
@@ -294,8 +295,7 @@ def apply_top_k_top_p(
     top_p: torch.Tensor,  # [num_rows] float32; 1.0 (any >= 1) is off
 ) -> torch.Tensor:
     """Set the logits that top-k, then top-p, remove to -inf, in place; returns `logits`."""
-    threshold = top_k_top_p_cut(logits, top_k, top_p)
-    return logits.masked_fill_(logits < threshold, float("-inf"))
+    return filter_top_k_top_p(logits, top_k, top_p).logits
 
 
 class TopKTopPState(SlotTables):
@@ -327,7 +327,7 @@ class TopKTopPState(SlotTables):
         slots: torch.Tensor,  # [num_rows] int64
     ) -> torch.Tensor:
         """`apply_top_k_top_p` with each row's request parameters."""
-        return apply_top_k_top_p(logits, self.top_k.device[slots], self.top_p.device[slots])
+        return self.filter(logits, slots).logits
 
     def filter(
         self,
