@@ -16,7 +16,7 @@ import torch
 
 from graphsafe_sampler import BatchUpdate, Sampler, SamplerConfig, SamplingParams
 from graphsafe_sampler.rng import gumbel_noise_at
-from graphsafe_sampler.stages.sampling import LANES_PER_ROW, SamplingState
+from graphsafe_sampler.stages.sampling import LANE_FRACTIONS, SamplingState
 from graphsafe_sampler.stages.top_k_top_p import filter_top_k_top_p
 
 NUM_ROWS, VOCAB = 16, 4160  # 130 tiles of 32: the candidates' two-level path
@@ -103,7 +103,8 @@ def test_a_tie_goes_to_the_lowest_id_as_argmax_gives_it(gen: torch.Generator) ->
 def test_compiled_conditional_race_equals_branch_free(gen: torch.Generator) -> None:
     """Traced once with the conditionals (torch.cond ops in the graph, not branches baked in
     at trace time), the race gives the branch-free tokens on every row it reads, with no
-    row that needs the vocabulary, with fewer than a lane each, and with more."""
+    row that needs the vocabulary, with as many as each rung of lanes holds and one more,
+    and with every row."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     sampling, slots, positions = _sampling(gen)
@@ -118,11 +119,13 @@ def test_compiled_conditional_race_equals_branch_free(gen: torch.Generator) -> N
         return sampling.race_covered(logits, ids, covered, unread, slots, positions, True)
 
     compiled = torch.compile(step, backend=recording, fullgraph=True)
-    lanes = NUM_ROWS // LANES_PER_ROW
-    for num_full in (0, 0, 1, lanes, lanes + 2, NUM_ROWS):
+    ladder = sorted(min(NUM_ROWS, max(2, NUM_ROWS // f)) for f in LANE_FRACTIONS)
+    assert len(set(ladder)) == len(ladder) and ladder[-1] < NUM_ROWS  # a branch each here
+    for num_full in (0, 0, *[n + extra for n in ladder for extra in (0, 1)], NUM_ROWS):
         logits, top_k, top_p = _batch(gen, num_full)
         filtered = filter_top_k_top_p(logits, top_k, top_p)
         unread = torch.rand(NUM_ROWS, generator=gen) < 0.2  # greedy rows: never read
+        unread[:num_full] = False  # so that at least num_full rows need the vocabulary
         args = (filtered.logits, filtered.candidates.ids, filtered.covered, unread)
         got = compiled(*args, slots, positions)
         want = sampling.race(filtered.logits, slots, positions)

@@ -15,7 +15,7 @@ device.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -26,9 +26,10 @@ from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.rng import gumbel_noise, gumbel_noise_at
 from graphsafe_sampler.slot_tables import SlotTables
 
-LANES_PER_ROW = 4
-"""On a compiled CPU (`race_covered`), one vocabulary-wide race lane for every this many rows:
-the rows that fit no candidate set share them (with more such rows, every row races)."""
+LANE_FRACTIONS = (8, 4)
+"""On a compiled CPU (`race_covered`), the rows that fit no candidate set race over the
+vocabulary in the fewest lanes that hold them: a batch of B rows has min(B, max(2, B // f))
+lanes for each f here, and with more such rows every row races."""
 
 _UINT64 = 2**64
 _INT64_HALF = 2**63
@@ -111,13 +112,17 @@ class SamplingState(SlotTables):
         Branch-free (CUDA, eager), every row races over the vocabulary. With `conditional`
         (None: under torch.compile on a CPU, where docs/design.md allows data-dependent
         control flow), traced conditionals (`torch.cond`) race the covered rows over their
-        candidates and only the rest over the vocabulary: none, a quarter of the rows'
-        worth of lanes holding them all, or every row."""
+        candidates and only the rest over the vocabulary: none, the fewest lanes of
+        `LANE_FRACTIONS` that hold them all, or every row."""
         if conditional is None:
             conditional = logits.device.type == "cpu" and torch.compiler.is_compiling()
         if not conditional:
             return self.race(logits, slots, positions)
-        lanes = max(1, logits.shape[0] // LANES_PER_ROW)
+        num_rows = logits.shape[0]
+        # No comparison of the sizes (a dynamic batch dimension would be pinned to one
+        # size), and at least 2 lanes (a dynamic size that could be 1 guards on it)
+        fractions = sorted(LANE_FRACTIONS, reverse=True)
+        ladder = [min(num_rows, max(2, num_rows // f)) for f in fractions]
         need = ~(covered | unread)  # [num_rows]: rows that race over the vocabulary
         drawn = self.race_candidates(logits, ids, slots, positions)  # cheap: n a row
         operands = (logits, drawn, need, slots, positions)
@@ -126,19 +131,32 @@ class SamplingState(SlotTables):
         def candidates_only(*ops: torch.Tensor) -> torch.Tensor:
             return ops[1].clone()
 
-        def some_rows(*ops: torch.Tensor) -> torch.Tensor:
-            logits, drawn, need, slots, positions = ops
-            # the rows in need first; the lanes they leave hold other rows, whose race over
-            # the vocabulary draws their candidate race's token (or an unread one)
-            rows = need.to(torch.int8).argsort(descending=True, stable=True)[:lanes]
-            full = self.race(logits[rows], slots[rows], positions[rows])
-            return drawn.scatter(0, rows, full)
+        def in_lanes(lanes: int) -> Callable[..., torch.Tensor]:
+            def race_lanes(*ops: torch.Tensor) -> torch.Tensor:
+                logits, drawn, need, slots, positions = ops
+                # the rows in need first; the lanes they leave hold other rows, whose race
+                # over the vocabulary draws their candidate race's token (or an unread one)
+                rows = need.to(torch.int8).argsort(descending=True, stable=True)[:lanes]
+                full = self.race(logits[rows], slots[rows], positions[rows])
+                return drawn.scatter(0, rows, full)
+
+            return race_lanes
 
         def every_row(*ops: torch.Tensor) -> torch.Tensor:
             logits, _, _, slots, positions = ops
             return self.race(logits, slots, positions)
 
-        def some_or_every(*ops: torch.Tensor) -> torch.Tensor:
-            return torch.cond(ops[2].sum() <= lanes, some_rows, every_row, ops)
+        def fewest_lanes(level: int) -> Callable[..., torch.Tensor]:
+            # the ladder from `level` up: its lanes if they hold every row in need, else the
+            # next level's, and every row past the top
+            if level == len(ladder):
+                return every_row
+            lanes = ladder[level]
 
-        return torch.cond(need.any(), some_or_every, candidates_only, operands)
+            def choose(*ops: torch.Tensor) -> torch.Tensor:
+                fits = ops[2].sum() <= lanes
+                return torch.cond(fits, in_lanes(lanes), fewest_lanes(level + 1), ops)
+
+            return choose
+
+        return torch.cond(need.any(), fewest_lanes(0), candidates_only, operands)
