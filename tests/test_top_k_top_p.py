@@ -15,12 +15,16 @@ import random
 import pytest
 import torch
 
+from graphsafe_sampler.stages.min_p import min_p_threshold
 from graphsafe_sampler.stages.top_k_top_p import (
+    CANDIDATE_GROUP,
     CANDIDATE_TILE,
     CANDIDATES,
     apply_top_k_top_p,
     candidate_cut,
+    filter_scaled,
     filter_top_k_top_p,
+    scaled_logits,
     top_candidates,
     top_k_threshold,
     top_k_top_p_cut,
@@ -410,14 +414,17 @@ def test_compiled_conditional_equals_branch_free(gen: torch.Generator) -> None:
 # --- the candidates' two-level top-k and the rows they cover --------------------------------
 
 
-@pytest.mark.parametrize("vocab_size", [4099, 5000, 8192], ids=lambda v: f"V{v}")
+@pytest.mark.parametrize("vocab_size", [4099, 5000, 8192, 40000], ids=lambda v: f"V{v}")
 @pytest.mark.parametrize("n", [5, CANDIDATES])
 def test_top_candidates_are_topk_values(vocab_size: int, n: int, gen: torch.Generator) -> None:
     """The values equal torch.topk's bit for bit (NaN first) on LLM-like, tied, sparse
     (mostly -inf, the padding of a vocabulary that is no multiple of the tile in play),
     NaN and all -inf rows, and each id holds its value (the ids of -inf values may
-    repeat, nothing else)."""
-    assert -(-vocab_size // CANDIDATE_TILE) > CANDIDATES  # two levels, not one topk
+    repeat, nothing else). Every case has two levels; n = 5, and n = CANDIDATES at
+    V = 40,000, also cut the tile maxima at the groups' bound."""
+    tiles = -(-vocab_size // CANDIDATE_TILE)
+    assert tiles > CANDIDATES  # two levels, not one topk
+    assert (-(-tiles // CANDIDATE_GROUP) >= n) == (n == 5 or vocab_size == 40000)
     rows = [
         llm_logits(3, vocab_size, gen),
         tied_logits(3, vocab_size, gen),
@@ -468,3 +475,41 @@ def test_covered_rows_keep_only_candidates(gen: torch.Generator) -> None:
             outside[filtered.candidates.ids[r]] = False
             assert bool(filtered.logits[r, outside].isneginf().all())
             assert float(filtered.logits[r].max()) > NEG_INF
+
+
+@pytest.mark.parametrize("vocab_size", [4099, 8192], ids=lambda v: f"V{v}")
+def test_filter_scaled_equals_the_stages_in_turn(vocab_size: int, gen: torch.Generator) -> None:
+    """filter_scaled, which writes only the filtered logits, gives the tensors of
+    temperature, min_p's mask and filter_top_k_top_p applied one after another; its greedy
+    tokens are the argmax of the scaled logits, the raw logits' on temperature-1 rows
+    (ties to the lowest id, the first NaN, token 0 of an all -inf row, +inf)."""
+    num_rows = 12
+    logits = llm_logits(num_rows, vocab_size, gen)
+    logits[1] = tied_logits(1, vocab_size, gen)
+    logits[2, 7::331] = float(logits[2].max()) + 1.0  # the maximum tied in many tiles
+    logits[3, [40, 4000]] = float("nan")
+    logits[4] = NEG_INF
+    logits[5, vocab_size - 1] = float(logits[5].max()) + 1.0  # in the padded last tile
+    logits[6, 123] = float("inf")
+    logits[7] = torch.randn(vocab_size, generator=gen) * 0.01  # flat: past the candidates
+    temperature = torch.rand(num_rows, generator=gen) * 1.5 + 0.2
+    temperature[:8] = 1.0  # the rows whose greedy token is the raw argmax
+    min_p = torch.where(torch.rand(num_rows, generator=gen) < 0.5, 0.0, 0.05)
+    top_k = torch.randint(0, 100, (num_rows,), generator=gen, dtype=torch.int32)
+    top_p = torch.where(torch.rand(num_rows, generator=gen) < 0.5, 1.0, 0.9)
+    scaled = logits / temperature[:, None]
+    threshold = min_p_threshold(scaled, min_p)
+    stepwise = scaled.masked_fill(scaled < threshold, NEG_INF)
+    assert torch.equal(
+        scaled_logits(logits, temperature, threshold).nan_to_num(nan=1e30),
+        stepwise.nan_to_num(nan=1e30),
+    )
+    want = filter_top_k_top_p(stepwise.clone(), top_k, top_p)
+    got = filter_scaled(logits, temperature, threshold, top_k, top_p)
+    for a, b in ((got.logits, want.logits), (got.candidates.values, want.candidates.values)):
+        assert torch.equal(a.nan_to_num(nan=1e30), b.nan_to_num(nan=1e30))
+    assert torch.equal(got.covered, want.covered)
+    assert got.greedy is not None
+    assert torch.equal(got.greedy, scaled.argmax(-1))
+    assert torch.equal(got.greedy[:8], logits[:8].argmax(-1))
+    assert got.greedy[:7].tolist()[2:7] == [int(logits[2].argmax()), 40, 0, vocab_size - 1, 123]

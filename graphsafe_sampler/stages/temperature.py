@@ -46,6 +46,11 @@ class TemperatureState(SlotTables):
         slots: torch.Tensor,  # [num_rows] int64
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits / T, with greedy rows unchanged; is_greedy [num_rows] bool)."""
+        divisor, is_greedy = self.divisors(slots)
+        return logits / divisor[:, None], is_greedy
+
+    def divisors(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """([num_rows] float32 T, 1 on greedy rows; is_greedy [num_rows] bool)."""
         temperature = self.temperature.device[slots]
         is_greedy = temperature < GREEDY_TEMPERATURE
-        return logits / torch.where(is_greedy, 1.0, temperature)[:, None], is_greedy
+        return torch.where(is_greedy, 1.0, temperature), is_greedy

@@ -141,6 +141,9 @@ this, and a top-p whose nucleus lies within them, are settled from them alone.""
 CANDIDATE_TILE = 32
 """Tokens a tile of `top_candidates`' first level (its maximum stands for it)."""
 
+CANDIDATE_GROUP = 8
+"""Tiles a group of `top_candidates`' threshold level (where the row has n groups or more)."""
+
 
 class Candidates(NamedTuple):
     """Each row's `n` largest logits: values [num_rows, n] float32, descending (NaN first),
@@ -151,7 +154,33 @@ class Candidates(NamedTuple):
     ids: torch.Tensor
 
 
-def top_candidates(logits: torch.Tensor, n: int) -> Candidates:  # logits [num_rows, V]
+def tiled(values: torch.Tensor, width: int = CANDIDATE_TILE) -> torch.Tensor:
+    """[num_rows, L] -> [num_rows, ceil(L / width), width]: runs of `width` columns, the
+    last padded with -inf (a view where L is a multiple of `width`)."""
+    num_rows, length = values.shape
+    tiles = -(-length // width)
+    pad = tiles * width - length
+    padded = torch.nn.functional.pad(values, (0, pad), value=float("-inf")) if pad else values
+    return padded.view(num_rows, tiles, width)
+
+
+def _tile_max(values: torch.Tensor, width: int) -> torch.Tensor:
+    """[num_rows, L] -> [num_rows, ceil(L / width)]: each run of `width` columns' maximum
+    (NaN where it holds one)."""
+    return tiled(values, width).amax(-1)
+
+
+def _at_or_above(values: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
+    """`values` with everything below `bound` [num_rows, 1] set to -inf, NaN kept: when n
+    of them reach `bound`, their top n values are unchanged."""
+    return torch.where((values >= bound) | values.isnan(), values, float("-inf"))
+
+
+def top_candidates(
+    logits: torch.Tensor,  # [num_rows, V]
+    n: int,
+    tile_max: torch.Tensor | None = None,  # [num_rows, ceil(V / CANDIDATE_TILE)], if at hand
+) -> Candidates:
     """The n largest logits of each row, the values exactly `logits.topk(n)`'s.
 
     Two small top-k's instead of one over the row (which costs about 4 passes over it on a
@@ -160,24 +189,31 @@ def top_candidates(logits: torch.Tensor, n: int) -> Candidates:  # logits [num_r
     distinct tokens reach it), and every other tile lies at or below m, so every value above
     m is in a chosen tile, and so are as many copies of a value equal to m as the top n
     hold. A NaN makes its tile's maximum NaN, which both top-k's rank first, as topk does.
+
+    Each top-k first sees its input cut at a bound that n of its entries reach (so the top
+    n are unchanged; CPU topk runs 2-3x faster on a row that is mostly -inf): the gathered
+    values at m, and the tile maxima, where the row has n groups of CANDIDATE_GROUP tiles,
+    at the n-th largest group maximum (n groups each hold a tile that reaches it).
     """
     num_rows, vocab_size = logits.shape
     num_tiles = -(-vocab_size // CANDIDATE_TILE)
     if num_tiles <= n:  # a small vocabulary: one top-k is as cheap
         values, ids = logits.topk(n, dim=-1)
         return Candidates(values, ids)
-    pad = num_tiles * CANDIDATE_TILE - vocab_size
-    padded = torch.nn.functional.pad(logits, (0, pad), value=float("-inf")) if pad else logits
-    tile_max = padded.view(num_rows, num_tiles, CANDIDATE_TILE).amax(-1)  # [num_rows, tiles]
-    tiles = tile_max.topk(n, dim=-1).indices  # [num_rows, n]
+    if tile_max is None:
+        tile_max = _tile_max(logits, CANDIDATE_TILE)  # [num_rows, tiles]
+    if -(-num_tiles // CANDIDATE_GROUP) >= n:
+        group_max = _tile_max(tile_max, CANDIDATE_GROUP)  # [num_rows, groups]
+        tile_max = _at_or_above(tile_max, group_max.topk(n, dim=-1).values[:, -1:])
+    top_tiles = tile_max.topk(n, dim=-1)  # [num_rows, n], descending
     lanes = torch.arange(CANDIDATE_TILE, device=logits.device)
-    ids = (tiles[:, :, None] * CANDIDATE_TILE + lanes).view(num_rows, -1)  # [num_rows, n * T]
+    ids = (top_tiles.indices[:, :, None] * CANDIDATE_TILE + lanes).view(num_rows, -1)
     # The last tile's padding reads as -inf at id V-1: picked only among -inf values, it
     # repeats V-1 (then a candidate) or a -inf token, which no consumer tells apart.
     inside = ids < vocab_size
     ids = ids.clamp(max=vocab_size - 1)
-    gathered = torch.where(inside, logits.gather(1, ids), float("-inf"))
-    values, picks = gathered.topk(n, dim=-1)
+    gathered = torch.where(inside, logits.gather(1, ids), float("-inf"))  # [num_rows, n * T]
+    values, picks = _at_or_above(gathered, top_tiles.values[:, -1:]).topk(n, dim=-1)
     return Candidates(values, ids.gather(1, picks))
 
 
@@ -232,10 +268,12 @@ def top_k_top_p_cut(
     top_k: torch.Tensor,  # [num_rows] int; <= 0 or >= V is off
     top_p: torch.Tensor,  # [num_rows] float32; >= 1 is off
     conditional: bool | None = None,
-    candidates: Candidates | None = None,  # top_candidates(logits, min(CANDIDATES, V))
+    candidates: Candidates | None = None,  # top_candidates of the filtered logits
+    scale: tuple[torch.Tensor, torch.Tensor] | None = None,  # (temperature, threshold)
 ) -> torch.Tensor:
     """[num_rows, 1] float32: the top-k then top-p cut (keep `logits >= cut`): the
     candidates' where they settle the row (`candidate_cut`), the exact searches' elsewhere.
+    With `scale`, of `scaled_logits(logits, *scale)` rather than of `logits`.
 
     Branch-free: both run, and each row takes one. `conditional` (None: under torch.compile
     on a CPU, the only place docs/design.md allows data-dependent control flow) adds a
@@ -243,34 +281,61 @@ def top_k_top_p_cut(
     every row is settled; the cut is the same."""
     if conditional is None:
         conditional = logits.device.type == "cpu" and torch.compiler.is_compiling()
-    cut, settled = candidate_cut(logits, top_k, top_p, candidates)
+    num_rows = logits.shape[0]
+    if scale is None:  # the operands' shape is the same either way: a no-op scale
+        temperature = torch.ones(num_rows, device=logits.device)
+        threshold = torch.full((num_rows, 1), float("-inf"), device=logits.device)
+    else:
+        temperature, threshold = scale
+    # the scaled logits are remade inside each branch from its operands, never written
+    filtered = scaled_logits(logits, temperature, threshold) if scale is not None else logits
+    cut, settled = candidate_cut(filtered, top_k, top_p, candidates)
 
-    def searched(
-        logits: torch.Tensor,
-        top_k: torch.Tensor,
-        top_p: torch.Tensor,
-        cut: torch.Tensor,
-        settled: torch.Tensor,
-    ) -> torch.Tensor:
+    def searched(*ops: torch.Tensor) -> torch.Tensor:
+        logits, temperature, threshold, top_k, top_p, cut, settled = ops
+        if scale is not None:
+            logits = scaled_logits(logits, temperature, threshold)
         exact = top_p_threshold(logits, top_p, top_k_threshold(logits, top_k))
         return torch.where(settled, cut, exact)
 
-    operands = (logits, top_k, top_p, cut, settled)
+    operands = (logits, temperature, threshold, top_k, top_p, cut, settled)
     if conditional:
         # both branches take the same operands; the settled one only copies the cut out
-        return torch.cond(settled.all(), lambda *ops: ops[3].clone(), searched, operands)
+        return torch.cond(settled.all(), lambda *ops: ops[5].clone(), searched, operands)
     return searched(*operands)
+
+
+def scaled_logits(
+    logits: torch.Tensor,  # [num_rows, V] float32
+    temperature: torch.Tensor,  # [num_rows] float32 > 0
+    threshold: torch.Tensor,  # [num_rows, 1] float32 (-inf: keep all)
+) -> torch.Tensor:
+    """`logits / temperature` with what falls below `threshold` set to -inf (NaN kept):
+    temperature, then min_p's mask, as `filter_scaled` reads them."""
+    scaled = logits / temperature[:, None]
+    return torch.where(scaled < threshold, float("-inf"), scaled)
 
 
 class Filtered(NamedTuple):
     """`filter_top_k_top_p`'s result: logits [num_rows, V] float32, masked; the candidates
     the cut came from (before the mask); covered [num_rows] bool, where every token the row
     keeps is a candidate and its maximum is above -inf (and not NaN): a race among the
-    candidates draws the token a race over the row would (`SamplingState.race_covered`)."""
+    candidates draws the token a race over the row would (`SamplingState.race_covered`);
+    greedy [num_rows] int64 (`filter_scaled` only), each row's argmax before the cut."""
 
     logits: torch.Tensor
     candidates: Candidates
     covered: torch.Tensor
+    greedy: torch.Tensor | None = None
+
+
+def _covered(candidates: Candidates, cut: torch.Tensor) -> torch.Tensor:
+    """[num_rows] bool: every token at or above `cut` [num_rows, 1] is a candidate, and the
+    largest is above -inf."""
+    last = candidates.values[:, -1:]
+    # a token that is no candidate lies at or below `last`: kept only where cut <= last
+    covered = ((cut > last) | (last == float("-inf"))) & (candidates.values[:, :1] > float("-inf"))
+    return covered[:, 0]
 
 
 def filter_top_k_top_p(
@@ -282,11 +347,51 @@ def filter_top_k_top_p(
     candidates and the rows they cover."""
     candidates = top_candidates(logits, min(CANDIDATES, logits.shape[1]))
     cut = top_k_top_p_cut(logits, top_k, top_p, candidates=candidates)
-    last = candidates.values[:, -1:]
-    # a token that is no candidate lies at or below `last`: kept only where cut <= last
-    covered = ((cut > last) | (last == float("-inf"))) & (candidates.values[:, :1] > float("-inf"))
     logits = logits.masked_fill_(logits < cut, float("-inf"))
-    return Filtered(logits, candidates, covered[:, 0])
+    return Filtered(logits, candidates, _covered(candidates, cut))
+
+
+def filter_scaled(
+    logits: torch.Tensor,  # [num_rows, V] float32, read only: the logits before temperature
+    temperature: torch.Tensor,  # [num_rows] float32 > 0 (1 on greedy rows)
+    threshold: torch.Tensor,  # [num_rows, 1] float32: min_p's, of logits / temperature
+    top_k: torch.Tensor,  # [num_rows] int; 0, -1 (any <= 0) or >= V is off
+    top_p: torch.Tensor,  # [num_rows] float32; 1.0 (any >= 1) is off
+) -> Filtered:
+    """`filter_top_k_top_p` of `scaled_logits(logits, temperature, threshold)`, the same
+    tensors, with one [num_rows, V] tensor written (the filtered logits, new) instead of
+    three: the scaled logits are a value each pass that reads them computes again, inside
+    the conditional too. Its tile maxima also give `greedy`, each row's argmax of the
+    scaled logits (on a greedy row, of `logits`: temperature 1 changes nothing, and min_p
+    keeps the maximum)."""
+    vocab_size = logits.shape[1]
+    scaled = scaled_logits(logits, temperature, threshold)
+    tile_max = _tile_max(scaled, CANDIDATE_TILE)  # [num_rows, tiles]
+    candidates = top_candidates(scaled, min(CANDIDATES, vocab_size), tile_max)
+    cut = top_k_top_p_cut(
+        logits, top_k, top_p, candidates=candidates, scale=(temperature, threshold)
+    )
+    filtered = torch.where(scaled < cut, float("-inf"), scaled)
+    greedy = _argmax_by_tiles(scaled, tile_max)
+    return Filtered(filtered, candidates, _covered(candidates, cut), greedy)
+
+
+def _argmax_by_tiles(
+    values: torch.Tensor,  # [num_rows, V] float32
+    tile_max: torch.Tensor,  # [num_rows, tiles]: _tile_max(values, CANDIDATE_TILE)
+) -> torch.Tensor:
+    """[num_rows] int64: `values.argmax(-1)` (the lowest index of the maximum, or of the
+    first NaN), from the first tile that holds it: a gather of one tile a row instead of
+    an argmax over the row, which costs about two max passes on a CPU."""
+    vocab_size = values.shape[1]
+    row_max = tile_max.amax(-1, keepdim=True)  # NaN where any tile is NaN
+    holds = (tile_max == row_max) | tile_max.isnan()  # [num_rows, tiles]
+    first = holds.to(torch.int8).argmax(-1, keepdim=True)  # the first True: [num_rows, 1]
+    lanes = torch.arange(CANDIDATE_TILE, device=values.device)
+    ids = first * CANDIDATE_TILE + lanes  # [num_rows, T]
+    inside = ids < vocab_size  # the last tile's padding is -inf, as _tile_max reads it
+    tile = torch.where(inside, values.gather(1, ids.clamp(max=vocab_size - 1)), float("-inf"))
+    return (first[:, 0] * CANDIDATE_TILE + tile.argmax(-1)).long()
 
 
 def apply_top_k_top_p(
@@ -336,3 +441,14 @@ class TopKTopPState(SlotTables):
     ) -> Filtered:
         """`filter_top_k_top_p` with each row's request parameters."""
         return filter_top_k_top_p(logits, self.top_k.device[slots], self.top_p.device[slots])
+
+    def filter_scaled(
+        self,
+        logits: torch.Tensor,  # [num_rows, V] float32, read only
+        temperature: torch.Tensor,  # [num_rows] float32 > 0
+        threshold: torch.Tensor,  # [num_rows, 1] float32
+        slots: torch.Tensor,  # [num_rows] int64
+    ) -> Filtered:
+        """`filter_scaled` with each row's request parameters."""
+        top_k, top_p = self.top_k.device[slots], self.top_p.device[slots]
+        return filter_scaled(logits, temperature, threshold, top_k, top_p)
