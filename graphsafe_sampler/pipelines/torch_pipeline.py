@@ -57,8 +57,12 @@ class TorchPipeline:
             columns = torch.arange(drafts.shape[1], device=drafts.device)
             preceding = columns[None, :] < num_preceding[:, None]  # [rows, S]
             x = s.penalties.apply(x, slots, extra_tokens=drafts, extra_mask=preceding)
-        if any(proc.is_argmax_invariant() for proc in s.custom):
-            # custom processors between min_p and top-k/top-p: each stage writes its logits
+        fused = torch.compiler.is_compiling() and not any(
+            proc.is_argmax_invariant() for proc in s.custom
+        )
+        if not fused:
+            # eager (where each op is its own pass), or custom processors between min_p and
+            # top-k/top-p: each stage writes its logits
             greedy = x.argmax(dim=-1)  # [rows]; lowest index on ties
             x, is_greedy = s.temperature.apply(x, slots)
             x = s.min_p.apply_slots(x, slots)
@@ -67,8 +71,9 @@ class TorchPipeline:
                     x = proc.apply_slots(x, slots)
             filtered = s.top_k_top_p.filter(x, slots)
         else:
-            # temperature, min_p and top-k/top-p read x and write the filtered logits once;
-            # the greedy tokens come from the filter's tile maxima (`filter_scaled`)
+            # compiled: temperature, min_p and top-k/top-p read x and write the filtered
+            # logits once; the greedy tokens come from the filter's tile maxima
+            # (`filter_scaled`, which gives the same tensors)
             divisor, is_greedy = s.temperature.divisors(slots)
             threshold = s.min_p.threshold(x / divisor[:, None], slots)
             filtered = s.top_k_top_p.filter_scaled(x, divisor, threshold, slots)

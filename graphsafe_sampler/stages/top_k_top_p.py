@@ -23,6 +23,9 @@ from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.slot_tables import SlotTables
 
 _BITS_PER_PASS = 2
+"""Compiled: the 3 thresholds of a pass are masked sums fused into one loop over the row."""
+_EAGER_BITS_PER_PASS = 1
+"""Eager, where every threshold's masked sum is ops of its own: 32 of them, not 48."""
 _INT32_MIN = -(2**31)
 # ordered(-inf): bits 0xFF800000 (as int32) ^ 0x7FFFFFFF. Anything below is a negative NaN.
 _ORDERED_NEG_INF = -0x00800000 ^ 0x7FFFFFFF
@@ -54,18 +57,20 @@ def _largest_threshold(
     weight_at_or_above(t [num_rows, 1] float32) -> [num_rows, 1] must not shrink as t falls.
     Where no t reaches the target, the answer is -inf's image (keep everything).
 
-    A radix search, `_BITS_PER_PASS` bits a pass from the top: a pass measures the weight at
-    the 3 smallest thresholds whose next digit is 1, 2, 3 (3 masked sums fused into one loop,
-    comparing as floats against candidates made on [num_rows, 1] tensors, so no token is
-    bit-cast); the digit is how many of them still reach the target. Branch-free: every row
+    A radix search, `_BITS_PER_PASS` bits a pass from the top (`_EAGER_BITS_PER_PASS`
+    uncompiled): a pass measures the weight at the 3 smallest thresholds whose next digit is
+    1, 2, 3 (3 masked sums fused into one loop, comparing as floats against candidates made
+    on [num_rows, 1] tensors, so no token is bit-cast); the digit is how many of them still
+    reach the target. The answer is the same for any digit width. Branch-free: every row
     pays the same work whether its filters are on or off.
     """
+    bits = _BITS_PER_PASS if torch.compiler.is_compiling() else _EAGER_BITS_PER_PASS
     # The answer + 2**31, in [0, 2**32), built from the top digit down; int64 so that the
     # arithmetic never wraps and each candidate converts to int32 exactly.
     offset = torch.zeros(num_rows, 1, dtype=torch.int64, device=device)
-    for shift in range(32 - _BITS_PER_PASS, -1, -_BITS_PER_PASS):
+    for shift in range(32 - bits, -1, -bits):
         digit = torch.zeros(num_rows, 1, dtype=torch.int64, device=device)
-        for candidate_digit in range(1, 1 << _BITS_PER_PASS):
+        for candidate_digit in range(1, 1 << bits):
             # The smallest threshold with this next digit: if it reaches the target, the
             # answer's digit is at least `candidate_digit`.
             candidate = _offset_to_ordered(offset + (candidate_digit << shift))
