@@ -505,7 +505,7 @@ def test_filter_scaled_equals_the_stages_in_turn(vocab_size: int, gen: torch.Gen
         stepwise.nan_to_num(nan=1e30),
     )
     want = filter_top_k_top_p(stepwise.clone(), top_k, top_p)
-    got = filter_scaled(logits, temperature, threshold, top_k, top_p)
+    got = filter_scaled(logits, temperature, min_p, top_k, top_p)
     for a, b in ((got.logits, want.logits), (got.candidates.values, want.candidates.values)):
         assert torch.equal(a.nan_to_num(nan=1e30), b.nan_to_num(nan=1e30))
     assert torch.equal(got.covered, want.covered)

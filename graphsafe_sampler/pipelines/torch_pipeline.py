@@ -75,8 +75,8 @@ class TorchPipeline:
             # logits once; the greedy tokens come from the filter's tile maxima
             # (`filter_scaled`, which gives the same tensors)
             divisor, is_greedy = s.temperature.divisors(slots)
-            threshold = s.min_p.threshold(x / divisor[:, None], slots)
-            filtered = s.top_k_top_p.filter_scaled(x, divisor, threshold, slots)
+            min_p = s.min_p.values(slots)
+            filtered = s.top_k_top_p.filter_scaled(x, divisor, min_p, slots)
             assert filtered.greedy is not None  # filter_scaled makes it
             greedy = filtered.greedy
         return Processed(

@@ -38,10 +38,10 @@ class MinPLogitsProcessor(SlotLogitsProcessor):
     ) -> None:
         self.min_p.write(slot, params.min_p)
 
-    def threshold(self, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """[num_rows, 1]: `min_p_threshold` of logits [num_rows, V] with each row's min_p."""
-        return min_p_threshold(logits, self.min_p.device[slots])
+    def values(self, slots: torch.Tensor) -> torch.Tensor:
+        """[num_rows] float32: each row's min_p (0 = off), for slots [num_rows] int64."""
+        return self.min_p.device[slots]
 
     def apply_slots(self, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        threshold = self.threshold(logits, slots)
+        threshold = min_p_threshold(logits, self.values(slots))
         return logits.masked_fill_(logits < threshold, float("-inf"))

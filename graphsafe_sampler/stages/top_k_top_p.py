@@ -21,6 +21,7 @@ import torch
 from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.slot_tables import SlotTables
+from graphsafe_sampler.stages.min_p import min_p_threshold
 
 _BITS_PER_PASS = 2
 """Compiled: the 3 thresholds of a pass are masked sums fused into one loop over the row."""
@@ -286,27 +287,21 @@ def top_k_top_p_cut(
     every row is settled; the cut is the same."""
     if conditional is None:
         conditional = logits.device.type == "cpu" and torch.compiler.is_compiling()
-    num_rows = logits.shape[0]
-    if scale is None:  # the operands' shape is the same either way: a no-op scale
-        temperature = torch.ones(num_rows, device=logits.device)
-        threshold = torch.full((num_rows, 1), float("-inf"), device=logits.device)
-    else:
-        temperature, threshold = scale
-    # the scaled logits are remade inside each branch from its operands, never written
-    filtered = scaled_logits(logits, temperature, threshold) if scale is not None else logits
+    # the scaled logits are remade from the operands wherever they are read, never written
+    filtered = logits if scale is None else scaled_logits(logits, *scale)
     cut, settled = candidate_cut(filtered, top_k, top_p, candidates)
 
     def searched(*ops: torch.Tensor) -> torch.Tensor:
-        logits, temperature, threshold, top_k, top_p, cut, settled = ops
-        if scale is not None:
-            logits = scaled_logits(logits, temperature, threshold)
+        logits, top_k, top_p, cut, settled, *scaling = ops  # scaling: `scale`, if given
+        if scaling:
+            logits = scaled_logits(logits, *scaling)
         exact = top_p_threshold(logits, top_p, top_k_threshold(logits, top_k))
         return torch.where(settled, cut, exact)
 
-    operands = (logits, temperature, threshold, top_k, top_p, cut, settled)
+    operands = (logits, top_k, top_p, cut, settled, *(scale or ()))
     if conditional:
         # both branches take the same operands; the settled one only copies the cut out
-        return torch.cond(settled.all(), lambda *ops: ops[5].clone(), searched, operands)
+        return torch.cond(settled.all(), lambda *ops: ops[3].clone(), searched, operands)
     return searched(*operands)
 
 
@@ -359,19 +354,24 @@ def filter_top_k_top_p(
 def filter_scaled(
     logits: torch.Tensor,  # [num_rows, V] float32, read only: the logits before temperature
     temperature: torch.Tensor,  # [num_rows] float32 > 0 (1 on greedy rows)
-    threshold: torch.Tensor,  # [num_rows, 1] float32: min_p's, of logits / temperature
+    min_p: torch.Tensor,  # [num_rows] float32 (0 = off)
     top_k: torch.Tensor,  # [num_rows] int; 0, -1 (any <= 0) or >= V is off
     top_p: torch.Tensor,  # [num_rows] float32; 1.0 (any >= 1) is off
 ) -> Filtered:
-    """`filter_top_k_top_p` of `scaled_logits(logits, temperature, threshold)`, the same
-    tensors, with one [num_rows, V] tensor written (the filtered logits, new) instead of
-    three: the scaled logits are a value each pass that reads them computes again, inside
-    the conditional too. Its tile maxima also give `greedy`, each row's argmax of the
-    scaled logits (on a greedy row, of `logits`: temperature 1 changes nothing, and min_p
-    keeps the maximum)."""
+    """`filter_top_k_top_p` of the logits after temperature and min_p's mask
+    (`scaled_logits` with `min_p_threshold` of `logits / temperature`), the same tensors,
+    with one [num_rows, V] tensor written (the filtered logits, new) instead of three: the
+    scaled logits are a value each pass that reads them computes again, inside the
+    conditional too. One pass makes the tile maxima of `logits / temperature`, which give
+    min_p's row maximum and, masked at its threshold, the candidates' first level (a tile's
+    maximum survives the mask exactly when some token of it does). They also give
+    `greedy`, each row's argmax of the scaled logits (on a greedy row, of `logits`:
+    temperature 1 changes nothing, and min_p keeps the maximum)."""
     vocab_size = logits.shape[1]
+    unmasked_max = _tile_max(logits / temperature[:, None], CANDIDATE_TILE)  # [num_rows, tiles]
+    threshold = min_p_threshold(unmasked_max, min_p)  # the row max is the tiles' max
+    tile_max = torch.where(unmasked_max < threshold, float("-inf"), unmasked_max)
     scaled = scaled_logits(logits, temperature, threshold)
-    tile_max = _tile_max(scaled, CANDIDATE_TILE)  # [num_rows, tiles]
     candidates = top_candidates(scaled, min(CANDIDATES, vocab_size), tile_max)
     cut = top_k_top_p_cut(
         logits, top_k, top_p, candidates=candidates, scale=(temperature, threshold)
@@ -451,9 +451,9 @@ class TopKTopPState(SlotTables):
         self,
         logits: torch.Tensor,  # [num_rows, V] float32, read only
         temperature: torch.Tensor,  # [num_rows] float32 > 0
-        threshold: torch.Tensor,  # [num_rows, 1] float32
+        min_p: torch.Tensor,  # [num_rows] float32
         slots: torch.Tensor,  # [num_rows] int64
     ) -> Filtered:
         """`filter_scaled` with each row's request parameters."""
         top_k, top_p = self.top_k.device[slots], self.top_p.device[slots]
-        return filter_scaled(logits, temperature, threshold, top_k, top_p)
+        return filter_scaled(logits, temperature, min_p, top_k, top_p)
