@@ -40,4 +40,6 @@ class BitmaskUnpacker:
         """words: [rows, ceil(V/32)] int32 -> [rows, V] bool (True = allowed)."""
         # An arithmetic shift of a negative word still leaves the wanted bit at position 0.
         bits = (words[:, :, None] >> self.shifts) & 1  # [rows, W, 32]
-        return bits.view(words.shape[0], -1)[:, : self.vocab_size].bool()
+        # `!= 0`, not `.bool()`: inductor's CPU code turns an int-to-bool cast into a
+        # lane-by-lane mask through the stack, a compare into one vector instruction
+        return bits.view(words.shape[0], -1)[:, : self.vocab_size] != 0
