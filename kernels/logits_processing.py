@@ -291,8 +291,8 @@ def _process_logits_kernel(
     # the biased tokens are rewritten below, by other threads than the dense pass's
     tl.debug_barrier()
 
-    # 1. logit bias, then steps 3-6 again on those tokens: keys are unique within a slot,
-    # so no two lanes touch one token
+    # 1. logit bias, then steps 3-6 again on those tokens: keys are unique within a slot
+    # and unused entries repeat the first, so lanes that share a token store one value
     for start in range(0, num_bias, SPARSE_BLOCK):
         entry = start + tl.arange(0, SPARSE_BLOCK)
         used = entry < num_bias

@@ -53,7 +53,8 @@ def _logsumexp(
     of exp against its maximum, times exp(tile max - row max)); not finite where the row
     holds NaN or +inf, or is all -inf, as `torch.logsumexp` is there."""
     # an all -inf tile shifts by 0, so that its sum is 0, not NaN
-    shift = torch.where(tile_max.isfinite(), tile_max, 0.0)
+    # |x| < inf, not isfinite(): inductor's CPU code tests isfinite lane by lane
+    shift = torch.where(tile_max.abs() < float("inf"), tile_max, 0.0)
     sums = torch.exp(tiles - shift[:, :, None]).sum(-1)  # [num_rows, tiles]
     row_max = tile_max.amax(-1, keepdim=True)  # [num_rows, 1]
     row_shift = torch.where(row_max.isfinite(), row_max, 0.0)

@@ -179,7 +179,8 @@ def _tile_max(values: torch.Tensor, width: int) -> torch.Tensor:
 def _at_or_above(values: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
     """`values` with everything below `bound` [num_rows, 1] set to -inf, NaN kept: when n
     of them reach `bound`, their top n values are unchanged."""
-    return torch.where((values >= bound) | values.isnan(), values, float("-inf"))
+    # `values != values`, not isnan(): inductor's CPU code tests isnan lane by lane
+    return torch.where((values >= bound) | (values != values), values, float("-inf"))
 
 
 def top_candidates(
@@ -390,7 +391,7 @@ def _argmax_by_tiles(
     an argmax over the row, which costs about two max passes on a CPU."""
     vocab_size = values.shape[1]
     row_max = tile_max.amax(-1, keepdim=True)  # NaN where any tile is NaN
-    holds = (tile_max == row_max) | tile_max.isnan()  # [num_rows, tiles]
+    holds = (tile_max == row_max) | (tile_max != tile_max)  # [num_rows, tiles]; NaN too
     first = holds.to(torch.int8).argmax(-1, keepdim=True)  # the first True: [num_rows, 1]
     lanes = torch.arange(CANDIDATE_TILE, device=values.device)
     ids = first * CANDIDATE_TILE + lanes  # [num_rows, T]
