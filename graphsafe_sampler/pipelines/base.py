@@ -5,6 +5,7 @@ once, when the sampler is built (`make_pipeline`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,6 +41,10 @@ class Processed:
         top-k/top-p mask (the PyTorch pipeline's, from top-k/top-p), and
     covered: [num_rows] bool or None: the rows whose kept tokens are all candidates, which
         a race among the candidates samples (`SamplingState.race_covered`).
+    remake: (fn, operands) or None: fn(*operands) equals `logits`, and fn of some rows of
+        every operand equals those rows of it (the PyTorch pipeline's, compiled): sampling
+        recomputes the logits from it, so that, where nothing else reads `logits`, the
+        compiled step never writes them.
     """
 
     logits: torch.Tensor
@@ -50,6 +55,7 @@ class Processed:
     raw_tiles: torch.Tensor | None = None
     candidate_ids: torch.Tensor | None = None
     covered: torch.Tensor | None = None
+    remake: tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]] | None = None
 
     def greedy_tokens(self) -> torch.Tensor:
         """[num_rows] int64, each row's greedy token (an argmax pass where not at hand)."""

@@ -86,6 +86,7 @@ class TorchPipeline:
             is_greedy,
             candidate_ids=filtered.candidates.ids,
             covered=filtered.covered,
+            remake=filtered.remake,
         )
 
     def sample(self, processed: Processed, slots: torch.Tensor) -> torch.Tensor:
@@ -101,6 +102,7 @@ class TorchPipeline:
             processed.is_greedy,
             slots,
             positions,
+            remake=processed.remake,
         )
         return torch.where(processed.is_greedy, processed.greedy_tokens(), random)
 

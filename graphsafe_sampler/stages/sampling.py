@@ -106,6 +106,7 @@ class SamplingState(SlotTables):
         slots: torch.Tensor,  # [num_rows] int64
         positions: torch.Tensor,  # [num_rows] int64
         conditional: bool | None = None,
+        remake: tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]] | None = None,
     ) -> torch.Tensor:
         """[num_rows] int64: `race` on SALT_SAMPLE, the same tokens wherever `~unread`.
 
@@ -113,38 +114,43 @@ class SamplingState(SlotTables):
         (None: under torch.compile on a CPU, where docs/design.md allows data-dependent
         control flow), traced conditionals (`torch.cond`) race the covered rows over their
         candidates and only the rest over the vocabulary: none, the fewest lanes of
-        `LANE_FRACTIONS` that hold them all, or every row."""
+        `LANE_FRACTIONS` that hold them all, or every row. `remake` (fn, operands), where
+        fn(*operands) is `logits` and fn of some rows of each operand those rows of it: the
+        races compute their logits from it, so that `logits` itself is never read (and,
+        compiled, never written where nothing else reads it)."""
         if conditional is None:
             conditional = logits.device.type == "cpu" and torch.compiler.is_compiling()
+        make, sources = remake if remake is not None else (_same, (logits,))
         if not conditional:
-            return self.race(logits, slots, positions)
+            return self.race(make(*sources), slots, positions)
         num_rows = logits.shape[0]
         # No comparison of the sizes (a dynamic batch dimension would be pinned to one
         # size), and at least 2 lanes (a dynamic size that could be 1 guards on it)
         fractions = sorted(LANE_FRACTIONS, reverse=True)
         ladder = [min(num_rows, max(2, num_rows // f)) for f in fractions]
         need = ~(covered | unread)  # [num_rows]: rows that race over the vocabulary
-        drawn = self.race_candidates(logits, ids, slots, positions)  # cheap: n a row
-        operands = (logits, drawn, need, slots, positions)
+        drawn = self.race_candidates(make(*sources), ids, slots, positions)  # n a row
+        operands = (drawn, need, slots, positions, *sources)
 
-        # each branch takes the operands (logits, drawn, need, slots, positions)
+        # each branch takes the operands (drawn, need, slots, positions, *sources)
         def candidates_only(*ops: torch.Tensor) -> torch.Tensor:
-            return ops[1].clone()
+            return ops[0].clone()
 
         def in_lanes(lanes: int) -> Callable[..., torch.Tensor]:
             def race_lanes(*ops: torch.Tensor) -> torch.Tensor:
-                logits, drawn, need, slots, positions = ops
+                drawn, need, slots, positions, *rows_of = ops
                 # the rows in need first; the lanes they leave hold other rows, whose race
                 # over the vocabulary draws their candidate race's token (or an unread one)
                 rows = need.to(torch.int8).argsort(descending=True, stable=True)[:lanes]
-                full = self.race(logits[rows], slots[rows], positions[rows])
+                lane_logits = make(*(source[rows] for source in rows_of))
+                full = self.race(lane_logits, slots[rows], positions[rows])
                 return drawn.scatter(0, rows, full)
 
             return race_lanes
 
         def every_row(*ops: torch.Tensor) -> torch.Tensor:
-            logits, _, _, slots, positions = ops
-            return self.race(logits, slots, positions)
+            _, _, slots, positions, *rows_of = ops
+            return self.race(make(*rows_of), slots, positions)
 
         def fewest_lanes(level: int) -> Callable[..., torch.Tensor]:
             # the ladder from `level` up: its lanes if they hold every row in need, else the
@@ -154,9 +160,14 @@ class SamplingState(SlotTables):
             lanes = ladder[level]
 
             def choose(*ops: torch.Tensor) -> torch.Tensor:
-                fits = ops[2].sum() <= lanes
+                fits = ops[1].sum() <= lanes
                 return torch.cond(fits, in_lanes(lanes), fewest_lanes(level + 1), ops)
 
             return choose
 
         return torch.cond(need.any(), fewest_lanes(0), candidates_only, operands)
+
+
+def _same(logits: torch.Tensor) -> torch.Tensor:
+    """`race_covered`'s remake where none is given: the logits themselves."""
+    return logits

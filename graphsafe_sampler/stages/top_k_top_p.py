@@ -317,17 +317,33 @@ def scaled_logits(
     return torch.where(scaled < threshold, float("-inf"), scaled)
 
 
+def cut_scaled(
+    logits: torch.Tensor,  # [num_rows, V] float32
+    temperature: torch.Tensor,  # [num_rows] float32 > 0
+    threshold: torch.Tensor,  # [num_rows, 1] float32: min_p's (-inf: keep all)
+    cut: torch.Tensor,  # [num_rows, 1] float32: top-k/top-p's
+) -> torch.Tensor:
+    """`scaled_logits` with what falls below `cut` set to -inf too: `filter_scaled`'s
+    logits, pointwise in the rows of every operand."""
+    scaled = scaled_logits(logits, temperature, threshold)
+    return torch.where(scaled < cut, float("-inf"), scaled)
+
+
 class Filtered(NamedTuple):
     """`filter_top_k_top_p`'s result: logits [num_rows, V] float32, masked; the candidates
     the cut came from (before the mask); covered [num_rows] bool, where every token the row
     keeps is a candidate and its maximum is above -inf (and not NaN): a race among the
     candidates draws the token a race over the row would (`SamplingState.race_covered`);
-    greedy [num_rows] int64 (`filter_scaled` only), each row's argmax before the cut."""
+    greedy [num_rows] int64 (`filter_scaled` only), each row's argmax before the cut;
+    remake (`filter_scaled` only): (`cut_scaled`, its operands), which give `logits` again,
+    or any rows of it from those rows of the operands: a consumer under torch.compile that
+    recomputes them instead spares the step writing `logits` at all."""
 
     logits: torch.Tensor
     candidates: Candidates
     covered: torch.Tensor
     greedy: torch.Tensor | None = None
+    remake: tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]] | None = None
 
 
 def _covered(candidates: Candidates, cut: torch.Tensor) -> torch.Tensor:
@@ -377,9 +393,10 @@ def filter_scaled(
     cut = top_k_top_p_cut(
         logits, top_k, top_p, candidates=candidates, scale=(temperature, threshold)
     )
-    filtered = torch.where(scaled < cut, float("-inf"), scaled)
+    operands = (logits, temperature, threshold, cut)
     greedy = _argmax_by_tiles(scaled, tile_max)
-    return Filtered(filtered, candidates, _covered(candidates, cut), greedy)
+    covered = _covered(candidates, cut)
+    return Filtered(cut_scaled(*operands), candidates, covered, greedy, (cut_scaled, operands))
 
 
 def _argmax_by_tiles(
