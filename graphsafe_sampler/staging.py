@@ -128,7 +128,9 @@ class StagedTensor:
         # Whether any row may be dirty: most tables are clean on most steps, and their flush
         # then returns before any numpy call (25 tables a sampler, each flushed every update)
         self._maybe_dirty = False
-        self._device_np: np.ndarray | None = None  # numpy view of a CPU `device`, made once
+        # numpy view of a CPU `device`: the direct copy's rows land by one fancy-index
+        # assignment, not index_select + index_copy_ (two torch ops of ~5 us overhead each)
+        self._device_np = self.device.numpy() if self.device.device.type == "cpu" else None
 
     def __repr__(self) -> str:
         return (
@@ -150,25 +152,21 @@ class StagedTensor:
     def write(self, row: int, value: object) -> None:
         """host[row] = value (broadcast as numpy does) and mark the row dirty."""
         self.np[row] = value
-        self._dirty[row] = True
-        self._maybe_dirty = True
+        self.mark_dirty(row)
 
     def fill_rows(self, rows: int | Sequence[int] | np.ndarray | slice, value: object) -> None:
         self.np[rows] = value
-        self._dirty[rows] = True
-        self._maybe_dirty = True
+        self.mark_dirty(rows)
 
     def copy_rows(self, dst: Sequence[int] | np.ndarray, src: Sequence[int] | np.ndarray) -> None:
         """host[dst] = host[src] (all sources read before any write), marking dst dirty."""
         self.np[np.asarray(dst)] = self.np[np.asarray(src)]
-        self._dirty[np.asarray(dst)] = True
-        self._maybe_dirty = True
+        self.mark_dirty(np.asarray(dst))
 
     def reset(self) -> None:
         """Every row back to the fill value, on host and device (a full flush)."""
         self.np[...] = self.fill
-        self._dirty[:] = True
-        self._maybe_dirty = True
+        self.mark_dirty(slice(None))
         self.flush()
 
     def _alloc_host(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -218,11 +216,14 @@ class StagedTensor:
             return
         self._dirty[:] = False
         if not self._async:
-            # CPU device: a plain copy, same rows, same semantics; through numpy views of
-            # both (one fancy-index assignment, not two torch ops of ~5 us overhead each).
-            if self._device_np is None:
-                self._device_np = self.device.numpy()
-            self._device_np[dirty] = self.np[dirty]
+            # a plain copy, same rows, same semantics (a CPU device's through numpy)
+            if self._device_np is not None:
+                self._device_np[dirty] = self.np[dirty]
+            elif n == self.num_rows:
+                self.device.copy_(self.host)
+            else:
+                index = torch.from_numpy(dirty)
+                self.device.index_copy_(0, index, self.host.index_select(0, index))
             return
         rows, index = self._take_buffer()
         # Whole-tensor copy only when every row is dirty: a partial one would overwrite rows
