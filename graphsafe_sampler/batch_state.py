@@ -26,6 +26,7 @@ from graphsafe_sampler.bitmask import BitmaskUnpacker
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.staging import StagedTensor, pin_memory_available
+from graphsafe_sampler.vocab_shard import VocabShard
 
 # write_added(table, row, params, prompt_tok_ids, output_tok_ids): fill an added row.
 WriteAdded = Callable[
@@ -88,6 +89,9 @@ class BatchState:
         `slots` is a view); `padding_slot` for empty rows.
     num_generated: staged [num_slots] int32; tokens generated so far per slot (set from
         len(output_tok_ids) at add time, advanced on the device by `commit`).
+    shard: the token ids whose logits and token-indexed state this state holds (the whole
+        vocabulary, unless a tensor-parallel rank holds a part: `VocabShard`). Token ids in
+        updates and commits are always global.
     """
 
     def __init__(
@@ -96,9 +100,16 @@ class BatchState:
         device: torch.device | str,
         *,
         pin_memory: bool | None = None,
+        shard: VocabShard | None = None,
     ) -> None:
         self.config = config
         self.device = torch.device(device)
+        self.shard = VocabShard.whole(config.vocab_size) if shard is None else shard
+        if self.shard.vocab_size != config.vocab_size:
+            raise ValueError(
+                f"the shard is of a vocabulary of {self.shard.vocab_size}, "
+                f"the config's is {config.vocab_size}"
+            )
         if pin_memory is None:
             pin_memory = config.pin_memory
         if pin_memory is None:
@@ -131,9 +142,9 @@ class BatchState:
 
     @property
     def bitmask_unpacker(self) -> BitmaskUnpacker:
-        """One vocabulary-sized unpacker shared by every bitmask user of this state."""
+        """One shard-sized unpacker shared by every bitmask user of this state."""
         if self._unpacker is None:
-            self._unpacker = BitmaskUnpacker(self.config.vocab_size, self.device)
+            self._unpacker = BitmaskUnpacker(self.shard.size, self.device)
         return self._unpacker
 
     def row_staged(

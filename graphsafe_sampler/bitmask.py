@@ -16,7 +16,7 @@ def num_words(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
-def pack_token_ids(token_ids: Sequence[int], vocab_size: int) -> np.ndarray:
+def pack_token_ids(token_ids: Sequence[int] | np.ndarray, vocab_size: int) -> np.ndarray:
     """[ceil(V/32)] int32 words with the bits of `token_ids` set (host side)."""
     bits = np.zeros(num_words(vocab_size) * 32, dtype=np.uint8)
     bits[np.asarray(token_ids, dtype=np.int64)] = 1

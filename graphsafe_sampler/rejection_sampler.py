@@ -124,7 +124,8 @@ class RejectionSampler(nn.Module):
         draft_probs: torch.Tensor | None,
         commit_mask: torch.Tensor | None,
     ) -> None:
-        sampler, spec, vocab = self.sampler, self.max_spec_len, self.config.vocab_size
+        sampler, spec = self.sampler, self.max_spec_len
+        vocab, width = sampler._logits_columns()  # the columns of the logits this rank holds
         tensors = {
             "target_logits": target_logits,
             "draft_token_ids": draft_token_ids,
@@ -160,7 +161,7 @@ class RejectionSampler(nn.Module):
             if tuple(tensor.shape) != shape:
                 raise ValueError(
                     f"{name} must have shape {list(shape)} (num_rows = {rows}, "
-                    f"max_spec_len = {spec}, vocab_size = {vocab}), got {list(tensor.shape)}"
+                    f"max_spec_len = {spec}, {width} = {vocab}), got {list(tensor.shape)}"
                 )
             sampler._check_device(name, tensor)
         sampler._check_rows("target_logits", rows)
@@ -238,7 +239,8 @@ class RejectionSampler(nn.Module):
         if validate:
             self._validate_values(draft_token_ids, num_draft_tokens, draft_probs)
         sampler = self.sampler
-        num_rows, num_positions, vocab = target_logits.shape
+        num_rows, num_positions, width = target_logits.shape  # width: the logits' columns
+        vocab = self.config.vocab_size
         spec = self.max_spec_len
         device = target_logits.device
         slots = sampler.batch_state.slots(num_rows)  # [num_rows] int64
@@ -258,12 +260,12 @@ class RejectionSampler(nn.Module):
         flat_slots = slots.repeat_interleave(num_positions)  # [flat_rows]
         preceding = torch.arange(num_positions, device=device).repeat(num_rows)  # [flat]
         flat_drafts = drafts.repeat_interleave(num_positions, dim=0)  # [flat_rows, S]
-        flat_logits = target_logits.reshape(flat_rows, vocab)  # read only, any float dtype
+        flat_logits = target_logits.reshape(flat_rows, width)  # read only, any float dtype
         grammar = self.grammar.bitmask_rows(flat_rows)
         processed = sampler.pipeline.process(
             flat_logits, flat_slots, grammar, flat_drafts, preceding
         )
-        x = processed.logits.view(num_rows, num_positions, vocab)  # processed target logits
+        x = processed.logits.view(num_rows, num_positions, width)  # processed target logits
         greedy = processed.greedy_tokens().view(num_rows, num_positions)  # [num_rows, S + 1]
         row_is_greedy = sampler.stages.temperature.is_greedy(slots)  # [num_rows]
 
@@ -277,13 +279,13 @@ class RejectionSampler(nn.Module):
             draft_positions.reshape(-1),
             SALT_ACCEPT,
         ).view(num_rows, spec)
-        lse = x[:, :spec].logsumexp(dim=-1)  # [num_rows, S]
-        target_at_draft = x[:, :spec].gather(2, drafts[:, :, None])[:, :, 0]  # [num_rows, S]
+        lse = self._logsumexp(x[:, :spec])  # [num_rows, S]
+        target_at_draft = self._at(x[:, :spec], drafts)  # [num_rows, S]
         p_target = torch.exp(target_at_draft - lse)  # NaN for an all-masked row: rejected
         if draft_probs is None:
             p_draft = torch.ones_like(p_target)
         else:
-            p_draft = _probabilities(draft_probs.gather(2, drafts[:, :, None])[:, :, 0])
+            p_draft = _probabilities(self._at(draft_probs, drafts))
         # u < p_target / p_draft without the division; strict, so p_target = 0 never passes.
         accept_random = uniforms * p_draft < p_target
         accept_greedy = drafts == greedy[:, :spec]
@@ -301,7 +303,7 @@ class RejectionSampler(nn.Module):
             # One-hot p_draft: the target without the drafted token (an id outside the
             # vocabulary removes nothing).
             drafted = drafts[row_ids, rejected_at]  # [num_rows]
-            remove = torch.arange(vocab, device=device)[None, :] == drafted[:, None]
+            remove = self._token_ids(device)[None, :] == drafted[:, None]
             remove = remove & in_vocab[row_ids, rejected_at][:, None]
             residual = p_emitted.masked_fill(remove, 0.0)
         else:
@@ -309,7 +311,7 @@ class RejectionSampler(nn.Module):
             residual = (p_emitted - p_draft_row).clamp(min=0.0)
         # A residual without mass happens only through rounding (p_target == p_draft):
         # fall back to the target itself rather than emit token 0.
-        has_mass = (residual > 0.0).any(dim=-1, keepdim=True)
+        has_mass = self._any((residual > 0.0).any(dim=-1, keepdim=True))
         recovered_scores = torch.where(has_mass, residual.log(), emitted_logits)
         # One noise row per request, from the stream of what it emits.
         emit_position = start + num_accepted
@@ -328,3 +330,23 @@ class RejectionSampler(nn.Module):
         produced = all_columns <= num_accepted[:, None]
         output = torch.where(produced, tokens, PLACEHOLDER_TOKEN_ID).to(torch.int32)
         return RejectionSamplerOutput(output, num_accepted.to(torch.int32))
+
+    # Row reductions over the logits' columns: a vocab-parallel rank takes them over every
+    # rank's columns (graphsafe_sampler.distributed.VocabParallelRejectionSampler).
+
+    def _logsumexp(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., V] -> [...]: each row's logsumexp."""
+        return x.logsumexp(dim=-1)
+
+    def _at(self, values: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """values [num_rows, S, V], token_ids [num_rows, S] int64 in [0, V) -> [num_rows, S]:
+        the value of each token."""
+        return values.gather(2, token_ids[:, :, None])[:, :, 0]
+
+    def _any(self, mask: torch.Tensor) -> torch.Tensor:
+        """[num_rows, 1] bool, whether a row holds a True in its columns -> in its whole row."""
+        return mask
+
+    def _token_ids(self, device: torch.device) -> torch.Tensor:
+        """[V] int64: the token id of each column of the logits."""
+        return torch.arange(self.config.vocab_size, device=device)

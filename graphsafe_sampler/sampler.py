@@ -94,9 +94,14 @@ class Sampler(nn.Module):
             raise TypeError(f"logits must be float32, float16 or bfloat16, got {logits.dtype}")
         self._check_device("logits", logits)
         rows, vocab = logits.shape
-        if vocab != self.config.vocab_size:
-            raise ValueError(f"logits have {vocab} columns, vocab_size is {self.config.vocab_size}")
+        columns, what = self._logits_columns()
+        if vocab != columns:
+            raise ValueError(f"logits have {vocab} columns, {what} is {columns}")
         self._check_rows("logits", rows)
+
+    def _logits_columns(self) -> tuple[int, str]:
+        """The width `forward` takes, and what it is (for the error message)."""
+        return self.config.vocab_size, "vocab_size"
 
     def _check_device(self, what: str, tensor: torch.Tensor) -> None:
         if tensor.device != self.device and not (

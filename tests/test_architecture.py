@@ -20,12 +20,16 @@ PACKAGE = "graphsafe_sampler"
 # Lowest first: a module may import modules of its own layer or below, never above.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("kernels", ("kernels",)),
-    ("data", ("params", "config", "batch_update", "output", "bitmask", "staging", "rng")),
+    (
+        "data",
+        ("params", "config", "batch_update", "output", "bitmask", "staging", "rng", "vocab_shard"),
+    ),
     ("state", ("slot_tables", "batch_state")),
     ("processors", ("processors",)),
     ("stages", ("stages",)),
     ("pipelines", ("pipelines",)),
     ("samplers", ("sampler", "rejection_sampler")),
+    ("parallel", ("distributed",)),
     ("tools", ("testing", "bench", "examples", "demo", "cli", "__main__")),
 ]
 

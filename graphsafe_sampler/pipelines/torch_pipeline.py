@@ -17,6 +17,41 @@ from graphsafe_sampler.stages import Stages
 from graphsafe_sampler.stages.logprobs import compute_logprobs
 
 
+def mask_and_penalize(
+    stages: Stages,
+    logits: torch.Tensor,  # [num_rows, V] float32/16, bfloat16: the raw logits, read only
+    slots: torch.Tensor,  # [num_rows] int64
+    grammar: torch.Tensor,  # [num_rows, ceil(V/32)] int32
+    drafts: torch.Tensor | None = None,  # [num_rows, S] int64 ids in [0, V)
+    num_preceding: torch.Tensor | None = None,  # [num_rows] int64 in [0, S]
+) -> torch.Tensor:
+    """Steps 2-4 (`Pipeline.process`'s arguments): [num_rows, V] float32, a new tensor.
+
+    Every op here is token by token, so a vocabulary shard's logits (V its size) go through
+    it on its own state alike (`graphsafe_sampler.distributed`)."""
+    if (drafts is None) != (num_preceding is None):
+        raise ValueError("drafts and num_preceding come together")
+    s = stages
+    x = logits.to(torch.float32, copy=True)  # [num_rows, V]; the raw logits stay as they are
+    # Steps 2-3 are -inf masks and finite additive biases, which commute: the sparse
+    # updates go first, in place on the fresh copy, then the dense masks. Bad words'
+    # scatter_reduce_ (amin over duplicate tokens) falls back to aten in inductor, which
+    # mutates a copy of its input: first, it mutates the fresh copy itself.
+    x = s.bad_words.apply(x, slots, drafts, num_preceding)
+    x = s.logit_bias.apply_slots(x, slots)
+    x = s.min_tokens.apply_slots(x, slots, num_preceding)
+    x = s.allowed.apply_slots(x, slots)
+    x = s.grammar.apply(x, grammar)
+    for proc in s.custom:
+        if not proc.is_argmax_invariant():
+            x = proc.apply_slots(x, slots)
+    if drafts is None or num_preceding is None:
+        return s.penalties.apply(x, slots)
+    columns = torch.arange(drafts.shape[1], device=drafts.device)
+    preceding = columns[None, :] < num_preceding[:, None]  # [rows, S]
+    return s.penalties.apply(x, slots, extra_tokens=drafts, extra_mask=preceding)
+
+
 class TorchPipeline:
     """`Pipeline` through the stages' PyTorch applies."""
 
@@ -35,28 +70,8 @@ class TorchPipeline:
         write_mask: bool = True,
         raw_tiles: bool = False,  # never made: the PyTorch logprobs take no tiles
     ) -> Processed:
-        if (drafts is None) != (num_preceding is None):
-            raise ValueError("drafts and num_preceding come together")
         s = self.stages
-        x = logits.to(torch.float32, copy=True)  # [num_rows, V]; the raw logits stay as they are
-        # Steps 2-3 are -inf masks and finite additive biases, which commute: the sparse
-        # updates go first, in place on the fresh copy, then the dense masks. Bad words'
-        # scatter_reduce_ (amin over duplicate tokens) falls back to aten in inductor, which
-        # mutates a copy of its input: first, it mutates the fresh copy itself.
-        x = s.bad_words.apply(x, slots, drafts, num_preceding)
-        x = s.logit_bias.apply_slots(x, slots)
-        x = s.min_tokens.apply_slots(x, slots, num_preceding)
-        x = s.allowed.apply_slots(x, slots)
-        x = s.grammar.apply(x, grammar)
-        for proc in s.custom:
-            if not proc.is_argmax_invariant():
-                x = proc.apply_slots(x, slots)
-        if drafts is None or num_preceding is None:
-            x = s.penalties.apply(x, slots)
-        else:
-            columns = torch.arange(drafts.shape[1], device=drafts.device)
-            preceding = columns[None, :] < num_preceding[:, None]  # [rows, S]
-            x = s.penalties.apply(x, slots, extra_tokens=drafts, extra_mask=preceding)
+        x = mask_and_penalize(s, logits, slots, grammar, drafts, num_preceding)
         fused = torch.compiler.is_compiling() and not any(
             proc.is_argmax_invariant() for proc in s.custom
         )

@@ -2,7 +2,8 @@
 
 Each slot holds a bitmask over the vocabulary (xgrammar's layout, see `bitmask.py`), so a
 list of any length, up to the whole vocabulary, costs ceil(V/32) int32 words. Slots without
-a list (and the padding slot) have every bit set.
+a list (and the padding slot) have every bit set. A vocabulary shard (`VocabShard`) holds
+the bits of its own ids.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ _ALL_ALLOWED = -1  # int32 with every bit set
 
 
 class AllowedTokenIdsLogitsProcessor(SlotLogitsProcessor):
-    """Table: allowed [num_slots, ceil(V/32)] int32 bitmask (bit set = allowed)."""
+    """Table: allowed [num_slots, ceil(V/32)] int32 bitmask (bit set = allowed; V the
+    shard's size)."""
 
     def init_tables(self) -> None:
-        config = self.config
+        self.shard = self.batch_state.shard
         self.allowed = self.staged(
-            "allowed", (num_words(config.vocab_size),), torch.int32, fill=_ALL_ALLOWED
+            "allowed", (num_words(self.shard.size),), torch.int32, fill=_ALL_ALLOWED
         )
         self.unpacker = self.batch_state.bitmask_unpacker
 
@@ -41,9 +43,8 @@ class AllowedTokenIdsLogitsProcessor(SlotLogitsProcessor):
         if params.allowed_token_ids is None:
             self.allowed.write(slot, _ALL_ALLOWED)
         else:
-            self.allowed.write(
-                slot, pack_token_ids(params.allowed_token_ids, self.config.vocab_size)
-            )
+            local = self.shard.local_ids(params.allowed_token_ids)
+            self.allowed.write(slot, pack_token_ids(local, self.shard.size))
 
     def apply_slots(self, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         allowed = self.unpacker.unpack(self.allowed.device[slots])  # [num_rows, V] bool

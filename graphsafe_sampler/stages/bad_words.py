@@ -14,6 +14,9 @@ lengths (T = max_bad_words_tokens, L = max_bad_word_len):
   token g sits at `g % L`, filled from `output_tok_ids` at add time and advanced by
   `commit` inside the graph.
 
+A vocabulary shard (`VocabShard`) keeps only the words whose last token it holds, that
+token at its local id (the prefix tokens stay global: they match the window of outputs).
+
 `apply`: each prefix token checks its ring entry; a segment-min over word ids gives each
 word's match; the matched words' last tokens are scattered to -inf. [num_rows, T] work,
 no loop over words.
@@ -58,10 +61,13 @@ class BadWordsState(SlotTables):
         tokens = np.zeros(self.capacity, dtype=np.int32)
         back = np.full(self.capacity, _UNUSED, dtype=np.int32)
         word_index = np.zeros(self.capacity, dtype=np.int32)
+        shard = self.batch_state.shard
         at = 0
-        for i, bad_word in enumerate(params.bad_words_token_ids or ()):
+        words = [w for w in params.bad_words_token_ids or () if shard.holds(w[-1])]
+        for i, bad_word in enumerate(words):
             n = len(bad_word)
             tokens[at : at + n] = bad_word
+            tokens[at + n - 1] -= shard.start  # the banned token, a column of the shard
             back[at : at + n] = np.arange(n - 1, -1, -1)
             word_index[at : at + n] = i
             at += n
@@ -122,5 +128,10 @@ class BadWordsState(SlotTables):
         matched = torch.ones_like(vote).scatter_reduce_(1, word, vote, reduce="amin")
         ban = (back == 0) & (matched.gather(1, word) == 1)  # [rows, T]
         ban_value = torch.where(ban, float("-inf"), float("inf")).to(logits.dtype)
+        columns = tokens
+        if not self.batch_state.shard.is_whole:
+            # a prefix token's global id may lie past the shard's columns: it writes +inf
+            # (nothing) at column 0 instead
+            columns = torch.where(back == 0, tokens, 0)
         # amin: a token banned by any word is -inf; +inf leaves a logit as it is.
-        return logits.scatter_reduce_(1, tokens, ban_value, reduce="amin")
+        return logits.scatter_reduce_(1, columns, ban_value, reduce="amin")

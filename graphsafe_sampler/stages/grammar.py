@@ -11,6 +11,9 @@ allows different tokens at each (position j follows the drafts before it): a
 `GrammarBitmask` made with `num_positions = P` keeps P mask rows per batch row,
 `[max_num_reqs, P, ceil(V/32)]`, and masks logits laid out as `[num_rows * P, V]` (row
 r * P + j is batch row r, position j).
+
+A vocabulary shard (`VocabShard`) takes the engine's whole-vocabulary bitmask and keeps the
+bits of its own ids (`shard_bitmask`), re-packed from its first id.
 """
 
 from __future__ import annotations
@@ -23,8 +26,19 @@ import torch
 from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.bitmask import num_words
 from graphsafe_sampler.config import SamplerConfig
+from graphsafe_sampler.vocab_shard import VocabShard
 
 _ALL_ALLOWED = -1
+
+
+def shard_bitmask(bitmask: np.ndarray, shard: VocabShard) -> np.ndarray:
+    """[..., ceil(V/32)] int32 words over the whole vocabulary -> [..., ceil(size/32)] int32
+    words of the shard's ids, local id i at bit i % 32 of word i // 32 (host side)."""
+    words = num_words(shard.size)
+    bits = np.unpackbits(bitmask.view(np.uint8), axis=-1, bitorder="little")
+    local = np.zeros((*bits.shape[:-1], words * 32), dtype=np.uint8)
+    local[..., : shard.size] = bits[..., shard.start : shard.end]
+    return np.packbits(local, axis=-1, bitorder="little").view(np.int32)
 
 
 def _check_rows(rows: object) -> list[int]:
@@ -61,14 +75,18 @@ class GrammarBitmask:
         if num_positions < 1:
             raise ValueError(f"num_positions must be >= 1, got {num_positions}")
         self.config = config
-        self.words = num_words(config.vocab_size)
+        self.shard = batch_state.shard
+        self.words = num_words(self.shard.size)  # of the shard's ids, as held
         self.num_positions = num_positions
-        # A row's mask shape, as staged: [W], or [P, W] per position.
-        self.row_shape = (self.words,) if num_positions == 1 else (num_positions, self.words)
+        # A row's mask shape, as staged (over the whole vocabulary): [W], or [P, W] per
+        # position.
+        staged_words = num_words(config.vocab_size)
+        self.row_shape = (staged_words,) if num_positions == 1 else (num_positions, staged_words)
+        held_shape = (self.words,) if num_positions == 1 else (num_positions, self.words)
         # Row tables: the batch state clears them on removes and adds and moves them with
         # their requests. `active` marks constrained rows (host bookkeeping for `stage`).
         self.bitmask = batch_state.row_staged(
-            f"{name}_bitmask", self.row_shape, torch.int32, fill=_ALL_ALLOWED
+            f"{name}_bitmask", held_shape, torch.int32, fill=_ALL_ALLOWED
         )
         self.active = batch_state.row_staged(f"{name}_active", (), torch.bool, fill=False)
         self.unpacker = batch_state.bitmask_unpacker
@@ -112,6 +130,8 @@ class GrammarBitmask:
             self.bitmask.fill_rows(stale, _ALL_ALLOWED)
             self.active.fill_rows(stale, False)
         if new_rows:
+            if not self.shard.is_whole:
+                values = shard_bitmask(values, self.shard)
             self.bitmask.np[new_rows] = values
             self.bitmask.mark_dirty(new_rows)
             self.active.fill_rows(new_rows, True)

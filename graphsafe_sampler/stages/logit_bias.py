@@ -14,7 +14,8 @@ from graphsafe_sampler.processors.base import SlotLogitsProcessor
 class LogitBiasLogitsProcessor(SlotLogitsProcessor):
     """Sparse tables: bias_ids [num_slots, C] int32 and bias_values [num_slots, C] float32,
     C = max_logit_bias_tokens; unused entries repeat the first (token 0, +0.0 for a request
-    without a bias), so that every entry of a token writes the same value."""
+    without a bias), so that every entry of a token writes the same value. Ids are local to
+    the batch state's vocabulary shard, which keeps only the entries of its own tokens."""
 
     def init_tables(self) -> None:
         config = self.config
@@ -34,10 +35,13 @@ class LogitBiasLogitsProcessor(SlotLogitsProcessor):
     ) -> None:
         ids = np.zeros(self.capacity, dtype=np.int32)
         values = np.zeros(self.capacity, dtype=np.float32)
+        shard = self.batch_state.shard
         if params.logit_bias:
-            n = len(params.logit_bias)
-            ids[:n] = list(params.logit_bias.keys())
-            values[:n] = list(params.logit_bias.values())
+            local = shard.local_ids(params.logit_bias)  # the dict's keys, in its order
+            biases = [b for t, b in params.logit_bias.items() if shard.holds(t)]
+            n = len(local)
+            ids[:n] = local
+            values[:n] = biases
             ids[n:], values[n:] = ids[0], values[0]
         self.bias_ids.write(slot, ids)
         self.bias_values.write(slot, values)

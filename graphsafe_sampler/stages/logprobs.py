@@ -45,6 +45,13 @@ def compute_logprobs(
     )
 
 
+def row_logsumexp(source: torch.Tensor) -> torch.Tensor:
+    """[num_rows, V] float32 -> [num_rows, 1]: `torch.logsumexp` of each row as
+    `compute_logprobs` takes it (from tiles), non-finite where it is."""
+    tiles = tiled(source)
+    return _logsumexp(tiles, tiles.amax(-1))
+
+
 def _logsumexp(
     tiles: torch.Tensor,  # [num_rows, tiles, T] float32
     tile_max: torch.Tensor,  # [num_rows, tiles]: tiles.amax(-1)

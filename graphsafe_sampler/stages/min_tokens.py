@@ -19,7 +19,8 @@ from graphsafe_sampler.processors.base import SlotLogitsProcessor
 
 class MinTokensLogitsProcessor(SlotLogitsProcessor):
     """Tables: min_tokens [num_slots] int32 (0 = inactive), stop_ids [num_slots, C] int32
-    with C = max_stop_token_ids + 1 (room for EOS)."""
+    with C = max_stop_token_ids + 1 (room for EOS), ids local to the batch state's vocabulary
+    shard, which keeps only its own."""
 
     def init_tables(self) -> None:
         config = self.config
@@ -37,10 +38,11 @@ class MinTokensLogitsProcessor(SlotLogitsProcessor):
         prompt_tok_ids: Sequence[int] | None,
         output_tok_ids: Sequence[int],
     ) -> None:
-        ids = list(params.stop_token_ids or ())
+        stop = list(params.stop_token_ids or ())
         if self.config.eos_token_id is not None:
-            ids.append(self.config.eos_token_id)
-        if params.min_tokens == 0 or not ids:
+            stop.append(self.config.eos_token_id)
+        ids = self.batch_state.shard.local_ids(stop)
+        if params.min_tokens == 0 or not len(ids):
             self.min_tokens.write(slot, 0)
             self.stop_ids.write(slot, 0)
             return

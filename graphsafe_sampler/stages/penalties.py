@@ -20,6 +20,9 @@ instead of vLLM's 4 bytes (at vocab 151,936: ~175 KB a slot against ~608 KB; see
 `perf/state_bytes.py`). Presence and repetition only ask `count > 0`, which the byte answers;
 the frequency penalty of a saturated token is corrected by a scatter of E values a row.
 
+A vocabulary shard (`VocabShard`, tensor parallelism) keeps the bitmask, counts and overflow
+entries of its own tokens, at local ids; a committed token outside it counts nowhere here.
+
 Counts are advanced by `commit` inside the graph from the tokens the sampler itself produced;
 they are never rebuilt from host lists. The commit that saturates a token takes the next free
 entry (found by counting used ones, on the device); later commits add to its excess.
@@ -79,8 +82,9 @@ class PenaltyState(SlotTables):
         self.repetition = self.staged("repetition", (), torch.float32, fill=1.0)
         self.frequency = self.staged("frequency", (), torch.float32)
         self.presence = self.staged("presence", (), torch.float32)
-        self.prompt_mask = self.staged("prompt_mask", (num_words(config.vocab_size),), torch.int32)
-        self.counts = self.device_only("counts", (config.vocab_size,), torch.uint8)
+        self.shard = batch_state.shard
+        self.prompt_mask = self.staged("prompt_mask", (num_words(self.shard.size),), torch.int32)
+        self.counts = self.device_only("counts", (self.shard.size,), torch.uint8)
         # One column past the capacity: commits that saturate nothing write there (a fixed
         # target keeps the commit branch-free); apply never reads it.
         width = self.capacity + 1
@@ -101,8 +105,11 @@ class PenaltyState(SlotTables):
         self.repetition.write(slot, params.repetition_penalty)
         self.frequency.write(slot, params.frequency_penalty)
         self.presence.write(slot, params.presence_penalty)
-        self.prompt_mask.write(slot, pack_token_ids(prompt_tok_ids or (), self.config.vocab_size))
-        counts = Counter(int(t) for t in output_tok_ids)
+        shard = self.shard
+        self.prompt_mask.write(
+            slot, pack_token_ids(shard.local_ids(prompt_tok_ids or ()), shard.size)
+        )
+        counts = Counter(int(t) for t in shard.local_ids(output_tok_ids))
         tokens = np.full(self.capacity + 1, _UNUSED, dtype=np.int32)
         excess = np.zeros(self.capacity + 1, dtype=np.int32)
         saturated = [(t, n - SATURATED) for t, n in counts.items() if n >= SATURATED]
@@ -140,6 +147,9 @@ class PenaltyState(SlotTables):
         # slots, token_ids [num_rows] int64; keep [num_rows] bool. Padded rows all point at the
         # padding slot with keep=False: they write back what they read, and into the spare
         # overflow column. Real rows have distinct slots, so no two writes collide.
+        if not self.shard.is_whole:  # a token of another shard counts there
+            token_ids, inside = self.shard.local(token_ids)
+            keep = keep & inside
         count = self.counts[slots, token_ids].to(torch.int32)  # [num_rows]
         bumped = torch.where(keep, torch.clamp(count + 1, max=SATURATED), count)
         self.counts.index_put_((slots, token_ids), bumped.to(torch.uint8))
@@ -177,7 +187,11 @@ class PenaltyState(SlotTables):
             ones = torch.ones_like(extra_tokens, dtype=torch.int32)
             if extra_mask is not None:
                 ones = extra_mask.to(torch.int32)
-            counts = counts.to(torch.int32).scatter_add(1, extra_tokens.long(), ones)
+            extra_tokens = extra_tokens.long()
+            if not self.shard.is_whole:  # drafts of another shard's tokens count there
+                extra_tokens, inside = self.shard.local(extra_tokens)
+                ones = ones * inside
+            counts = counts.to(torch.int32).scatter_add(1, extra_tokens, ones)
         frequency = self.frequency.device[slots]  # [num_rows]
         logits = apply_penalties(
             logits,

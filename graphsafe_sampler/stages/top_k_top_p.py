@@ -14,7 +14,7 @@ full, the passes, the alternatives measured and the exactness: docs/kernels.md, 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -32,8 +32,23 @@ _INT32_MIN = -(2**31)
 _ORDERED_NEG_INF = -0x00800000 ^ 0x7FFFFFFF
 
 
-def _ordered_int(values: torch.Tensor) -> torch.Tensor:
-    """float32 -> int32 with the same order (its own inverse: see `_ordered_value`).
+class AcrossShards(Protocol):
+    """How row statistics of one vocabulary shard become the whole row's, where the logits
+    of a row are split over ranks (`graphsafe_sampler.distributed`): each method takes this
+    rank's [num_rows, m] values and returns the rows' totals over every shard, the same on
+    every rank. None (the default everywhere here) means the logits hold the whole row."""
+
+    def sum(self, values: torch.Tensor) -> torch.Tensor: ...
+
+    def max(self, values: torch.Tensor) -> torch.Tensor: ...
+
+
+_SHARDED_BITS_PER_PASS = 4
+"""Split over ranks, where every pass is a collective: 8 passes of 15 sums, not 16 of 3."""
+
+
+def ordered_int(values: torch.Tensor) -> torch.Tensor:
+    """float32 -> int32 with the same order (its own inverse: see `ordered_value`).
 
     `ordered = bits if bits >= 0 else bits ^ 0x7FFFFFFF`: a < b as floats exactly when
     ordered(a) < ordered(b) as int32 (-0.0 sits just below +0.0).
@@ -42,8 +57,8 @@ def _ordered_int(values: torch.Tensor) -> torch.Tensor:
     return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
 
 
-def _ordered_value(ordered: torch.Tensor) -> torch.Tensor:
-    """int32 from `_ordered_int` -> the float32 it came from."""
+def ordered_value(ordered: torch.Tensor) -> torch.Tensor:
+    """int32 from `ordered_int` -> the float32 it came from."""
     return torch.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).view(torch.float32)
 
 
@@ -52,6 +67,7 @@ def _largest_threshold(
     target: torch.Tensor,  # [num_rows, 1]
     num_rows: int,
     device: torch.device,
+    across: AcrossShards | None = None,
 ) -> torch.Tensor:
     """[num_rows, 1] int32: ordered image of the largest t with weight_at_or_above(t) >= target.
 
@@ -63,19 +79,31 @@ def _largest_threshold(
     1, 2, 3 (3 masked sums fused into one loop, comparing as floats against candidates made
     on [num_rows, 1] tensors, so no token is bit-cast); the digit is how many of them still
     reach the target. The answer is the same for any digit width. Branch-free: every row
-    pays the same work whether its filters are on or off.
+    pays the same work whether its filters are on or off. With `across`, the weights are a
+    shard's, and each pass sums its `_SHARDED_BITS_PER_PASS` digits' weights over the
+    shards in one `across.sum`.
     """
     bits = _BITS_PER_PASS if torch.compiler.is_compiling() else _EAGER_BITS_PER_PASS
+    if across is not None:
+        bits = _SHARDED_BITS_PER_PASS
     # The answer + 2**31, in [0, 2**32), built from the top digit down; int64 so that the
     # arithmetic never wraps and each candidate converts to int32 exactly.
     offset = torch.zeros(num_rows, 1, dtype=torch.int64, device=device)
     for shift in range(32 - bits, -1, -bits):
         digit = torch.zeros(num_rows, 1, dtype=torch.int64, device=device)
+        weights = []
         for candidate_digit in range(1, 1 << bits):
             # The smallest threshold with this next digit: if it reaches the target, the
             # answer's digit is at least `candidate_digit`.
             candidate = _offset_to_ordered(offset + (candidate_digit << shift))
-            digit += weight_at_or_above(_ordered_value(candidate)) >= target
+            weight = weight_at_or_above(ordered_value(candidate))
+            if across is None:
+                digit += weight >= target
+            else:
+                weights.append(weight)
+        if across is not None:
+            reached = across.sum(torch.cat(weights, dim=-1)) >= target  # [num_rows, 2**bits - 1]
+            digit = reached.sum(-1, keepdim=True)
         offset = offset + (digit << shift)
     return _offset_to_ordered(offset)
 
@@ -94,26 +122,30 @@ def _offset_to_ordered(offset: torch.Tensor) -> torch.Tensor:
 def top_k_threshold(
     logits: torch.Tensor,  # [num_rows, V] float32
     top_k: torch.Tensor,  # [num_rows] int; <= 0 or >= V is off
+    across: AcrossShards | None = None,  # where `logits` are one shard of the rows
+    vocab_size: int | None = None,  # the whole rows' V, with `across`
 ) -> torch.Tensor:
     """[num_rows, 1] float32: the k-th largest logit (-inf where top-k is off).
 
     top-k keeps `logits >= threshold`.
     """
-    num_rows, vocab_size = logits.shape
+    num_rows = logits.shape[0]
+    vocab_size = logits.shape[1] if vocab_size is None else vocab_size
     k = top_k.to(torch.int64)[:, None]
     is_off = (k <= 0) | (k >= vocab_size)
 
     def count_at_or_above(threshold: torch.Tensor) -> torch.Tensor:
         return (logits >= threshold).sum(-1, keepdim=True, dtype=torch.int32)
 
-    ordered = _largest_threshold(count_at_or_above, k, num_rows, logits.device)
-    return torch.where(is_off, float("-inf"), _ordered_value(ordered))
+    ordered = _largest_threshold(count_at_or_above, k, num_rows, logits.device, across)
+    return torch.where(is_off, float("-inf"), ordered_value(ordered))
 
 
 def top_p_threshold(
     logits: torch.Tensor,  # [num_rows, V] float32
     top_p: torch.Tensor,  # [num_rows] float32; >= 1 is off
     floor: torch.Tensor | None = None,  # [num_rows, 1] float32: only logits >= floor count
+    across: AcrossShards | None = None,  # where `logits` are one shard of the rows
 ) -> torch.Tensor:
     """[num_rows, 1] float32: top-p over the tokens with logits >= floor (all when None).
 
@@ -124,19 +156,23 @@ def top_p_threshold(
     if floor is None:
         floor = torch.full((num_rows, 1), float("-inf"), device=logits.device, dtype=logits.dtype)
     row_max = logits.amax(-1, keepdim=True)
+    if across is not None:
+        row_max = across.max(row_max)
     # An all -inf row would give exp(-inf - -inf) = nan; its masses are all 0 instead.
     shift = torch.where(torch.isfinite(row_max), row_max, 0.0)
     mass = torch.where(logits >= floor, torch.exp(logits - shift), 0.0)
     total = mass.sum(-1, keepdim=True)
+    if across is not None:
+        total = across.sum(total)
     p = top_p.to(torch.float32)[:, None]
 
     def mass_at_or_above(threshold: torch.Tensor) -> torch.Tensor:
         return torch.where(logits >= threshold, mass, 0.0).sum(-1, keepdim=True)
 
-    ordered = _largest_threshold(mass_at_or_above, p * total, num_rows, logits.device)
+    ordered = _largest_threshold(mass_at_or_above, p * total, num_rows, logits.device, across)
     # Never above the row max (top_p = 0 would otherwise give an empty row).
-    ordered = torch.minimum(ordered, _ordered_int(row_max))
-    threshold = torch.maximum(_ordered_value(ordered), floor)
+    ordered = torch.minimum(ordered, ordered_int(row_max))
+    threshold = torch.maximum(ordered_value(ordered), floor)
     return torch.where(p >= 1.0, floor, threshold)
 
 
@@ -229,6 +265,8 @@ def candidate_cut(
     top_k: torch.Tensor,  # [num_rows] int; <= 0 or >= V is off
     top_p: torch.Tensor,  # [num_rows] float32; >= 1 is off
     candidates: Candidates | None = None,  # top_candidates(logits, min(CANDIDATES, V))
+    across: AcrossShards | None = None,  # where `logits` are one shard of the rows
+    vocab_size: int | None = None,  # the whole rows' V, with `across`
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """([num_rows, 1] float32 cut, [num_rows, 1] bool settled): the top-k then top-p cut
     from the row's CANDIDATES largest logits, exact where `settled`.
@@ -240,8 +278,9 @@ def candidate_cut(
     row). A row is settled when top-k is off or k <= CANDIDATES, and top-p is off or its
     cut lies strictly above the last candidate (every token at or above it is a
     candidate); never when the row holds NaN (topk ranks NaN first; the search leaves it
-    out)."""
-    vocab_size = logits.shape[1]
+    out). With `across`, `logits` are one shard of the rows and `candidates` the whole
+    rows' (merged from every shard's): the total mass is summed over the shards."""
+    vocab_size = logits.shape[1] if vocab_size is None else vocab_size
     if candidates is None:
         candidates = top_candidates(logits, min(CANDIDATES, vocab_size))
     values = candidates.values  # [num_rows, n] descending, NaN first
@@ -254,6 +293,8 @@ def candidate_cut(
     # as top_p_threshold: an all -inf row shifts by 0, so that its masses are 0, not NaN
     shift = torch.where(torch.isfinite(row_max), row_max, 0.0)
     total = torch.where(logits >= floor, torch.exp(logits - shift), 0.0).sum(-1, keepdim=True)
+    if across is not None:
+        total = across.sum(total)
     mass = torch.where(values >= floor, torch.exp(values - shift), 0.0)
     # the weight at each candidate: the cumulative mass at the end of its run of ties
     run_end = torch.ones_like(values, dtype=torch.bool)
@@ -277,26 +318,33 @@ def top_k_top_p_cut(
     conditional: bool | None = None,
     candidates: Candidates | None = None,  # top_candidates of the filtered logits
     scale: tuple[torch.Tensor, torch.Tensor] | None = None,  # (temperature, threshold)
+    across: AcrossShards | None = None,  # where `logits` are one shard of the rows
+    vocab_size: int | None = None,  # the whole rows' V, with `across`
 ) -> torch.Tensor:
     """[num_rows, 1] float32: the top-k then top-p cut (keep `logits >= cut`): the
     candidates' where they settle the row (`candidate_cut`), the exact searches' elsewhere.
-    With `scale`, of `scaled_logits(logits, *scale)` rather than of `logits`.
+    With `scale`, of `scaled_logits(logits, *scale)` rather than of `logits`. With
+    `across`, of the whole rows that `logits` are one shard of (`candidates` are then the
+    whole rows'), the same cut on every shard.
 
     Branch-free: both run, and each row takes one. `conditional` (None: under torch.compile
     on a CPU, the only place docs/design.md allows data-dependent control flow) adds a
     traced conditional (`torch.cond`, an op of the graph) that skips the searches when
     every row is settled; the cut is the same."""
     if conditional is None:
-        conditional = logits.device.type == "cpu" and torch.compiler.is_compiling()
+        conditional = (
+            logits.device.type == "cpu" and torch.compiler.is_compiling() and across is None
+        )
     # the scaled logits are remade from the operands wherever they are read, never written
     filtered = logits if scale is None else scaled_logits(logits, *scale)
-    cut, settled = candidate_cut(filtered, top_k, top_p, candidates)
+    cut, settled = candidate_cut(filtered, top_k, top_p, candidates, across, vocab_size)
 
     def searched(*ops: torch.Tensor) -> torch.Tensor:
         logits, top_k, top_p, cut, settled, *scaling = ops  # scaling: `scale`, if given
         if scaling:
             logits = scaled_logits(logits, *scaling)
-        exact = top_p_threshold(logits, top_p, top_k_threshold(logits, top_k))
+        floor = top_k_threshold(logits, top_k, across, vocab_size)
+        exact = top_p_threshold(logits, top_p, floor, across)
         return torch.where(settled, cut, exact)
 
     operands = (logits, top_k, top_p, cut, settled, *(scale or ()))
