@@ -1,0 +1,102 @@
+"""`ShardExchange`: the row statistics that vocabulary shards trade, and nothing larger.
+
+Every exchange is one all-gather of a small `[num_rows, m]` tensor per rank (m is a few
+values, a pass's 15 radix weights, or 128 candidates), through `torch.distributed`'s
+functional collectives: traceable ops, so that the step compiles and captures as one graph
+(NCCL on a GPU, gloo on a CPU), with no host read. Each rank then reduces the gathered
+`[W, num_rows, m]` in the same order, so every rank holds the same bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+# torch 2.13 renamed it; earlier releases have only the old name
+_all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+
+
+@dataclass
+class ExchangeRecord:
+    """What one rank sent in the exchanges `ShardExchange.record` saw: one entry each, the
+    bytes this rank put in (every rank receives world_size times that)."""
+
+    sent: list[int]
+
+    @property
+    def collectives(self) -> int:
+        return len(self.sent)
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(self.sent)
+
+
+class ShardExchange:
+    """All-gathers over `group` (default: the whole world), with the reductions the
+    sampling step needs (an `AcrossShards` for `stages.top_k_top_p`)."""
+
+    group: dist.ProcessGroup
+    world_size: int
+    rank: int
+    record: ExchangeRecord | None
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                "vocab-parallel sampling needs torch.distributed initialised "
+                "(torch.distributed.init_process_group) before the sampler is built"
+            )
+        world = dist.group.WORLD
+        assert world is not None  # initialised
+        self.group = group if group is not None else world
+        self.world_size = dist.get_world_size(self.group)
+        self.rank = dist.get_rank(self.group)
+        self.record: ExchangeRecord | None = None  # set to count what each gather sends
+
+    def gather(self, values: torch.Tensor) -> torch.Tensor:
+        """[num_rows, m] -> [world_size, num_rows, m]: every rank's values, in rank order."""
+        values = values.contiguous()
+        if self.record is not None:
+            self.record.sent.append(values.numel() * values.element_size())
+        gathered = _all_gather(values, 0, self.group)  # [W * num_rows, m]
+        return funcol.wait_tensor(gathered).view(self.world_size, *values.shape)
+
+    def sum(self, values: torch.Tensor) -> torch.Tensor:
+        """[num_rows, m]: the sum over the ranks' values (in rank order)."""
+        return self.gather(values).sum(0)
+
+    def max(self, values: torch.Tensor) -> torch.Tensor:
+        """[num_rows, m]: the max over the ranks' values (NaN where any is NaN)."""
+        return self.gather(values).amax(0)
+
+    def argmax(self, values: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """[num_rows] int64: the token id of the winning rank's value, for each rank's best
+        value [num_rows] float32 and its global id [num_rows] int64, the lowest rank first
+        on ties and NaN first, as `argmax` over the whole row ranks them (each rank's value
+        being its own shard's argmax, the lowest index first). One gather: float32 values
+        and ids below 2**31 are exact in float64."""
+        packed = torch.stack([values.to(torch.float64), token_ids.to(torch.float64)], dim=-1)
+        gathered = self.gather(packed)  # [W, num_rows, 2]
+        winner = gathered[:, :, 0].argmax(0)  # [num_rows]: the first rank of the max / NaN
+        return gathered[:, :, 1].gather(0, winner[None, :])[0].long()
+
+
+class LoopbackExchange(ShardExchange):
+    """A world of `world_size` ranks in one process, every rank holding this one's values:
+    for counting what a step sends (`record`) without processes. Its sums and maxima are
+    those of W copies, so the tokens are not a split sampler's."""
+
+    def __init__(self, world_size: int, rank: int = 0) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank = {rank} is outside [0, world_size = {world_size})")
+        self.world_size, self.rank = world_size, rank
+        self.record = None
+
+    def gather(self, values: torch.Tensor) -> torch.Tensor:
+        if self.record is not None:
+            self.record.sent.append(values.numel() * values.element_size())
+        return values[None].expand(self.world_size, *values.shape)

@@ -1,0 +1,186 @@
+"""`VocabParallelPipeline`: the sampling step on one rank's vocabulary shard.
+
+Steps 2-4 are token by token: each rank runs them on its own columns and state
+(`mask_and_penalize`). Steps 5-10 need whole rows, and take them from small exchanges
+(`ShardExchange`, one all-gather of `[num_rows, m]` each), never from the logits:
+
+- greedy (step 5): each rank's argmax, then the best over ranks (lowest global id on ties);
+- min_p (7): the row max over ranks;
+- top-k/top-p (8): every rank's 128 largest logits merged into the row's candidates, and
+  the total mass summed over ranks; rows the candidates do not settle take the exact radix
+  searches, each pass's weights summed over ranks (`stages.top_k_top_p`, `across=`);
+- the race (9): each rank's winner among its tokens, whose Gumbel noise is keyed by the
+  global token id, then the best over ranks: the token a race over the row draws;
+- logprobs (10): the logsumexp from the ranks' own, the top K merged from theirs, the
+  sampled token's value from the rank that holds it, and the rank summed over ranks.
+
+So every rank returns the same tokens as `Sampler` on the whole rows, bit for bit, except
+where top-p's mass sum lands within float32 rounding of `top_p` times the total (the sums
+run in another order), and logprobs equal up to float32 rounding. Branch-free, with no
+host read: a CUDA graph captures it, collectives included.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from graphsafe_sampler.distributed.exchange import ShardExchange
+from graphsafe_sampler.kernels.constants import SALT_BONUS, SALT_RECOVER, SALT_SAMPLE
+from graphsafe_sampler.output import LogprobsTensors
+from graphsafe_sampler.pipelines.base import Processed
+from graphsafe_sampler.pipelines.torch_pipeline import mask_and_penalize
+from graphsafe_sampler.rng import gumbels_from_hashes, hash_tokens, row_keys
+from graphsafe_sampler.stages import Stages
+from graphsafe_sampler.stages.logprobs import row_logsumexp
+from graphsafe_sampler.stages.min_p import min_p_threshold
+from graphsafe_sampler.stages.top_k_top_p import (
+    CANDIDATES,
+    Candidates,
+    ordered_int,
+    ordered_value,
+    top_candidates,
+    top_k_top_p_cut,
+)
+
+
+class VocabParallelPipeline:
+    """`Pipeline` on the logits of `stages.batch_state.shard`, through `exchange`."""
+
+    def __init__(self, stages: Stages, exchange: ShardExchange) -> None:
+        self.stages = stages
+        self.exchange = exchange
+        self.shard = stages.batch_state.shard
+        self.vocab_size = self.shard.vocab_size
+        self.k = stages.batch_state.config.max_num_logprobs
+        device = stages.batch_state.device
+        self.token_ids = torch.arange(self.shard.start, self.shard.end, device=device)  # [size]
+
+    def _global_argmax(self, values: torch.Tensor) -> torch.Tensor:
+        """[num_rows] int64: `argmax` of the whole rows that `values` [num_rows, size] are
+        this shard of (lowest id of the max, or of the first NaN)."""
+        local = values.argmax(-1)  # [num_rows]
+        best = values.gather(1, local[:, None])[:, 0]
+        return self.exchange.argmax(best, local + self.shard.start)
+
+    def _merged_top(self, values: torch.Tensor, n: int) -> torch.Tensor:
+        """[num_rows, n]: the n largest values of the whole rows, descending (exactly
+        `topk`'s, NaN first), from each shard's own n largest (or all it has)."""
+        local = top_candidates(values, min(n, self.shard.size)).values  # [num_rows, n_local]
+        gathered = self.exchange.gather(local)  # [W, num_rows, n_local]
+        return gathered.permute(1, 0, 2).reshape(local.shape[0], -1).topk(n, dim=-1).values
+
+    def _merged_top_ids(self, values: torch.Tensor, n: int) -> Candidates:
+        """`_merged_top` with the values' global ids: each value and id travel as one int64,
+        the value's order-preserving int32 image above the id."""
+        local = top_candidates(values, min(n, self.shard.size))  # [num_rows, n_local]
+        ids = local.ids + self.shard.start
+        packed = (ordered_int(local.values).to(torch.int64) << 32) | ids
+        gathered = self.exchange.gather(packed)  # [W, num_rows, n_local]
+        packed = gathered.permute(1, 0, 2).reshape(ids.shape[0], -1)  # [num_rows, W n_local]
+        all_values = ordered_value((packed >> 32).to(torch.int32))
+        top = all_values.topk(n, dim=-1)
+        return Candidates(top.values, (packed & 0xFFFFFFFF).gather(1, top.indices))
+
+    def process(
+        self,
+        logits: torch.Tensor,
+        slots: torch.Tensor,
+        grammar: torch.Tensor,
+        drafts: torch.Tensor | None = None,
+        num_preceding: torch.Tensor | None = None,
+        *,
+        write_mask: bool = True,
+        raw_tiles: bool = False,  # never made: the logprobs take no tiles
+    ) -> Processed:
+        s = self.stages
+        x = mask_and_penalize(s, logits, slots, grammar, drafts, num_preceding)  # [rows, size]
+        greedy = self._global_argmax(x)
+        divisor, is_greedy = s.temperature.divisors(slots)
+        x = x / divisor[:, None]
+        threshold = min_p_threshold(
+            self.exchange.max(x.amax(-1, keepdim=True)), s.min_p.values(slots)
+        )
+        x = x.masked_fill_(x < threshold, float("-inf"))
+        # their ids are not needed: every rank races its own columns
+        values = self._merged_top(x, min(CANDIDATES, self.vocab_size))
+        candidates = Candidates(values, torch.zeros_like(values, dtype=torch.int64))
+        top_k, top_p = s.top_k_top_p.top_k.device[slots], s.top_k_top_p.top_p.device[slots]
+        cut = top_k_top_p_cut(
+            x,
+            top_k,
+            top_p,
+            conditional=False,
+            candidates=candidates,
+            across=self.exchange,
+            vocab_size=self.vocab_size,
+        )
+        x = x.masked_fill_(x < cut, float("-inf"))
+        return Processed(x, None, greedy, is_greedy)
+
+    def sample(self, processed: Processed, slots: torch.Tensor) -> torch.Tensor:
+        assert processed.greedy is not None and processed.is_greedy is not None
+        sampling = self.stages.sampling
+        keys = row_keys(sampling.seed.device[slots], sampling.positions(slots), SALT_SAMPLE)
+        scores = processed.logits + gumbels_from_hashes(hash_tokens(keys, self.token_ids))
+        random = self._global_argmax(scores)
+        return torch.where(processed.is_greedy, processed.greedy, random)
+
+    def race_emitted(
+        self,
+        bonus_scores: torch.Tensor,
+        recovered_scores: torch.Tensor,
+        is_bonus: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> torch.Tensor:
+        # as TorchPipeline's: one race over each row's own scores and stream, its noise keyed
+        # by the global ids of this shard's columns, then the best over ranks
+        seeds = self.stages.sampling.seed.device[slots]
+        keys = torch.where(
+            is_bonus,
+            row_keys(seeds, positions, SALT_BONUS),
+            row_keys(seeds, positions, SALT_RECOVER),
+        )
+        scores = torch.where(is_bonus[:, None], bonus_scores, recovered_scores)
+        return self._global_argmax(scores + gumbels_from_hashes(hash_tokens(keys, self.token_ids)))
+
+    def logprobs(
+        self,
+        source: torch.Tensor,
+        tokens: torch.Tensor,
+        subtract_lse: bool,
+        raw_tiles: torch.Tensor | None = None,
+    ) -> LogprobsTensors:
+        source = source.to(torch.float32)  # [num_rows, size]
+        num_rows = source.shape[0]
+        local, inside = self.shard.local(tokens.long())
+        # the sampled token's value: its rank's; -inf elsewhere, which the max passes over
+        held = torch.where(inside, source.gather(1, local[:, None])[:, 0], float("-inf"))
+        top = self._merged_top_ids(source, self.k)  # [num_rows, K]
+        stats = [held[:, None]]
+        if subtract_lse:
+            stats.append(row_logsumexp(source))
+        gathered = self.exchange.gather(torch.cat(stats, dim=-1))  # [W, num_rows, 1 or 2]
+        sampled = gathered[:, :, :1].amax(0)  # [num_rows, 1]
+        values = torch.cat([sampled, top.values], dim=1)  # [num_rows, K + 1]
+        if subtract_lse:
+            lse = combine_logsumexp(gathered[:, :, 1:])  # [num_rows, 1]
+            lse = torch.where(lse.isfinite(), lse, 0.0)
+            values = values - lse
+            at_or_above = (source - lse >= values[:, :1]).sum(-1, keepdim=True)
+        else:
+            at_or_above = (source >= sampled).sum(-1, keepdim=True)
+        ranks = self.exchange.sum(at_or_above.to(torch.int32))[:, 0]
+        token_ids = torch.cat([tokens.reshape(num_rows, 1), top.ids], dim=1)
+        return LogprobsTensors(token_ids.to(torch.int32), values, ranks)
+
+    def commit(self, slots: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor | None) -> None:
+        self.stages.batch_state.commit(tokens, keep)
+
+
+def combine_logsumexp(lse: torch.Tensor) -> torch.Tensor:
+    """[W, num_rows, 1] the shards' logsumexps -> [num_rows, 1] the rows': NaN where any is
+    NaN, +inf where any is +inf, -inf where all are -inf (as one over the row is)."""
+    top = lse.amax(0)
+    shift = torch.where(top.isfinite(), top, 0.0)
+    return shift + torch.log(torch.exp(lse - shift).sum(0))

@@ -1,0 +1,111 @@
+"""Vocab-parallel sampling (graphsafe_sampler.distributed): the shard split, the shard's
+state, and, on 2 and 3 gloo ranks on this machine, `VocabParallelSampler` and
+`VocabParallelRejectionSampler` against `Sampler` and `RejectionSampler` on the whole rows
+(graphsafe_sampler.testing.distributed.compare_all: tokens, logprobs, ranks, state,
+refusals, a make_fx trace replayed across batches, no sync op)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from graphsafe_sampler import SamplerConfig
+from graphsafe_sampler.bitmask import BitmaskUnpacker, num_words
+from graphsafe_sampler.distributed import VocabParallelSampler, vocab_shard
+from graphsafe_sampler.stages.grammar import shard_bitmask
+from graphsafe_sampler.testing.distributed import Comparison, compare_all, run_ranks
+from graphsafe_sampler.vocab_shard import VocabShard
+
+
+@pytest.mark.parametrize("vocab_size", [151_936, 128_256, 32_000])
+@pytest.mark.parametrize("world_size", [1, 2, 4, 8])
+def test_shards_are_vllms_split(vocab_size: int, world_size: int) -> None:
+    # vLLM: the vocabulary padded to a multiple of 64, padded / W ids a rank, padding left out
+    padded = -(-vocab_size // 64) * 64
+    per_rank = padded // world_size
+    shards = [vocab_shard(vocab_size, r, world_size) for r in range(world_size)]
+    for rank, (start, end) in enumerate(shards):
+        assert start == rank * per_rank
+        assert end == min(start + per_rank, vocab_size)
+    assert shards[0][0] == 0 and shards[-1][1] == vocab_size
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(shards))
+
+
+def test_uneven_shards_round_up_and_the_last_is_shorter() -> None:
+    assert [vocab_shard(1000, r, 3) for r in range(3)] == [(0, 342), (342, 684), (684, 1000)]
+    assert [vocab_shard(50, r, 2) for r in range(2)] == [(0, 32), (32, 50)]
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        ((100, 0, 8), ValueError, "leaves the last rank no token"),
+        ((1000, 3, 3), ValueError, r"rank = 3 is outside \[0, world_size = 3\)"),
+        ((1000, -1, 2), ValueError, "rank = -1"),
+        ((1000, 0, 0), ValueError, "world_size must be >= 1"),
+        ((0, 0, 1), ValueError, "vocab_size must be >= 1"),
+        ((1000.0, 0, 1), TypeError, "vocab_size must be an int"),
+        ((1000, True, 2), TypeError, "rank must be an int"),
+    ],
+)
+def test_bad_splits_are_refused(args: tuple, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        vocab_shard(*args)
+
+
+def test_shard_maps_global_ids_to_its_columns() -> None:
+    shard = VocabShard(1000, 342, 684)
+    assert shard.size == 342 and not shard.is_whole and VocabShard.whole(1000).is_whole
+    assert shard.local_ids([0, 342, 500, 683, 684, 999, 400]).tolist() == [0, 158, 341, 58]
+    local, inside = shard.local(torch.tensor([341, 342, 683, 684]))
+    assert local.tolist() == [0, 0, 341, 0] and inside.tolist() == [False, True, True, False]
+    with pytest.raises(ValueError, match="not a non-empty range"):
+        VocabShard(1000, 500, 500)
+
+
+@pytest.mark.parametrize(("start", "end"), [(0, 1000), (342, 684), (684, 1000), (64, 96), (7, 8)])
+def test_a_shards_grammar_words_hold_its_bits(start: int, end: int) -> None:
+    seed = random.randrange(2**31)
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    vocab = 1000
+    words = rng.integers(-(2**31), 2**31, size=(2, 3, num_words(vocab)), dtype=np.int64)
+    words = words.astype(np.int32)
+    held = shard_bitmask(words, VocabShard(vocab, start, end))
+    assert held.shape == (2, 3, num_words(end - start))
+    whole = BitmaskUnpacker(vocab, torch.device("cpu")).unpack(torch.from_numpy(words[0]))
+    part = BitmaskUnpacker(end - start, torch.device("cpu")).unpack(torch.from_numpy(held[0]))
+    assert torch.equal(part, whole[:, start:end])
+
+
+def test_the_sampler_needs_torch_distributed() -> None:
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        VocabParallelSampler(SamplerConfig(4, 1000))
+
+
+# Every feature on: logit bias, allowed ids, stop ids and EOS, bad words, grammar, penalties,
+# greedy and seeded rows, min_p, top-k past the candidates and wide top-p on flat rows.
+_CONFIG = dict(
+    max_num_reqs=6, vocab_size=1000, eos_token_id=5, seed=1, max_model_len=64, max_num_logprobs=3
+)
+
+
+@pytest.mark.parametrize(
+    ("world_size", "mode"),
+    [
+        pytest.param(2, "raw_logprobs", id="W2-raw_logprobs"),
+        # odd world, uneven last shard, shards that start mid-word of the bitmasks
+        pytest.param(3, "processed_logprobs", id="W3-processed_logprobs"),
+    ],
+)
+def test_vocab_parallel_sampler_equals_sampler_on_the_whole_rows(
+    world_size: int, mode: str
+) -> None:
+    seed = random.randrange(2**31)
+    print(f"seed {seed}")
+    spec = Comparison({**_CONFIG, "logprobs_mode": mode}, steps=5, seed=seed)
+    run_ranks(compare_all, world_size, spec, timeout_s=240)
