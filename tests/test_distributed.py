@@ -12,10 +12,12 @@ import random
 import numpy as np
 import pytest
 import torch
+from perf_scripts import load_perf_script
 
 from graphsafe_sampler import SamplerConfig
 from graphsafe_sampler.bitmask import BitmaskUnpacker, num_words
 from graphsafe_sampler.distributed import VocabParallelSampler, vocab_shard
+from graphsafe_sampler.examples.tensor_parallel import main
 from graphsafe_sampler.stages.grammar import shard_bitmask
 from graphsafe_sampler.testing.distributed import Comparison, compare_all, run_ranks
 from graphsafe_sampler.vocab_shard import VocabShard
@@ -109,3 +111,24 @@ def test_vocab_parallel_sampler_equals_sampler_on_the_whole_rows(
     print(f"seed {seed}")
     spec = Comparison({**_CONFIG, "logprobs_mode": mode}, steps=5, seed=seed)
     run_ranks(compare_all, world_size, spec, timeout_s=240)
+
+
+def test_a_step_exchanges_row_statistics_not_the_vocabulary() -> None:
+    # every exchange is [num_rows, m] with m independent of V: bytes grow with the rows, and
+    # not at all with the vocabulary (past the candidates), at every world size
+    tp_bytes = load_perf_script("tp_bytes")
+    for world in (2, 3):
+        small = tp_bytes.step_bytes(rows=2, vocab=4000, world=world)
+        assert small.collectives == 26  # every feature on, logprobs too
+        assert tp_bytes.step_bytes(rows=4, vocab=4000, world=world).contributed == (
+            2 * small.contributed
+        )
+        wide = tp_bytes.step_bytes(rows=2, vocab=8000, world=world)
+        assert (wide.collectives, wide.contributed) == (small.collectives, small.contributed)
+        assert small.received == (world - 1) * small.contributed < small.all_gather_received
+
+
+def test_the_tensor_parallel_example_matches_one_process(capfd: pytest.CaptureFixture[str]) -> None:
+    main(["--world-size", "2", "--requests", "3", "--steps", "6", "--vocab-size", "1000"])
+    out = capfd.readouterr().out
+    assert "18 of 18 tokens equal the one-process Sampler's" in out, out

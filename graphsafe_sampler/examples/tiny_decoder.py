@@ -181,20 +181,25 @@ class TinyDecoder(nn.Module):
     def _blocks(self) -> Iterable[DecoderBlock]:
         return cast("Iterable[DecoderBlock]", self.layers)
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        """h: [n, d] -> [n, V] float32 logits."""
-        return F.linear(rms_norm(h, self.final_norm), self.lm_head)
+    def _logits(self, h: torch.Tensor, vocab_range: tuple[int, int] | None = None) -> torch.Tensor:
+        """h: [n, d] -> [n, V] float32 logits, or [n, end - start], those of token ids
+        [start, end) alone (`vocab_range`: a vocab-parallel LM head's shard)."""
+        head = self.lm_head if vocab_range is None else self.lm_head[slice(*vocab_range)]
+        return F.linear(rms_norm(h, self.final_norm), head)
 
     def forward(
         self,
         input_ids: torch.Tensor,  # [num_rows] int64: each row's newest token
         kv_slots: torch.Tensor,  # [num_rows] int64: each row's KV slot (padding_kv_slot if padded)
         positions: torch.Tensor,  # [num_rows] int64: the input token's position in its sequence
+        vocab_range: tuple[int, int] | None = None,  # (start, end): those columns only
     ) -> torch.Tensor:
         """The decode step: writes each row's K/V at (kv_slot, position), returns [num_rows, V]
-        float32 logits of the next token. Graph-safe: shapes are static, nothing is read on
-        the host. Positions must be < max_seq_len and real rows' kv_slots distinct (the
-        engine's bookkeeping; checking values here would read the device)."""
+        float32 logits of the next token (with `vocab_range`, [num_rows, end - start]: the
+        logits of ids [start, end), as a rank of a vocab-parallel LM head computes them).
+        Graph-safe: shapes are static, nothing is read on the host. Positions must be <
+        max_seq_len and real rows' kv_slots distinct (the engine's bookkeeping; checking
+        values here would read the device)."""
         for name, t in (("input_ids", input_ids), ("kv_slots", kv_slots), ("positions", positions)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -220,7 +225,7 @@ class TinyDecoder(nn.Module):
             scores = scores.masked_fill(~visible[:, None, :], -math.inf)
             attn = torch.einsum("rhs,rshd->rhd", scores.softmax(dim=-1), values)  # [R, H, Dh]
             h = layer.finish(h, attn)
-        return self._logits(h)
+        return self._logits(h, vocab_range)
 
     @torch.no_grad()
     def prefill(self, kv_slot: int, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
