@@ -14,9 +14,14 @@ import pytest
 import torch
 from perf_scripts import load_perf_script
 
-from graphsafe_sampler import SamplerConfig
+from graphsafe_sampler import Sampler, SamplerConfig
 from graphsafe_sampler.bitmask import BitmaskUnpacker, num_words
-from graphsafe_sampler.distributed import VocabParallelSampler, vocab_shard
+from graphsafe_sampler.distributed import (
+    LoopbackExchange,
+    VocabParallelRejectionSampler,
+    VocabParallelSampler,
+    vocab_shard,
+)
 from graphsafe_sampler.examples.tensor_parallel import main
 from graphsafe_sampler.stages.grammar import shard_bitmask
 from graphsafe_sampler.testing.distributed import Comparison, compare_all, run_ranks
@@ -69,7 +74,9 @@ def test_shard_maps_global_ids_to_its_columns() -> None:
         VocabShard(1000, 500, 500)
 
 
-@pytest.mark.parametrize(("start", "end"), [(0, 1000), (342, 684), (684, 1000), (64, 96), (7, 8)])
+@pytest.mark.parametrize(
+    ("start", "end"), [(0, 1000), (342, 684), (684, 1000), (64, 96), (7, 8), (996, 1000)]
+)
 def test_a_shards_grammar_words_hold_its_bits(start: int, end: int) -> None:
     seed = random.randrange(2**31)
     print(f"seed {seed}")
@@ -132,3 +139,36 @@ def test_the_tensor_parallel_example_matches_one_process(capfd: pytest.CaptureFi
     main(["--world-size", "2", "--requests", "3", "--steps", "6", "--vocab-size", "1000"])
     out = capfd.readouterr().out
     assert "18 of 18 tokens equal the one-process Sampler's" in out, out
+
+
+def _loopback_sampler(config: SamplerConfig, world: int = 3, rank: int = 1) -> VocabParallelSampler:
+    return VocabParallelSampler(config, device="cpu", exchange=LoopbackExchange(world, rank))
+
+
+def test_forward_takes_this_ranks_columns() -> None:
+    sampler = _loopback_sampler(SamplerConfig(4, 1000))
+    assert (sampler.shard.start, sampler.shard.end) == (342, 684)
+    sampler.update_state(None)
+    logits = torch.randn(4, 1000) * 4
+    with pytest.raises(
+        ValueError, match=r"1000 columns, the width of this rank's shard \[342, 684\) is 342"
+    ):
+        sampler(logits)
+    assert sampler(logits[:, 342:684].contiguous()).sampled_token_ids.shape == (4, 1)
+
+
+def test_what_a_vocab_split_cannot_serve_is_refused() -> None:
+    with pytest.raises(ValueError, match="runs the PyTorch backend"):
+        _loopback_sampler(SamplerConfig(4, 1000, backend="triton"))
+    with pytest.raises(ValueError, match="custom logits processors see whole rows"):
+        _loopback_sampler(
+            SamplerConfig(
+                4,
+                1000,
+                logits_processors=[
+                    "graphsafe_sampler.examples.target_token:TargetTokenLogitsProcessor"
+                ],
+            )
+        )
+    with pytest.raises(TypeError, match="must be a VocabParallelSampler"):
+        VocabParallelRejectionSampler(Sampler(SamplerConfig(4, 1000), "cpu"), 2)

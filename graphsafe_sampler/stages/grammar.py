@@ -33,12 +33,22 @@ _ALL_ALLOWED = -1
 
 def shard_bitmask(bitmask: np.ndarray, shard: VocabShard) -> np.ndarray:
     """[..., ceil(V/32)] int32 words over the whole vocabulary -> [..., ceil(size/32)] int32
-    words of the shard's ids, local id i at bit i % 32 of word i // 32 (host side)."""
+    words of the shard's ids, local id i at bit i % 32 of word i // 32 (host side).
+
+    Word i of the shard is the whole mask's bits start + 32 i ..: the low bits of one word
+    shifted down and the high bits of the next shifted up (bits past the shard's end are
+    left as they come: the unpacker reads `size` bits only)."""
     words = num_words(shard.size)
-    bits = np.unpackbits(bitmask.view(np.uint8), axis=-1, bitorder="little")
-    local = np.zeros((*bits.shape[:-1], words * 32), dtype=np.uint8)
-    local[..., : shard.size] = bits[..., shard.start : shard.end]
-    return np.packbits(local, axis=-1, bitorder="little").view(np.int32)
+    first, offset = divmod(shard.start, 32)
+    whole = bitmask.view(np.uint32)[..., first : first + words + 1]
+    if offset == 0:
+        return np.ascontiguousarray(whole[..., :words]).view(np.int32)
+    if whole.shape[-1] < words + 1:  # the shard ends in the last word
+        pad = [(0, 0)] * (whole.ndim - 1) + [(0, words + 1 - whole.shape[-1])]
+        whole = np.pad(whole, pad)
+    low = whole[..., :words] >> np.uint32(offset)
+    high = whole[..., 1:] << np.uint32(32 - offset)  # uint32: the bits past 32 drop
+    return (low | high).view(np.int32)
 
 
 def _check_rows(rows: object) -> list[int]:
