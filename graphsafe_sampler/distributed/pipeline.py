@@ -25,10 +25,10 @@ from __future__ import annotations
 import torch
 
 from graphsafe_sampler.distributed.exchange import ShardExchange
-from graphsafe_sampler.kernels.constants import SALT_BONUS, SALT_RECOVER, SALT_SAMPLE
+from graphsafe_sampler.kernels.constants import SALT_SAMPLE
 from graphsafe_sampler.output import LogprobsTensors
 from graphsafe_sampler.pipelines.base import Processed
-from graphsafe_sampler.pipelines.torch_pipeline import mask_and_penalize
+from graphsafe_sampler.pipelines.torch_pipeline import emitted_race_scores, mask_and_penalize
 from graphsafe_sampler.rng import gumbels_from_hashes, hash_tokens, row_keys
 from graphsafe_sampler.stages import Stages
 from graphsafe_sampler.stages.logprobs import row_logsumexp
@@ -133,16 +133,12 @@ class VocabParallelPipeline:
         slots: torch.Tensor,
         positions: torch.Tensor,
     ) -> torch.Tensor:
-        # as TorchPipeline's: one race over each row's own scores and stream, its noise keyed
-        # by the global ids of this shard's columns, then the best over ranks
-        seeds = self.stages.sampling.seed.device[slots]
-        keys = torch.where(
-            is_bonus,
-            row_keys(seeds, positions, SALT_BONUS),
-            row_keys(seeds, positions, SALT_RECOVER),
+        # TorchPipeline's race on this shard's columns (noise keyed by their global ids),
+        # then the best over ranks
+        scores = emitted_race_scores(
+            self.stages, bonus_scores, recovered_scores, is_bonus, slots, positions, self.token_ids
         )
-        scores = torch.where(is_bonus[:, None], bonus_scores, recovered_scores)
-        return self._global_argmax(scores + gumbels_from_hashes(hash_tokens(keys, self.token_ids)))
+        return self._global_argmax(scores)
 
     def logprobs(
         self,

@@ -52,6 +52,28 @@ def mask_and_penalize(
     return s.penalties.apply(x, slots, extra_tokens=drafts, extra_mask=preceding)
 
 
+def emitted_race_scores(
+    stages: Stages,
+    bonus_scores: torch.Tensor,  # [num_rows, n] float32 log-weights
+    recovered_scores: torch.Tensor,  # [num_rows, n] float32 log-weights
+    is_bonus: torch.Tensor,  # [num_rows] bool
+    slots: torch.Tensor,  # [num_rows] int64
+    positions: torch.Tensor,  # [num_rows] int64
+    token_ids: torch.Tensor,  # [n] int64: the token id of each column
+) -> torch.Tensor:
+    """[num_rows, n] float32: `Pipeline.race_emitted`'s scores plus each row's Gumbel noise
+    on its stream (SALT_BONUS where `is_bonus`, else SALT_RECOVER), whose argmax over the
+    whole row is the emitted token."""
+    seeds = stages.sampling.seed.device[slots]
+    keys = torch.where(
+        is_bonus,
+        row_keys(seeds, positions, SALT_BONUS),
+        row_keys(seeds, positions, SALT_RECOVER),
+    )
+    scores = torch.where(is_bonus[:, None], bonus_scores, recovered_scores)
+    return scores + gumbels_from_hashes(hash_tokens(keys, token_ids))
+
+
 class TorchPipeline:
     """`Pipeline` through the stages' PyTorch applies."""
 
@@ -130,16 +152,10 @@ class TorchPipeline:
         positions: torch.Tensor,
     ) -> torch.Tensor:
         # one race over the row's own scores and stream: one [num_rows, V] noise pass
-        seeds = self.stages.sampling.seed.device[slots]
-        keys = torch.where(
-            is_bonus,
-            row_keys(seeds, positions, SALT_BONUS),
-            row_keys(seeds, positions, SALT_RECOVER),
-        )
-        scores = torch.where(is_bonus[:, None], bonus_scores, recovered_scores)
-        token_ids = torch.arange(scores.shape[1], device=scores.device)
-        gumbel = gumbels_from_hashes(hash_tokens(keys, token_ids))
-        return (scores + gumbel).argmax(dim=-1)
+        token_ids = torch.arange(bonus_scores.shape[1], device=bonus_scores.device)
+        return emitted_race_scores(
+            self.stages, bonus_scores, recovered_scores, is_bonus, slots, positions, token_ids
+        ).argmax(dim=-1)
 
     def logprobs(
         self,
