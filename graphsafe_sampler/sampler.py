@@ -25,8 +25,9 @@ from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.batch_update import BatchUpdate
 from graphsafe_sampler.config import SamplerConfig, resolve_backend
 from graphsafe_sampler.output import SamplerOutput
-from graphsafe_sampler.pipelines import make_pipeline
+from graphsafe_sampler.pipelines import Pipeline, make_pipeline
 from graphsafe_sampler.stages import Stages
+from graphsafe_sampler.vocab_shard import VocabShard
 
 _LOGITS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -48,11 +49,18 @@ class Sampler(nn.Module):
         self.config = config
         self.device = torch.device(device)
         self.backend = resolve_backend(config, self.device)
-        self.batch_state = BatchState(config, self.device)
+        self.batch_state = BatchState(config, self.device, shard=self._vocab_shard())
         self.stages = Stages.build(config, self.batch_state)
-        self.pipeline = make_pipeline(self.backend, self.stages)
+        self.pipeline = self._make_pipeline()
         self.graph_safe = all(p.graph_safe for p in self.stages.custom)
         self._ready = False
+
+    def _vocab_shard(self) -> VocabShard:
+        """The token ids whose logits `forward` takes (a tensor-parallel rank: its own)."""
+        return VocabShard.whole(self.config.vocab_size)
+
+    def _make_pipeline(self) -> Pipeline:
+        return make_pipeline(self.backend, self.stages)
 
     # ----------------------------------------------------------------- host side
 

@@ -2,7 +2,12 @@
 and the ranks trade `[num_rows, small]` row statistics instead of the logits (README,
 "Tensor-parallel sampling"; docs/design.md)."""
 
-from graphsafe_sampler.distributed.exchange import ExchangeRecord, LoopbackExchange, ShardExchange
+from graphsafe_sampler.distributed.exchange import (
+    ExchangeRecord,
+    LoopbackExchange,
+    RowExchange,
+    ShardExchange,
+)
 from graphsafe_sampler.distributed.sampler import (
     VocabParallelRejectionSampler,
     VocabParallelSampler,
@@ -12,6 +17,7 @@ from graphsafe_sampler.distributed.sampler import (
 __all__ = [
     "ExchangeRecord",
     "LoopbackExchange",
+    "RowExchange",
     "ShardExchange",
     "VocabParallelRejectionSampler",
     "VocabParallelSampler",

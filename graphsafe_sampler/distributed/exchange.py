@@ -1,14 +1,18 @@
-"""`ShardExchange`: the row statistics that vocabulary shards trade, and nothing larger.
+"""`RowExchange`: the row statistics that vocabulary shards trade, and nothing larger.
 
 Every exchange is one all-gather of a small `[num_rows, m]` tensor per rank (m is a few
 values, a pass's 15 radix weights, or 128 candidates), through `torch.distributed`'s
 functional collectives: traceable ops, so that the step compiles and captures as one graph
 (NCCL on a GPU, gloo on a CPU), with no host read. Each rank then reduces the gathered
 `[W, num_rows, m]` in the same order, so every rank holds the same bits.
+
+`ShardExchange` gathers over a process group; `LoopbackExchange` stands for a world of
+identical ranks in one process, to count what a step sends.
 """
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +25,7 @@ _all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_te
 
 @dataclass
 class ExchangeRecord:
-    """What one rank sent in the exchanges `ShardExchange.record` saw: one entry each, the
+    """What one rank sent in the exchanges `RowExchange.record` saw: one entry each, the
     bytes this rank put in (every rank receives world_size times that)."""
 
     sent: list[int]
@@ -35,35 +39,26 @@ class ExchangeRecord:
         return sum(self.sent)
 
 
-class ShardExchange:
-    """All-gathers over `group` (default: the whole world), with the reductions the
-    sampling step needs (an `AcrossShards` for `stages.top_k_top_p`)."""
+class RowExchange(abc.ABC):
+    """All-gathers of `[num_rows, m]` row statistics among `world_size` ranks, with the
+    reductions the sampling step needs (an `AcrossShards` for `stages.top_k_top_p`).
+    `record`: None, or an `ExchangeRecord` each gather adds its buffer's bytes to."""
 
-    group: dist.ProcessGroup
-    world_size: int
-    rank: int
-    record: ExchangeRecord | None
-
-    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError(
-                "vocab-parallel sampling needs torch.distributed initialised "
-                "(torch.distributed.init_process_group) before the sampler is built"
-            )
-        world = dist.group.WORLD
-        assert world is not None  # initialised
-        self.group = group if group is not None else world
-        self.world_size = dist.get_world_size(self.group)
-        self.rank = dist.get_rank(self.group)
-        self.record: ExchangeRecord | None = None  # set to count what each gather sends
+    def __init__(self, world_size: int, rank: int) -> None:
+        self.world_size = world_size
+        self.rank = rank
+        self.record: ExchangeRecord | None = None
 
     def gather(self, values: torch.Tensor) -> torch.Tensor:
         """[num_rows, m] -> [world_size, num_rows, m]: every rank's values, in rank order."""
         values = values.contiguous()
         if self.record is not None:
             self.record.sent.append(values.numel() * values.element_size())
-        gathered = _all_gather(values, 0, self.group)  # [W * num_rows, m]
-        return funcol.wait_tensor(gathered).view(self.world_size, *values.shape)
+        return self._all_gather(values)
+
+    @abc.abstractmethod
+    def _all_gather(self, values: torch.Tensor) -> torch.Tensor:
+        """`gather` of a contiguous tensor."""
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:
         """[num_rows, m]: the sum over the ranks' values (in rank order)."""
@@ -85,7 +80,26 @@ class ShardExchange:
         return gathered[:, :, 1].gather(0, winner[None, :])[0].long()
 
 
-class LoopbackExchange(ShardExchange):
+class ShardExchange(RowExchange):
+    """All-gathers over `group` (default: the whole world), which must be initialised."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                "vocab-parallel sampling needs torch.distributed initialised "
+                "(torch.distributed.init_process_group) before the sampler is built"
+            )
+        world = dist.group.WORLD
+        assert world is not None  # initialised
+        self.group: dist.ProcessGroup = group if group is not None else world
+        super().__init__(dist.get_world_size(self.group), dist.get_rank(self.group))
+
+    def _all_gather(self, values: torch.Tensor) -> torch.Tensor:
+        gathered = _all_gather(values, 0, self.group)  # [W * num_rows, m]
+        return funcol.wait_tensor(gathered).view(self.world_size, *values.shape)
+
+
+class LoopbackExchange(RowExchange):
     """A world of `world_size` ranks in one process, every rank holding this one's values:
     for counting what a step sends (`record`) without processes. Its sums and maxima are
     those of W copies, so the tokens are not a split sampler's."""
@@ -93,10 +107,7 @@ class LoopbackExchange(ShardExchange):
     def __init__(self, world_size: int, rank: int = 0) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank = {rank} is outside [0, world_size = {world_size})")
-        self.world_size, self.rank = world_size, rank
-        self.record = None
+        super().__init__(world_size, rank)
 
-    def gather(self, values: torch.Tensor) -> torch.Tensor:
-        if self.record is not None:
-            self.record.sent.append(values.numel() * values.element_size())
+    def _all_gather(self, values: torch.Tensor) -> torch.Tensor:
         return values[None].expand(self.world_size, *values.shape)

@@ -2,7 +2,7 @@
 
 Steps 2-4 are token by token: each rank runs them on its own columns and state
 (`mask_and_penalize`). Steps 5-10 need whole rows, and take them from small exchanges
-(`ShardExchange`, one all-gather of `[num_rows, m]` each), never from the logits:
+(`RowExchange`, one all-gather of `[num_rows, m]` each), never from the logits:
 
 - greedy (step 5): each rank's argmax, then the best over ranks (lowest global id on ties);
 - min_p (7): the row max over ranks;
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from graphsafe_sampler.distributed.exchange import ShardExchange
+from graphsafe_sampler.distributed.exchange import RowExchange
 from graphsafe_sampler.kernels.constants import SALT_SAMPLE
 from graphsafe_sampler.output import LogprobsTensors
 from graphsafe_sampler.pipelines.base import Processed
@@ -46,7 +46,7 @@ from graphsafe_sampler.stages.top_k_top_p import (
 class VocabParallelPipeline:
     """`Pipeline` on the logits of `stages.batch_state.shard`, through `exchange`."""
 
-    def __init__(self, stages: Stages, exchange: ShardExchange) -> None:
+    def __init__(self, stages: Stages, exchange: RowExchange) -> None:
         self.stages = stages
         self.exchange = exchange
         self.shard = stages.batch_state.shard

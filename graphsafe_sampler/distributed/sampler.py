@@ -15,16 +15,17 @@ validates them against the whole vocabulary, and so refuses bad input alike.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 
-from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.config import SamplerConfig
-from graphsafe_sampler.distributed.exchange import ShardExchange
+from graphsafe_sampler.distributed.exchange import RowExchange, ShardExchange
 from graphsafe_sampler.distributed.pipeline import VocabParallelPipeline, combine_logsumexp
+from graphsafe_sampler.pipelines import Pipeline
 from graphsafe_sampler.rejection_sampler import RejectionSampler
 from graphsafe_sampler.sampler import Sampler
-from graphsafe_sampler.stages import Stages
 from graphsafe_sampler.vocab_shard import VocabShard, shard_range
 
 
@@ -62,9 +63,8 @@ class VocabParallelSampler(Sampler):
         process_group: dist.ProcessGroup | None = None,
         device: torch.device | str | None = None,
         *,
-        exchange: ShardExchange | None = None,
+        exchange: RowExchange | None = None,
     ) -> None:
-        torch.nn.Module.__init__(self)
         if not isinstance(config, SamplerConfig):
             raise TypeError(f"config must be a SamplerConfig, got {type(config).__name__}")
         if config.logits_processors:
@@ -73,20 +73,16 @@ class VocabParallelSampler(Sampler):
             )
         if config.backend == "triton":
             raise ValueError("VocabParallelSampler runs the PyTorch backend: use 'torch' or 'auto'")
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        # read by the hooks Sampler.__init__ calls
         self.exchange = ShardExchange(process_group) if exchange is None else exchange
-        start, end = vocab_shard(config.vocab_size, self.exchange.rank, self.exchange.world_size)
-        self.config = config
-        self.device = torch.device(device)
-        self.backend = "torch"
-        self.batch_state = BatchState(
-            config, self.device, shard=VocabShard(config.vocab_size, start, end)
-        )
-        self.stages = Stages.build(config, self.batch_state)
-        self.pipeline = VocabParallelPipeline(self.stages, self.exchange)
-        self.graph_safe = True
-        self._ready = False
+        super().__init__(dataclasses.replace(config, backend="torch"), device)
+
+    def _vocab_shard(self) -> VocabShard:
+        exchange, vocab = self.exchange, self.config.vocab_size
+        return VocabShard(vocab, *vocab_shard(vocab, exchange.rank, exchange.world_size))
+
+    def _make_pipeline(self) -> Pipeline:
+        return VocabParallelPipeline(self.stages, self.exchange)
 
     @property
     def shard(self) -> VocabShard:
