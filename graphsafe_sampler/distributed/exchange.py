@@ -72,12 +72,22 @@ class RowExchange(abc.ABC):
         """[num_rows] int64: the token id of the winning rank's value, for each rank's best
         value [num_rows] float32 and its global id [num_rows] int64, the lowest rank first
         on ties and NaN first, as `argmax` over the whole row ranks them (each rank's value
-        being its own shard's argmax, the lowest index first). One gather: float32 values
-        and ids below 2**31 are exact in float64."""
-        packed = torch.stack([values.to(torch.float64), token_ids.to(torch.float64)], dim=-1)
-        gathered = self.gather(packed)  # [W, num_rows, 2]
-        winner = gathered[:, :, 0].argmax(0)  # [num_rows]: the first rank of the max / NaN
-        return gathered[:, :, 1].gather(0, winner[None, :])[0].long()
+        being its own shard's argmax, the lowest index first)."""
+        return argmax_of(self.gather(argmax_payload(values, token_ids)))
+
+
+def argmax_payload(values: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """[num_rows, 2] float32: each row's best value and its id's int32 bits, for one gather
+    (the bits travel as they are: a gather copies, it computes nothing)."""
+    bits = token_ids.to(torch.int32).view(torch.float32)
+    return torch.stack([values.to(torch.float32), bits], dim=-1)
+
+
+def argmax_of(gathered: torch.Tensor) -> torch.Tensor:
+    """[W, num_rows, 2] gathered `argmax_payload`s -> [num_rows] int64, the winner's id."""
+    winner = gathered[:, :, 0].argmax(0)  # [num_rows]: the first rank of the max / NaN
+    ids = gathered[:, :, 1].contiguous().view(torch.int32)  # [W, num_rows]
+    return ids.gather(0, winner[None, :])[0].long()
 
 
 class ShardExchange(RowExchange):

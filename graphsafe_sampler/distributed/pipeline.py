@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from graphsafe_sampler.distributed.exchange import RowExchange
+from graphsafe_sampler.distributed.exchange import RowExchange, argmax_of, argmax_payload
 from graphsafe_sampler.kernels.constants import SALT_SAMPLE
 from graphsafe_sampler.output import LogprobsTensors
 from graphsafe_sampler.pipelines.base import Processed
@@ -62,12 +62,10 @@ class VocabParallelPipeline:
         best = values.gather(1, local[:, None])[:, 0]
         return self.exchange.argmax(best, local + self.shard.start)
 
-    def _merged_top(self, values: torch.Tensor, n: int) -> torch.Tensor:
-        """[num_rows, n]: the n largest values of the whole rows, descending (exactly
-        `topk`'s, NaN first), from each shard's own n largest (or all it has)."""
-        local = top_candidates(values, min(n, self.shard.size)).values  # [num_rows, n_local]
-        gathered = self.exchange.gather(local)  # [W, num_rows, n_local]
-        return gathered.permute(1, 0, 2).reshape(local.shape[0], -1).topk(n, dim=-1).values
+    def _merged_top(self, gathered: torch.Tensor, n: int) -> torch.Tensor:
+        """[W, num_rows, n_local] each rank's largest values (`top_candidates`) -> [num_rows,
+        n]: the n largest of the whole rows, descending (exactly `topk`'s, NaN first)."""
+        return gathered.permute(1, 0, 2).reshape(gathered.shape[1], -1).topk(n, dim=-1).values
 
     def _merged_top_ids(self, values: torch.Tensor, n: int) -> Candidates:
         """`_merged_top` with the values' global ids: each value and id travel as one int64,
@@ -94,15 +92,23 @@ class VocabParallelPipeline:
     ) -> Processed:
         s = self.stages
         x = mask_and_penalize(s, logits, slots, grammar, drafts, num_preceding)  # [rows, size]
-        greedy = self._global_argmax(x)
         divisor, is_greedy = s.temperature.divisors(slots)
         x = x / divisor[:, None]
-        threshold = min_p_threshold(
-            self.exchange.max(x.amax(-1, keepdim=True)), s.min_p.values(slots)
-        )
+        # One exchange for greedy, min_p and the candidates. Greedy rows keep T = 1, so
+        # their argmax here is the one before temperature (other rows never read theirs).
+        # The candidates are taken before min_p's mask, which only turns the smallest of
+        # them to -inf; the largest is the row max that min_p needs.
+        local_best = x.argmax(-1)  # [num_rows]
+        best = argmax_payload(x.gather(1, local_best[:, None])[:, 0], local_best + self.shard.start)
+        n = min(CANDIDATES, self.vocab_size)
+        local_top = top_candidates(x, min(n, self.shard.size)).values  # [num_rows, n_local]
+        gathered = self.exchange.gather(torch.cat([best, local_top], dim=-1))
+        greedy = argmax_of(gathered[:, :, :2])
+        values = self._merged_top(gathered[:, :, 2:], n)  # [num_rows, n], NaN first
+        threshold = min_p_threshold(values[:, :1], s.min_p.values(slots))
         x = x.masked_fill_(x < threshold, float("-inf"))
+        values = values.masked_fill(values < threshold, float("-inf"))
         # their ids are not needed: every rank races its own columns
-        values = self._merged_top(x, min(CANDIDATES, self.vocab_size))
         candidates = Candidates(values, torch.zeros_like(values, dtype=torch.int64))
         top_k, top_p = s.top_k_top_p.top_k.device[slots], s.top_k_top_p.top_p.device[slots]
         cut = top_k_top_p_cut(

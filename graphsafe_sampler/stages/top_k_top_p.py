@@ -146,6 +146,7 @@ def top_p_threshold(
     top_p: torch.Tensor,  # [num_rows] float32; >= 1 is off
     floor: torch.Tensor | None = None,  # [num_rows, 1] float32: only logits >= floor count
     across: AcrossShards | None = None,  # where `logits` are one shard of the rows
+    row_max: torch.Tensor | None = None,  # [num_rows, 1]: the rows' max, where known
 ) -> torch.Tensor:
     """[num_rows, 1] float32: top-p over the tokens with logits >= floor (all when None).
 
@@ -155,9 +156,10 @@ def top_p_threshold(
     num_rows = logits.shape[0]
     if floor is None:
         floor = torch.full((num_rows, 1), float("-inf"), device=logits.device, dtype=logits.dtype)
-    row_max = logits.amax(-1, keepdim=True)
-    if across is not None:
-        row_max = across.max(row_max)
+    if row_max is None:
+        row_max = logits.amax(-1, keepdim=True)
+        if across is not None:
+            row_max = across.max(row_max)
     # An all -inf row would give exp(-inf - -inf) = nan; its masses are all 0 instead.
     shift = torch.where(torch.isfinite(row_max), row_max, 0.0)
     mass = torch.where(logits >= floor, torch.exp(logits - shift), 0.0)
@@ -344,7 +346,9 @@ def top_k_top_p_cut(
         if scaling:
             logits = scaled_logits(logits, *scaling)
         floor = top_k_threshold(logits, top_k, across, vocab_size)
-        exact = top_p_threshold(logits, top_p, floor, across)
+        # split over ranks, the candidates' first is the row max: an exchange saved
+        row_max = None if across is None or candidates is None else candidates.values[:, :1]
+        exact = top_p_threshold(logits, top_p, floor, across, row_max)
         return torch.where(settled, cut, exact)
 
     operands = (logits, top_k, top_p, cut, settled, *(scale or ()))
