@@ -144,9 +144,12 @@ def random_bitmask(
 
 def compare_with_sampler(rank: int, world_size: int, spec: Comparison) -> None:
     """On every rank: a `VocabParallelSampler` on this rank's columns against `Sampler` on
-    the whole rows, over `spec.steps` churning steps with every feature on. Tokens must be
-    equal, logprobs within float32 rounding, ranks equal, and the rank's token-indexed state
-    must equal the matching columns of the single-device sampler's after every step."""
+    the whole rows, over `spec.steps` churning steps with every feature on and a commit
+    mask on odd steps. Tokens must be equal, logprobs within float32 rounding, ranks too
+    (`_check_logprobs`), the rank's token-indexed state equal to the matching columns of
+    the single-device sampler's after every step; a make_fx trace taken at the first step
+    must replay every later one as eager runs it, which runs under `SyncOpDetector`; bad
+    updates are refused alike on every rank (`_check_refusals`)."""
     config = SamplerConfig(**spec.config)
     reference = Sampler(config, "cpu")
     sampler = VocabParallelSampler(config, device="cpu")
@@ -157,6 +160,7 @@ def compare_with_sampler(rank: int, world_size: int, spec: Comparison) -> None:
         config, seed=spec.seed, make_params=wide_filter_params, joins=refill, target=target
     )
     rng = random.Random(spec.seed)
+    gen = torch.Generator().manual_seed(spec.seed)
     state = StateTensors(sampler)
     replayer: MakeFxReplayer | None = None
     vocab, rows = config.vocab_size, config.max_num_reqs
@@ -179,16 +183,18 @@ def compare_with_sampler(rank: int, world_size: int, spec: Comparison) -> None:
         _assert_equal(f"{where}: token-indexed state", own[0], whole[0][:, start:end])
         _assert_equal(f"{where}: filtered logits", own[1], whole[1][:, start:end])
         local = logits[:, start:end].contiguous()
+        # some rows keep their history now and then (a chunked prefill's discarded token)
+        commit_mask = torch.rand(rows, generator=gen) < (0.7 if step % 2 else 1.0)
         if replayer is None:  # traced once, under the first batch
-            replayer = MakeFxReplayer(sampler, (local,), state)
+            replayer = MakeFxReplayer(sampler, (local, commit_mask), state)
         # the trace replays under this batch as eager runs it, outputs and state
         before = state.snapshot()
-        replayed = _clone(replayer(local))
+        replayed = _clone(replayer(local, commit_mask))
         after_replay = state.snapshot()
         state.restore(before)
-        expected = reference(logits)
+        expected = reference(logits, commit_mask)
         with SyncOpDetector(f"VocabParallelSampler.forward, {where}"):
-            actual = sampler(local)
+            actual = sampler(local, commit_mask)
         for name, tensor in state.tensors.items():
             _assert_equal(f"{where}: state {name} after the replay", after_replay[name], tensor)
         for got, want in zip(_leaves(replayed), _leaves(actual), strict=True):
@@ -202,7 +208,7 @@ def compare_with_sampler(rank: int, world_size: int, spec: Comparison) -> None:
         if config.max_num_logprobs:
             source = logits if config.logprobs_mode.startswith("raw") else whole[1]
             _check_logprobs(expected, actual, source, config.logprobs_mode, where)
-        driver.record_tokens(expected.sampled_token_ids[:, 0].tolist())
+        driver.record_tokens(expected.sampled_token_ids[:, 0].tolist(), commit_mask.tolist())
         _assert_equal(
             f"{where}: penalty counts after the commit",
             sampler.stages.penalties.counts,
