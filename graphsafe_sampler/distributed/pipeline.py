@@ -4,11 +4,12 @@ Steps 2-4 are token by token: each rank runs them on its own columns and state
 (`mask_and_penalize`). Steps 5-10 need whole rows, and take them from small exchanges
 (`RowExchange`, one all-gather of `[num_rows, m]` each), never from the logits:
 
-- greedy (step 5): each rank's argmax, then the best over ranks (lowest global id on ties);
-- min_p (7): the row max over ranks;
-- top-k/top-p (8): every rank's 128 largest logits merged into the row's candidates, and
-  the total mass summed over ranks; rows the candidates do not settle take the exact radix
-  searches, each pass's weights summed over ranks (`stages.top_k_top_p`, `across=`);
+- greedy (step 5), min_p (7) and top-k/top-p's candidates (8), in one exchange: each
+  rank's argmax, then the best over ranks (lowest global id on ties); every rank's 128
+  largest logits merged into the row's, whose first is the row max that min_p needs;
+- top-k/top-p (8): the total mass summed over ranks; rows the candidates do not settle take
+  the exact radix searches, each pass's weights summed over ranks (`stages.top_k_top_p`,
+  `across=`);
 - the race (9): each rank's winner among its tokens, whose Gumbel noise is keyed by the
   global token id, then the best over ranks: the token a race over the row draws;
 - logprobs (10): the logsumexp from the ranks' own, the top K merged from theirs, the
