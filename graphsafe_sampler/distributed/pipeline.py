@@ -18,7 +18,7 @@ Steps 2-4 are token by token: each rank runs them on its own columns and state
 So every rank returns the same tokens as `Sampler` on the whole rows, bit for bit, except
 where top-p's mass sum lands within float32 rounding of `top_p` times the total (the sums
 run in another order), and logprobs equal up to float32 rounding. Branch-free, with no
-host read: a CUDA graph captures it, collectives included.
+host read, so that a CUDA graph can capture it, collectives included.
 """
 
 from __future__ import annotations
