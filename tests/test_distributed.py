@@ -24,6 +24,7 @@ from graphsafe_sampler.distributed import (
 )
 from graphsafe_sampler.examples.tensor_parallel import main
 from graphsafe_sampler.stages.grammar import shard_bitmask
+from graphsafe_sampler.stages.top_k_top_p import top_k_threshold, top_p_threshold
 from graphsafe_sampler.testing.distributed import Comparison, compare_all, run_ranks
 from graphsafe_sampler.vocab_shard import VocabShard
 
@@ -172,3 +173,35 @@ def test_what_a_vocab_split_cannot_serve_is_refused() -> None:
         )
     with pytest.raises(TypeError, match="must be a VocabParallelSampler"):
         VocabParallelRejectionSampler(Sampler(SamplerConfig(4, 1000), "cpu"), 2)
+
+
+def _awkward_rows(seed: int) -> torch.Tensor:
+    """[6, 300] float32: LLM-like rows, ties, both zeros, NaN, +inf and -inf among them."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.randn(6, 300, generator=gen) * 3.0
+    rows[1, :100] = 1.5  # a long tie
+    rows[2, ::3] = 0.0
+    rows[2, 1::3] = -0.0
+    rows[3, 7] = float("nan")
+    rows[4, 10:20] = float("inf")
+    rows[5, 50:] = float("-inf")
+    return rows
+
+
+def test_the_split_search_finds_the_single_device_thresholds() -> None:
+    # the histogram radix search of a shard (`across`), on a world of one, against the
+    # masked-sum search: every threshold equal, NaN, zeros of both signs and infinities too
+    seed = random.randrange(2**31)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    logits = _awkward_rows(seed)
+    one = LoopbackExchange(1)
+    top_k = torch.tensor([rng.choice([0, 1, 5, 150, 299, 300]) for _ in range(6)])
+    top_p = torch.tensor([rng.choice([0.0, 0.3, 0.9, 0.999, 1.0]) for _ in range(6)])
+    top_k[3] = 150  # the NaN row: a NaN must not count as a token at any threshold
+    floor = top_k_threshold(logits, top_k)
+    split_floor = top_k_threshold(logits, top_k, one, vocab_size=300)
+    torch.testing.assert_close(split_floor, floor, rtol=0, atol=0, equal_nan=True)
+    expected = top_p_threshold(logits, top_p, floor)
+    split = top_p_threshold(logits, top_p, floor, one)
+    torch.testing.assert_close(split, expected, rtol=0, atol=0, equal_nan=True)

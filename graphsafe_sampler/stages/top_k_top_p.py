@@ -44,7 +44,8 @@ class AcrossShards(Protocol):
 
 
 _SHARDED_BITS_PER_PASS = 4
-"""Split over ranks, where every pass is a collective: 8 passes of 15 sums, not 16 of 3."""
+"""Split over ranks, where every pass is a collective: 8 passes of 15 sums, not 16 of 3
+(`_largest_threshold_across`)."""
 
 
 def ordered_int(values: torch.Tensor) -> torch.Tensor:
@@ -67,7 +68,6 @@ def _largest_threshold(
     target: torch.Tensor,  # [num_rows, 1]
     num_rows: int,
     device: torch.device,
-    across: AcrossShards | None = None,
 ) -> torch.Tensor:
     """[num_rows, 1] int32: ordered image of the largest t with weight_at_or_above(t) >= target.
 
@@ -79,31 +79,55 @@ def _largest_threshold(
     1, 2, 3 (3 masked sums fused into one loop, comparing as floats against candidates made
     on [num_rows, 1] tensors, so no token is bit-cast); the digit is how many of them still
     reach the target. The answer is the same for any digit width. Branch-free: every row
-    pays the same work whether its filters are on or off. With `across`, the weights are a
-    shard's, and each pass sums its `_SHARDED_BITS_PER_PASS` digits' weights over the
-    shards in one `across.sum`.
+    pays the same work whether its filters are on or off.
     """
     bits = _BITS_PER_PASS if torch.compiler.is_compiling() else _EAGER_BITS_PER_PASS
-    if across is not None:
-        bits = _SHARDED_BITS_PER_PASS
     # The answer + 2**31, in [0, 2**32), built from the top digit down; int64 so that the
     # arithmetic never wraps and each candidate converts to int32 exactly.
     offset = torch.zeros(num_rows, 1, dtype=torch.int64, device=device)
     for shift in range(32 - bits, -1, -bits):
         digit = torch.zeros(num_rows, 1, dtype=torch.int64, device=device)
-        weights = []
         for candidate_digit in range(1, 1 << bits):
             # The smallest threshold with this next digit: if it reaches the target, the
             # answer's digit is at least `candidate_digit`.
             candidate = _offset_to_ordered(offset + (candidate_digit << shift))
-            weight = weight_at_or_above(ordered_value(candidate))
-            if across is None:
-                digit += weight >= target
-            else:
-                weights.append(weight)
-        if across is not None:
-            reached = across.sum(torch.cat(weights, dim=-1)) >= target  # [num_rows, 2**bits - 1]
-            digit = reached.sum(-1, keepdim=True)
+            digit += weight_at_or_above(ordered_value(candidate)) >= target
+        offset = offset + (digit << shift)
+    return _offset_to_ordered(offset)
+
+
+def _largest_threshold_across(
+    values: torch.Tensor,  # [num_rows, V] float32: one shard of the rows
+    weights: torch.Tensor | None,  # [num_rows, V] float32 each token's weight (None: 1)
+    target: torch.Tensor,  # [num_rows, 1]
+    across: AcrossShards,
+) -> torch.Tensor:
+    """`_largest_threshold` of the whole rows that `values` are one shard of, where a
+    token's weight counts at every threshold at or below its value (NaN never counts).
+
+    Each pass is one `across.sum` of the weights at the `_SHARDED_BITS_PER_PASS` bits'
+    15 thresholds, and each shard finds its own from a histogram: every token's
+    order-preserving key (-0.0 read as +0.0, as a float compare reads it) falls below the
+    pass's range, in one of its 16 digits, or above it; the weight at a digit's threshold
+    is the sum of the digits from it up and of the tokens above. One pass over the shard a
+    pass, not 15 masked sums; the same answer.
+    """
+    bits = _SHARDED_BITS_PER_PASS
+    digits = 1 << bits
+    num_rows = values.shape[0]
+    key = ordered_int(values + 0.0).to(torch.int64) - _INT32_MIN  # [num_rows, V] in [0, 2**32)
+    counts = values == values  # NaN counts nowhere
+    token_weight = counts.to(torch.int32) if weights is None else torch.where(counts, weights, 0.0)
+    offset = torch.zeros(num_rows, 1, dtype=torch.int64, device=values.device)
+    for shift in range(32 - bits, -1, -bits):
+        # column 0: below the range (dropped), 1 + d: digit d, digits + 1: above the range
+        column = ((key - offset) >> shift).clamp(-1, digits) + 1
+        histogram = torch.zeros(
+            num_rows, digits + 2, dtype=token_weight.dtype, device=values.device
+        ).scatter_add_(1, column, token_weight)
+        from_top = histogram.flip(-1).cumsum(-1).flip(-1)  # [num_rows, digits + 2]
+        at_or_above = from_top[:, 2 : digits + 1]  # the thresholds of digits 1 .. digits - 1
+        digit = (across.sum(at_or_above) >= target).sum(-1, keepdim=True)
         offset = offset + (digit << shift)
     return _offset_to_ordered(offset)
 
@@ -137,7 +161,10 @@ def top_k_threshold(
     def count_at_or_above(threshold: torch.Tensor) -> torch.Tensor:
         return (logits >= threshold).sum(-1, keepdim=True, dtype=torch.int32)
 
-    ordered = _largest_threshold(count_at_or_above, k, num_rows, logits.device, across)
+    if across is None:
+        ordered = _largest_threshold(count_at_or_above, k, num_rows, logits.device)
+    else:
+        ordered = _largest_threshold_across(logits, None, k, across)
     return torch.where(is_off, float("-inf"), ordered_value(ordered))
 
 
@@ -171,7 +198,10 @@ def top_p_threshold(
     def mass_at_or_above(threshold: torch.Tensor) -> torch.Tensor:
         return torch.where(logits >= threshold, mass, 0.0).sum(-1, keepdim=True)
 
-    ordered = _largest_threshold(mass_at_or_above, p * total, num_rows, logits.device, across)
+    if across is None:
+        ordered = _largest_threshold(mass_at_or_above, p * total, num_rows, logits.device)
+    else:
+        ordered = _largest_threshold_across(logits, mass, p * total, across)
     # Never above the row max (top_p = 0 would otherwise give an empty row).
     ordered = torch.minimum(ordered, ordered_int(row_max))
     threshold = torch.maximum(ordered_value(ordered), floor)
