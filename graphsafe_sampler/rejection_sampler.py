@@ -125,7 +125,7 @@ class RejectionSampler(nn.Module):
         commit_mask: torch.Tensor | None,
     ) -> None:
         sampler, spec = self.sampler, self.max_spec_len
-        vocab, width = sampler._logits_columns()  # the columns of the logits this rank holds
+        columns, what = sampler._logits_columns()  # the logits' width (a rank's: its shard)
         tensors = {
             "target_logits": target_logits,
             "draft_token_ids": draft_token_ids,
@@ -145,10 +145,10 @@ class RejectionSampler(nn.Module):
             )
         rows = target_logits.shape[0]
         expected = {
-            "target_logits": ((rows, spec + 1, vocab), _FLOAT_DTYPES),
+            "target_logits": ((rows, spec + 1, columns), _FLOAT_DTYPES),
             "draft_token_ids": ((rows, spec), _INDEX_DTYPES),
             "num_draft_tokens": ((rows,), _INDEX_DTYPES),
-            "draft_probs": ((rows, spec, vocab), _FLOAT_DTYPES),
+            "draft_probs": ((rows, spec, columns), _FLOAT_DTYPES),
             "commit_mask": ((rows,), (torch.bool,)),
         }
         for name, (shape, dtypes) in expected.items():
@@ -161,7 +161,7 @@ class RejectionSampler(nn.Module):
             if tuple(tensor.shape) != shape:
                 raise ValueError(
                     f"{name} must have shape {list(shape)} (num_rows = {rows}, "
-                    f"max_spec_len = {spec}, {width} = {vocab}), got {list(tensor.shape)}"
+                    f"max_spec_len = {spec}, {what} = {columns}), got {list(tensor.shape)}"
                 )
             sampler._check_device(name, tensor)
         sampler._check_rows("target_logits", rows)

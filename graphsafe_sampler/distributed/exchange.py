@@ -68,13 +68,6 @@ class RowExchange(abc.ABC):
         """[num_rows, m]: the max over the ranks' values (NaN where any is NaN)."""
         return self.gather(values).amax(0)
 
-    def argmax(self, values: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-        """[num_rows] int64: the token id of the winning rank's value, for each rank's best
-        value [num_rows] float32 and its global id [num_rows] int64, the lowest rank first
-        on ties and NaN first, as `argmax` over the whole row ranks them (each rank's value
-        being its own shard's argmax, the lowest index first)."""
-        return argmax_of(self.gather(argmax_payload(values, token_ids)))
-
 
 def argmax_payload(values: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """[num_rows, 2] float32: each row's best value and its id's int32 bits, for one gather
@@ -84,7 +77,9 @@ def argmax_payload(values: torch.Tensor, token_ids: torch.Tensor) -> torch.Tenso
 
 
 def argmax_of(gathered: torch.Tensor) -> torch.Tensor:
-    """[W, num_rows, 2] gathered `argmax_payload`s -> [num_rows] int64, the winner's id."""
+    """[W, num_rows, 2] gathered `argmax_payload`s -> [num_rows] int64, the winner's id:
+    the lowest rank first on ties and NaN first, as `argmax` over the whole row ranks them
+    where each rank's value is its own shard's argmax (the lowest index first)."""
     winner = gathered[:, :, 0].argmax(0)  # [num_rows]: the first rank of the max / NaN
     ids = gathered[:, :, 1].contiguous().view(torch.int32)  # [W, num_rows]
     return ids.gather(0, winner[None, :])[0].long()

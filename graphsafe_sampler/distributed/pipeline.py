@@ -56,12 +56,17 @@ class VocabParallelPipeline:
         device = stages.batch_state.device
         self.token_ids = torch.arange(self.shard.start, self.shard.end, device=device)  # [size]
 
-    def _global_argmax(self, values: torch.Tensor) -> torch.Tensor:
-        """[num_rows] int64: `argmax` of the whole rows that `values` [num_rows, size] are
-        this shard of (lowest id of the max, or of the first NaN)."""
+    def _local_best(self, values: torch.Tensor) -> torch.Tensor:
+        """[num_rows, 2] `argmax_payload` of this shard's argmax of values [num_rows, size]
+        (the lowest index of the max, or of the first NaN), with its global id."""
         local = values.argmax(-1)  # [num_rows]
         best = values.gather(1, local[:, None])[:, 0]
-        return self.exchange.argmax(best, local + self.shard.start)
+        return argmax_payload(best, local + self.shard.start)
+
+    def _global_argmax(self, values: torch.Tensor) -> torch.Tensor:
+        """[num_rows] int64: `argmax` of the whole rows that `values` [num_rows, size] are
+        this shard of: the best of the ranks' own, the lowest rank first on ties, NaN first."""
+        return argmax_of(self.exchange.gather(self._local_best(values)))
 
     def _merged_top(self, gathered: torch.Tensor, n: int) -> torch.Tensor:
         """[W, num_rows, n_local] each rank's largest values (`top_candidates`) -> [num_rows,
@@ -99,11 +104,9 @@ class VocabParallelPipeline:
         # their argmax here is the one before temperature (other rows never read theirs).
         # The candidates are taken before min_p's mask, which only turns the smallest of
         # them to -inf; the largest is the row max that min_p needs.
-        local_best = x.argmax(-1)  # [num_rows]
-        best = argmax_payload(x.gather(1, local_best[:, None])[:, 0], local_best + self.shard.start)
         n = min(CANDIDATES, self.vocab_size)
         local_top = top_candidates(x, min(n, self.shard.size)).values  # [num_rows, n_local]
-        gathered = self.exchange.gather(torch.cat([best, local_top], dim=-1))
+        gathered = self.exchange.gather(torch.cat([self._local_best(x), local_top], dim=-1))
         greedy = argmax_of(gathered[:, :, :2])
         values = self._merged_top(gathered[:, :, 2:], n)  # [num_rows, n], NaN first
         threshold = min_p_threshold(values[:, :1], s.min_p.values(slots))

@@ -36,12 +36,12 @@ class LogitBiasLogitsProcessor(SlotLogitsProcessor):
         ids = np.zeros(self.capacity, dtype=np.int32)
         values = np.zeros(self.capacity, dtype=np.float32)
         shard = self.batch_state.shard
-        if params.logit_bias:
-            local = shard.local_ids(params.logit_bias)  # the dict's keys, in its order
-            biases = [b for t, b in params.logit_bias.items() if shard.holds(t)]
-            n = len(local)
-            ids[:n] = local
-            values[:n] = biases
+        entries = [
+            (t - shard.start, b) for t, b in (params.logit_bias or {}).items() if shard.holds(t)
+        ]
+        if entries:
+            n = len(entries)
+            ids[:n], values[:n] = zip(*entries, strict=True)
             ids[n:], values[n:] = ids[0], values[0]
         self.bias_ids.write(slot, ids)
         self.bias_values.write(slot, values)
