@@ -22,6 +22,7 @@ from graphsafe_sampler.stages import (
     MinPLogitsProcessor,
     MinTokensLogitsProcessor,
 )
+from graphsafe_sampler.stages.watermark import WatermarkDetection, detect_watermark
 from graphsafe_sampler.staging import StagedTensor
 
 __version__ = "0.1.0"
@@ -46,5 +47,7 @@ __all__ = [
     "SamplingParams",
     "SlotLogitsProcessor",
     "StagedTensor",
+    "WatermarkDetection",
+    "detect_watermark",
     "load_logits_processors",
 ]

@@ -39,6 +39,9 @@ class SamplerConfig:
     max_num_reqs: requests held at once; also the most logits rows `forward` accepts.
     vocab_size: logits width V.
     max_num_logprobs: top-K logprobs columns returned (0 = no logprobs tensors).
+    max_logprob_token_ids: chosen token ids per request whose logprobs and ranks are
+        returned beside the top K (`SamplingParams.logprob_token_ids`; 0 = none; needs
+        max_num_logprobs >= 1).
     logprobs_mode: "raw_logprobs" | "raw_logits" | "processed_logprobs" | "processed_logits".
     eos_token_id: masked while a request has fewer than `min_tokens` outputs.
     backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch" or "triton".
@@ -52,6 +55,11 @@ class SamplerConfig:
     max_bad_words_tokens: bad-word tokens per request, all words together.
     max_model_len: tokens per request, prompt and output together (requests added with more
         are rejected); sizes the penalty state's table of tokens output 255 times or more.
+    reasoning_start_token_ids, reasoning_end_token_ids: the token sequences that open and
+        close a reasoning section (vLLM's names; both or neither): with them, requests may
+        set `thinking_token_budget`, and the end sequence is forced once it is spent.
+    watermark_context_len: the previous tokens a watermarked request's draws are keyed by
+        (`SamplingParams.watermark_key`; 0 = watermarking off).
     pin_memory: pin the host staging buffers (None = when an accelerator exists).
     """
 
@@ -60,6 +68,7 @@ class SamplerConfig:
     # docs/design.md §3: everything after vocab_size is keyword-only.
     _: KW_ONLY
     max_num_logprobs: int = 0
+    max_logprob_token_ids: int = 0
     logprobs_mode: LogprobsMode = "raw_logprobs"
     eos_token_id: int | None = None
     backend: Backend = "auto"
@@ -71,6 +80,9 @@ class SamplerConfig:
     max_bad_word_len: int = 16
     max_bad_words_tokens: int = 1024
     max_model_len: int = 131072
+    reasoning_start_token_ids: Sequence[int] = ()
+    reasoning_end_token_ids: Sequence[int] = ()
+    watermark_context_len: int = 0
     pin_memory: bool | None = None
 
     def __post_init__(self) -> None:
@@ -83,6 +95,17 @@ class SamplerConfig:
             raise ValueError(
                 f"max_num_logprobs must be <= vocab_size = {self.vocab_size}, "
                 f"got {self.max_num_logprobs}"
+            )
+        _positive("max_logprob_token_ids", self.max_logprob_token_ids, minimum=0)
+        if self.max_logprob_token_ids > 0 and self.max_num_logprobs == 0:
+            raise ValueError(
+                f"max_logprob_token_ids = {self.max_logprob_token_ids} needs logprobs: "
+                "set max_num_logprobs >= 1"
+            )
+        if self.max_logprob_token_ids > self.vocab_size:
+            raise ValueError(
+                f"max_logprob_token_ids must be <= vocab_size = {self.vocab_size}, "
+                f"got {self.max_logprob_token_ids}"
             )
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(
@@ -108,6 +131,25 @@ class SamplerConfig:
             _positive(name, getattr(self, name))
         if self.seed is not None:
             _positive("seed", self.seed, minimum=0)
+        _positive("watermark_context_len", self.watermark_context_len, minimum=0)
+        for name in ("reasoning_start_token_ids", "reasoning_end_token_ids"):
+            ids = getattr(self, name)
+            if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+                raise TypeError(f"{name} must be a sequence of token ids, got {type(ids).__name__}")
+            ids = tuple(ids)
+            for i, tok in enumerate(ids):
+                _positive(f"{name}[{i}]", tok, minimum=0)
+                if tok >= self.vocab_size:
+                    raise ValueError(
+                        f"{name}[{i}] = {tok} is outside the vocabulary [0, {self.vocab_size})"
+                    )
+            object.__setattr__(self, name, ids)
+        if bool(self.reasoning_start_token_ids) != bool(self.reasoning_end_token_ids):
+            raise ValueError(
+                "reasoning_start_token_ids and reasoning_end_token_ids come together: "
+                f"got {len(self.reasoning_start_token_ids)} and "
+                f"{len(self.reasoning_end_token_ids)} ids"
+            )
         # A lone "module:QualName" string is iterable too; tuple() would split it into characters.
         if isinstance(self.logits_processors, (str, bytes)) or not isinstance(
             self.logits_processors, Iterable
@@ -118,6 +160,11 @@ class SamplerConfig:
             )
         # A tuple, so that a frozen config cannot change under a live sampler.
         object.__setattr__(self, "logits_processors", tuple(self.logits_processors))
+
+    @property
+    def has_reasoning(self) -> bool:
+        """Whether the reasoning sequences are set (requests may set a thinking budget)."""
+        return bool(self.reasoning_start_token_ids)
 
     @property
     def num_slots(self) -> int:

@@ -16,11 +16,21 @@ class LogprobsTensors(NamedTuple):
         logprobs_mode; logits instead of logprobs in the *_logits modes).
     selected_token_ranks: [num_rows] int32, 1-based rank of the sampled token: the number of
         tokens whose value is >= the sampled token's.
+    requested_token_ids: [num_rows, C] int32 or None: chosen ids in the order given, -1 past
+        a row's own (from `Sampler.forward`: each row's `SamplingParams.logprob_token_ids`, C
+        = SamplerConfig.max_logprob_token_ids, None when that is 0).
+    requested_logprobs: [num_rows, C] float32 or None: their values, as `logprobs` (-inf at
+        -1 columns).
+    requested_ranks: [num_rows, C] int32 or None: their 1-based ranks, as
+        `selected_token_ranks` (0 at -1 columns).
     """
 
     logprob_token_ids: torch.Tensor
     logprobs: torch.Tensor
     selected_token_ranks: torch.Tensor
+    requested_token_ids: torch.Tensor | None = None
+    requested_logprobs: torch.Tensor | None = None
+    requested_ranks: torch.Tensor | None = None
 
 
 class SamplerOutput(NamedTuple):

@@ -24,6 +24,12 @@ _INT64_MIN = -(2**63)
 _UINT64_LIMIT = 2**64
 
 
+def seed_bits(seed: int) -> int:
+    """Any seed (or watermark key) in [-2**63, 2**64) as the int64 with the same 64 bits."""
+    seed %= _UINT64_LIMIT
+    return seed - _UINT64_LIMIT if seed >= 2**63 else seed
+
+
 def _check_int(name: str, value: object) -> int:
     # bool is an int subclass; a flag passed where a count belongs is a bug.
     if isinstance(value, bool) or not isinstance(value, int):
@@ -82,7 +88,12 @@ class SamplingParams:
     vocabulary; `bad_words_token_ids` lists token-id sequences that must not be completed;
     `min_tokens` masks `stop_token_ids` (and the config's EOS) until that many tokens have
     been generated. `logprobs` is how many top logprobs the engine will read for this request
-    (at most `SamplerConfig.max_num_logprobs`). `extra_args` carries custom processors' params.
+    (at most `SamplerConfig.max_num_logprobs`); `logprob_token_ids` the ids whose logprobs
+    and ranks it reads at every step (at most `SamplerConfig.max_logprob_token_ids`, no
+    repeats). `thinking_token_budget` caps the tokens of each reasoning section, after which
+    the config's `reasoning_end_token_ids` are forced (None: no cap). `watermark_key` (any
+    64-bit int) watermarks the request's random draws (None: not watermarked; needs
+    `SamplerConfig.watermark_context_len`). `extra_args` carries custom processors' params.
 
     Frozen: a field set after construction would skip the checks (use
     `dataclasses.replace`, which checks again). The containers (`logit_bias`, the id lists,
@@ -105,6 +116,9 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
+    logprob_token_ids: list[int] | None = None
+    thinking_token_budget: int | None = None
+    watermark_key: int | None = None
     extra_args: dict[str, Any] | None = field(default=None)
 
     def __post_init__(self) -> None:
@@ -149,6 +163,10 @@ class SamplingParams:
             seed = _check_int("seed", self.seed)
             if not _INT64_MIN <= seed < _UINT64_LIMIT:
                 raise ValueError(f"seed must be in [-2**63, 2**64), got {seed}")
+        if self.watermark_key is not None:
+            key = _check_int("watermark_key", self.watermark_key)
+            if not _INT64_MIN <= key < _UINT64_LIMIT:
+                raise ValueError(f"watermark_key must be in [-2**63, 2**64), got {key}")
         min_tokens = _check_int("min_tokens", self.min_tokens)
         if min_tokens < 0:
             raise ValueError(f"min_tokens must be >= 0, got {min_tokens}")
@@ -156,6 +174,10 @@ class SamplingParams:
             logprobs = _check_int("logprobs", self.logprobs)
             if logprobs < 0:
                 raise ValueError(f"logprobs must be >= 0, got {logprobs}")
+        if self.thinking_token_budget is not None:
+            budget = _check_int("thinking_token_budget", self.thinking_token_budget)
+            if budget < 0:
+                raise ValueError(f"thinking_token_budget must be >= 0, got {budget}")
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
         if self.logit_bias is not None:
@@ -165,6 +187,11 @@ class SamplingParams:
             if not allowed:
                 raise ValueError("allowed_token_ids must not be empty (use None for no limit)")
             out["allowed_token_ids"] = allowed
+        if self.logprob_token_ids is not None:
+            ids = _check_token_ids("logprob_token_ids", self.logprob_token_ids)
+            if len(set(ids)) != len(ids):
+                raise ValueError("logprob_token_ids must not repeat an id")
+            out["logprob_token_ids"] = ids
         if self.stop_token_ids is not None:
             out["stop_token_ids"] = _check_token_ids("stop_token_ids", self.stop_token_ids)
         if self.bad_words_token_ids is not None:
@@ -201,6 +228,20 @@ class SamplingParams:
             raise ValueError(
                 f"logprobs = {self.logprobs} exceeds max_num_logprobs = {config.max_num_logprobs}"
             )
+        if self.watermark_key is not None and config.watermark_context_len == 0:
+            raise ValueError("watermark_key needs the config's watermark_context_len >= 1")
+        if self.thinking_token_budget is not None and not config.has_reasoning:
+            raise ValueError(
+                "thinking_token_budget needs the config's reasoning_start_token_ids and "
+                "reasoning_end_token_ids"
+            )
+        if self.logprob_token_ids:
+            if len(self.logprob_token_ids) > config.max_logprob_token_ids:
+                raise ValueError(
+                    f"logprob_token_ids has {len(self.logprob_token_ids)} ids, more than "
+                    f"max_logprob_token_ids = {config.max_logprob_token_ids}"
+                )
+            check_ids("logprob_token_ids", self.logprob_token_ids)
         if self.logit_bias:
             if len(self.logit_bias) > config.max_logit_bias_tokens:
                 raise ValueError(

@@ -136,6 +136,26 @@ def row_keys(seeds: torch.Tensor, positions: torch.Tensor, salt: int) -> torch.T
     return mult_i64.mul_(2**32).add_(offset)
 
 
+_CONTEXT_IVS = (0x3C6EF372, 0xA54FF53A)
+_CONTEXT_MULTS = (0x9E3779B1, 0x27D4EB2F)
+
+
+def context_positions(tokens: torch.Tensor) -> torch.Tensor:
+    """tokens: [rows, n] int64 ids (oldest first; -1 where the history is shorter) ->
+    [rows] int64 in [0, 2**63): a hash of each row's n tokens, used in place of a token
+    position by the watermark (`stages/watermark.py`), so that the stream follows the text,
+    not the step. Two 32-bit lanes, each token folded in by a multiply, an add and fmix32."""
+    lanes = []
+    for iv, mult in zip(_CONTEXT_IVS, _CONTEXT_MULTS, strict=True):
+        h = torch.full(tokens.shape[:1], iv, dtype=torch.int64, device=tokens.device)
+        for j in range(tokens.shape[1]):
+            # h < 2**32 and |mult - 2**32| < 2**31: the product stays inside int64
+            h = h * _as_int64_multiplier(mult) + (tokens[:, j] & _MASK32)
+            h = _fmix32_(h.bitwise_and_(_MASK32))
+        lanes.append(h)
+    return (lanes[1] & 0x7FFFFFFF) * 2**32 + lanes[0]
+
+
 def hash_tokens(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """keys: [rows] int64 from `row_keys`; token_ids: [n] (every row's) or [rows, n] (each
     row's own) int64 in [0, 2**32) -> [rows, n] int64 hashes in [0, 2**32)."""

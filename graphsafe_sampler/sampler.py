@@ -240,8 +240,13 @@ class Sampler(nn.Module):
         logprobs = None
         if k > 0:
             source = logits if raw_mode else processed.logits
+            chosen = self.stages.logprob_token_ids
             logprobs = self.pipeline.logprobs(
-                source, tokens, mode.endswith("logprobs"), processed.raw_tiles
+                source,
+                tokens,
+                mode.endswith("logprobs"),
+                processed.raw_tiles,
+                None if chosen is None else chosen.ids(slots),
             )
         if commit:
             self.pipeline.commit(slots, tokens, commit_mask)

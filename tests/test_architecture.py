@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("processors", ("processors",)),
     ("stages", ("stages",)),
     ("pipelines", ("pipelines",)),
-    ("samplers", ("sampler", "rejection_sampler")),
+    ("samplers", ("sampler", "rejection_sampler", "prompt_logprobs")),
     ("parallel", ("distributed",)),
     ("tools", ("testing", "bench", "examples", "demo", "cli", "__main__")),
 ]

@@ -100,7 +100,16 @@ def test_the_sampler_needs_torch_distributed() -> None:
 # Every feature on: logit bias, allowed ids, stop ids and EOS, bad words, grammar, penalties,
 # greedy and seeded rows, min_p, top-k past the candidates and wide top-p on flat rows.
 _CONFIG = dict(
-    max_num_reqs=6, vocab_size=1000, eos_token_id=5, seed=1, max_model_len=64, max_num_logprobs=3
+    max_num_reqs=6,
+    vocab_size=1000,
+    eos_token_id=5,
+    seed=1,
+    max_model_len=64,
+    max_num_logprobs=3,
+    max_logprob_token_ids=4,
+    reasoning_start_token_ids=(7,),
+    reasoning_end_token_ids=(998, 3),
+    watermark_context_len=2,
 )
 
 

@@ -49,7 +49,8 @@ def test_pipeline_matches_reference_under_churn(backend: str) -> None:
     config = _config(backend,
         max_num_reqs=17, vocab_size=V, eos_token_id=3, max_num_logprobs=V,
         logprobs_mode="processed_logits", max_logit_bias_tokens=16, max_stop_token_ids=4,
-        max_bad_word_len=4, seed=0,
+        max_bad_word_len=4, seed=0, max_logprob_token_ids=4,
+        reasoning_start_token_ids=(5,), reasoning_end_token_ids=(6, 7), watermark_context_len=3,
     )  # fmt: skip
     device = backend_device(backend)
     sampler = Sampler(config, device)
@@ -209,6 +210,8 @@ def test_graph_safety_of_the_whole_sampler(backend: str) -> None:
     config = _config(backend,
         max_num_reqs=6, vocab_size=V, eos_token_id=2, max_num_logprobs=3, seed=0,
         max_logit_bias_tokens=8, max_stop_token_ids=4, max_bad_word_len=4,
+        max_logprob_token_ids=3, reasoning_start_token_ids=(5,), reasoning_end_token_ids=(6, 7),
+        watermark_context_len=2,
     )  # fmt: skip
     device = backend_device(backend)
     sampler = Sampler(config, device)
@@ -384,7 +387,7 @@ def test_logprobs_modes(backend: str, mode: str) -> None:
     logits = torch.randn(5, V) * 2
     out = sampler(logits.to(device))
     assert out.logprobs_tensors is not None
-    lp = gs.LogprobsTensors(*(t.cpu() for t in out.logprobs_tensors))
+    lp = gs.LogprobsTensors(*(None if t is None else t.cpu() for t in out.logprobs_tensors))
     assert lp.logprobs.shape == (5, k + 1)
     tokens = out.sampled_token_ids[:, 0].cpu()
     assert torch.equal(lp.logprob_token_ids[:, 0], tokens)

@@ -29,7 +29,11 @@ from graphsafe_sampler.distributed.exchange import RowExchange, argmax_of, argma
 from graphsafe_sampler.kernels.constants import SALT_SAMPLE
 from graphsafe_sampler.output import LogprobsTensors
 from graphsafe_sampler.pipelines.base import Processed
-from graphsafe_sampler.pipelines.torch_pipeline import emitted_race_scores, mask_and_penalize
+from graphsafe_sampler.pipelines.torch_pipeline import (
+    emitted_race_scores,
+    mask_and_penalize,
+    race_inputs,
+)
 from graphsafe_sampler.rng import gumbels_from_hashes, hash_tokens, row_keys
 from graphsafe_sampler.stages import Stages
 from graphsafe_sampler.stages.logprobs import row_logsumexp
@@ -129,8 +133,7 @@ class VocabParallelPipeline:
 
     def sample(self, processed: Processed, slots: torch.Tensor) -> torch.Tensor:
         assert processed.greedy is not None and processed.is_greedy is not None
-        sampling = self.stages.sampling
-        keys = row_keys(sampling.seed.device[slots], sampling.positions(slots), SALT_SAMPLE)
+        keys = row_keys(*race_inputs(self.stages, slots), SALT_SAMPLE)
         scores = processed.logits + gumbels_from_hashes(hash_tokens(keys, self.token_ids))
         random = self._global_argmax(scores)
         return torch.where(processed.is_greedy, processed.greedy, random)
@@ -156,29 +159,46 @@ class VocabParallelPipeline:
         tokens: torch.Tensor,
         subtract_lse: bool,
         raw_tiles: torch.Tensor | None = None,
+        requested: torch.Tensor | None = None,
     ) -> LogprobsTensors:
         source = source.to(torch.float32)  # [num_rows, size]
         num_rows = source.shape[0]
-        local, inside = self.shard.local(tokens.long())
-        # the sampled token's value: its rank's; -inf elsewhere, which the max passes over
-        held = torch.where(inside, source.gather(1, local[:, None])[:, 0], float("-inf"))
+        # the sampled token's and the chosen ids' values: their ranks'; -inf elsewhere,
+        # which the max passes over
+        wanted = tokens.long().reshape(num_rows, 1)
+        if requested is not None:
+            wanted = torch.cat([wanted, requested], dim=1)  # [num_rows, 1 + C]
+        local, inside = self.shard.local(wanted)
+        held = torch.where(inside, source.gather(1, local), float("-inf"))
         top = self._merged_top_ids(source, self.k)  # [num_rows, K]
-        stats = [held[:, None]]
+        stats = [held]
         if subtract_lse:
             stats.append(row_logsumexp(source))
-        gathered = self.exchange.gather(torch.cat(stats, dim=-1))  # [W, num_rows, 1 or 2]
-        sampled = gathered[:, :, :1].amax(0)  # [num_rows, 1]
-        values = torch.cat([sampled, top.values], dim=1)  # [num_rows, K + 1]
+        gathered = self.exchange.gather(torch.cat(stats, dim=-1))  # [W, num_rows, 1 + C (+ 1)]
+        found = gathered[:, :, : wanted.shape[1]].amax(0)  # [num_rows, 1 + C]
+        values = torch.cat([found[:, :1], top.values], dim=1)  # [num_rows, K + 1]
+        shifted = source
         if subtract_lse:
-            lse = combine_logsumexp(gathered[:, :, 1:])  # [num_rows, 1]
+            lse = combine_logsumexp(gathered[:, :, -1:])  # [num_rows, 1]
             lse = torch.where(lse.isfinite(), lse, 0.0)
             values = values - lse
-            at_or_above = (source - lse >= values[:, :1]).sum(-1, keepdim=True)
-        else:
-            at_or_above = (source >= sampled).sum(-1, keepdim=True)
-        ranks = self.exchange.sum(at_or_above.to(torch.int32))[:, 0]
+            found = found - lse
+            shifted = source - lse
+        # each value's count of tokens at or above it on this shard, summed over the ranks
+        at_or_above = torch.stack(
+            [(shifted >= found[:, j : j + 1]).sum(-1) for j in range(found.shape[1])], dim=1
+        )
+        counts = self.exchange.sum(at_or_above.to(torch.int32))  # [num_rows, 1 + C]
         token_ids = torch.cat([tokens.reshape(num_rows, 1), top.ids], dim=1)
-        return LogprobsTensors(token_ids.to(torch.int32), values, ranks)
+        if requested is None:
+            return LogprobsTensors(token_ids.to(torch.int32), values, counts[:, 0])
+        used = requested >= 0
+        chosen = torch.where(used, found[:, 1:], float("-inf"))
+        ranks = torch.where(used, counts[:, 1:], 0)
+        return LogprobsTensors(
+            token_ids.to(torch.int32), values, counts[:, 0], requested.to(torch.int32), chosen,
+            ranks,
+        )  # fmt: skip
 
     def commit(self, slots: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor | None) -> None:
         self.stages.batch_state.commit(tokens, keep)

@@ -114,10 +114,12 @@ class Pipeline(Protocol):
         tokens: torch.Tensor,
         subtract_lse: bool,
         raw_tiles: torch.Tensor | None = None,
+        requested: torch.Tensor | None = None,
     ) -> LogprobsTensors:
         """Step 10 on source [num_rows, V] (raw or processed logits) for tokens [num_rows]
         int32 or int64; raw_tiles: `Processed.raw_tiles` where `source` is the raw logits
-        they were made from, else None."""
+        they were made from, else None; requested: [num_rows, C] int64 chosen token ids (-1
+        unused), whose values and ranks fill the `requested_*` fields, or None."""
         ...
 
     def commit(self, slots: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor | None) -> None:

@@ -46,10 +46,27 @@ def mask_and_penalize(
         if not proc.is_argmax_invariant():
             x = proc.apply_slots(x, slots)
     if drafts is None or num_preceding is None:
-        return s.penalties.apply(x, slots)
-    columns = torch.arange(drafts.shape[1], device=drafts.device)
-    preceding = columns[None, :] < num_preceding[:, None]  # [rows, S]
-    return s.penalties.apply(x, slots, extra_tokens=drafts, extra_mask=preceding)
+        x = s.penalties.apply(x, slots)
+    else:
+        columns = torch.arange(drafts.shape[1], device=drafts.device)
+        preceding = columns[None, :] < num_preceding[:, None]  # [rows, S]
+        x = s.penalties.apply(x, slots, extra_tokens=drafts, extra_mask=preceding)
+    # last: forcing overrides every mask before it (a masked forced token reads 0), and
+    # commutes with temperature, after which the Triton backend applies it
+    if s.thinking_budget is not None:
+        x = s.thinking_budget.apply(x, slots, drafts, num_preceding)
+    return x
+
+
+def race_inputs(stages: Stages, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """([num_rows] int64 seeds, [num_rows] int64 positions) that key the rows' SALT_SAMPLE
+    race: the request's seed and token position, or in watermarked rows the watermark key
+    and the context hash (`stages/watermark.py`)."""
+    seeds = stages.sampling.seed.device[slots]
+    positions = stages.sampling.positions(slots)
+    if stages.watermark is None:
+        return seeds, positions
+    return stages.watermark.race_inputs(slots, seeds, positions)
 
 
 def emitted_race_scores(
@@ -128,7 +145,7 @@ class TorchPipeline:
 
     def sample(self, processed: Processed, slots: torch.Tensor) -> torch.Tensor:
         sampling = self.stages.sampling
-        positions = sampling.positions(slots)
+        seeds, positions = race_inputs(self.stages, slots)
         # set by this pipeline's process
         assert processed.is_greedy is not None
         assert processed.candidate_ids is not None and processed.covered is not None
@@ -140,6 +157,7 @@ class TorchPipeline:
             slots,
             positions,
             remake=processed.remake,
+            seeds=seeds,
         )
         return torch.where(processed.is_greedy, processed.greedy_tokens(), random)
 
@@ -163,8 +181,9 @@ class TorchPipeline:
         tokens: torch.Tensor,
         subtract_lse: bool,
         raw_tiles: torch.Tensor | None = None,
+        requested: torch.Tensor | None = None,
     ) -> LogprobsTensors:
-        return compute_logprobs(source.to(torch.float32), tokens, self.k, subtract_lse)
+        return compute_logprobs(source.to(torch.float32), tokens, self.k, subtract_lse, requested)
 
     def commit(self, slots: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor | None) -> None:
         self.stages.batch_state.commit(tokens, keep)

@@ -29,9 +29,10 @@ from graphsafe_sampler.kernels.top_k_top_p import (
 )
 from graphsafe_sampler.output import LogprobsTensors
 from graphsafe_sampler.pipelines.base import Processed
-from graphsafe_sampler.pipelines.torch_pipeline import TorchPipeline
+from graphsafe_sampler.pipelines.torch_pipeline import TorchPipeline, race_inputs
 from graphsafe_sampler.slot_tables import SlotTables
 from graphsafe_sampler.stages import Stages
+from graphsafe_sampler.stages.logprobs import requested_logprobs
 
 
 class TritonPipeline:
@@ -78,7 +79,8 @@ class TritonPipeline:
         # and each tile's max, for the kernels after it to skip the tiles below their cut;
         # only where nothing but a mask changes x in between (a custom processor might not)
         tile_max = None
-        if not s.custom:
+        # (the thinking budget may raise a masked forced token to 0: no bounds then)
+        if not s.custom and s.thinking_budget is None:
             tile_max = torch.empty(
                 (logits.shape[0], tile_count(logits.shape[1])), dtype=torch.float32,
                 device=logits.device,
@@ -117,6 +119,10 @@ class TritonPipeline:
             tile_max,
             raw,
         )
+        if s.thinking_budget is not None:
+            # a sparse decision, a dense mask: one more pass over x, only where the config
+            # has reasoning sequences; after temperature, with which it commutes
+            x = s.thinking_budget.apply(x, slots, drafts, num_preceding)
         if not self.fold_min_p:
             apply_min_p(x, slots, s.min_p.min_p.device)
         for proc in s.custom:  # all argmax-invariant on the fused path
@@ -136,11 +142,23 @@ class TritonPipeline:
         s = self.stages
         num_rows, vocab = processed.logits.shape
         tokens = torch.empty(num_rows, dtype=torch.int32, device=slots.device)
+        splits = sample_splits(num_rows, vocab, slots.device)
+        temperature = s.temperature.temperature.device
+        if s.watermark is None:
+            sample_tokens(
+                processed.logits, slots, temperature, s.sampling.seed.device, None,
+                processed.cut, tokens, SALT_SAMPLE, s.sampling.prompt_len.device,
+                s.batch_state.num_generated.device, splits, processed.tile_max,
+            )  # fmt: skip
+            return tokens
+        # watermarked slots race keyed by their watermark key and each row's context hash:
+        # the kernel reads seeds by slot and takes the positions by row
+        wm = s.watermark
+        seeds = torch.where(wm.on.device, wm.key.device, s.sampling.seed.device)  # [num_slots]
+        _, positions = race_inputs(s, slots)
         sample_tokens(
-            processed.logits, slots, s.temperature.temperature.device, s.sampling.seed.device,
-            None, processed.cut, tokens, SALT_SAMPLE, s.sampling.prompt_len.device,
-            s.batch_state.num_generated.device, sample_splits(num_rows, vocab, slots.device),
-            processed.tile_max,
+            processed.logits, slots, temperature, seeds, positions, processed.cut, tokens,
+            SALT_SAMPLE, None, None, splits, processed.tile_max,
         )  # fmt: skip
         return tokens
 
@@ -184,6 +202,7 @@ class TritonPipeline:
         tokens: torch.Tensor,
         subtract_lse: bool,
         raw_tiles: torch.Tensor | None = None,
+        requested: torch.Tensor | None = None,
     ) -> LogprobsTensors:
         num_rows, device = source.shape[0], source.device
         token_ids = torch.empty(num_rows, self.k + 1, dtype=torch.int32, device=device)
@@ -194,7 +213,13 @@ class TritonPipeline:
         compute_logprobs(
             source, tokens, token_ids, values, ranks, lse, subtract_lse, splits, raw_tiles
         )
-        return LogprobsTensors(token_ids, values, ranks)
+        if requested is None:
+            return LogprobsTensors(token_ids, values, ranks)
+        # the chosen ids: a gather and C counts, in PyTorch, with the kernel's logsumexp (0
+        # where not finite, as requested_logprobs takes it)
+        shift = lse[:, None] if subtract_lse else None
+        chosen = requested_logprobs(source.to(torch.float32), requested, shift)
+        return LogprobsTensors(token_ids, values, ranks, requested.to(torch.int32), *chosen)
 
     def commit(self, slots: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor | None) -> None:
         s = self.stages

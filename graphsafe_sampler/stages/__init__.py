@@ -21,12 +21,15 @@ from graphsafe_sampler.stages.allowed_token_ids import AllowedTokenIdsLogitsProc
 from graphsafe_sampler.stages.bad_words import BadWordsState
 from graphsafe_sampler.stages.grammar import GrammarBitmask
 from graphsafe_sampler.stages.logit_bias import LogitBiasLogitsProcessor
+from graphsafe_sampler.stages.logprob_token_ids import LogprobTokenIdsState
 from graphsafe_sampler.stages.min_p import MinPLogitsProcessor
 from graphsafe_sampler.stages.min_tokens import MinTokensLogitsProcessor
 from graphsafe_sampler.stages.penalties import PenaltyState
 from graphsafe_sampler.stages.sampling import SamplingState
 from graphsafe_sampler.stages.temperature import TemperatureState
+from graphsafe_sampler.stages.thinking_budget import ThinkingBudgetState
 from graphsafe_sampler.stages.top_k_top_p import TopKTopPState
+from graphsafe_sampler.stages.watermark import WatermarkState
 
 BUILTIN_LOGITS_PROCESSORS: tuple[type[SlotLogitsProcessor], ...] = (
     AllowedTokenIdsLogitsProcessor,
@@ -48,12 +51,15 @@ class Stages:
     min_tokens: MinTokensLogitsProcessor
     allowed: AllowedTokenIdsLogitsProcessor
     grammar: GrammarBitmask
+    thinking_budget: ThinkingBudgetState | None
     custom: tuple[LogitsProcessor, ...]
     penalties: PenaltyState
     temperature: TemperatureState
     min_p: MinPLogitsProcessor
     top_k_top_p: TopKTopPState
     sampling: SamplingState
+    logprob_token_ids: LogprobTokenIdsState | None
+    watermark: WatermarkState | None
 
     @classmethod
     def build(cls, config: SamplerConfig, batch_state: BatchState) -> Stages:
@@ -63,6 +69,7 @@ class Stages:
         allowed = AllowedTokenIdsLogitsProcessor(config, device, pin, batch_state=batch_state)
         bad_words = BadWordsState(config, batch_state)
         grammar = GrammarBitmask(config, batch_state)
+        thinking_budget = ThinkingBudgetState(config, batch_state) if config.has_reasoning else None
         min_tokens = MinTokensLogitsProcessor(config, device, pin, batch_state=batch_state)
         logit_bias = LogitBiasLogitsProcessor(config, device, pin, batch_state=batch_state)
         penalties = PenaltyState(config, batch_state)
@@ -70,6 +77,12 @@ class Stages:
         top_k_top_p = TopKTopPState(batch_state)
         sampling = SamplingState(config, batch_state)
         min_p = MinPLogitsProcessor(config, device, pin, batch_state=batch_state)
+        logprob_token_ids = None
+        if config.max_logprob_token_ids:
+            logprob_token_ids = LogprobTokenIdsState(config, batch_state)
+        watermark = None
+        if config.watermark_context_len:
+            watermark = WatermarkState(config, batch_state)
         classes = load_logits_processors(config.logits_processors)
         custom = build_logits_processors(classes, config, device, pin, batch_state)
         return cls(
@@ -79,12 +92,15 @@ class Stages:
             min_tokens=min_tokens,
             allowed=allowed,
             grammar=grammar,
+            thinking_budget=thinking_budget,
             custom=tuple(custom),
             penalties=penalties,
             temperature=temperature,
             min_p=min_p,
             top_k_top_p=top_k_top_p,
             sampling=sampling,
+            logprob_token_ids=logprob_token_ids,
+            watermark=watermark,
         )
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
@@ -101,6 +117,12 @@ class Stages:
             "sampling": self.sampling,
             "min_p": self.min_p,
         }
+        if self.logprob_token_ids is not None:
+            parts["logprob_token_ids"] = self.logprob_token_ids
+        if self.thinking_budget is not None:
+            parts["thinking_budget"] = self.thinking_budget
+        if self.watermark is not None:
+            parts["watermark"] = self.watermark
         for i, proc in enumerate(self.custom):
             parts[f"custom{i}"] = proc
         for prefix, part in parts.items():
@@ -116,11 +138,14 @@ __all__ = [
     "BadWordsState",
     "GrammarBitmask",
     "LogitBiasLogitsProcessor",
+    "LogprobTokenIdsState",
     "MinPLogitsProcessor",
     "MinTokensLogitsProcessor",
     "PenaltyState",
     "SamplingState",
     "Stages",
     "TemperatureState",
+    "ThinkingBudgetState",
     "TopKTopPState",
+    "WatermarkState",
 ]

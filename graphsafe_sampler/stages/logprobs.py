@@ -21,6 +21,7 @@ def compute_logprobs(
     tokens: torch.Tensor,  # [num_rows] int64, the sampled tokens
     k: int,  # K = max_num_logprobs >= 1
     subtract_lse: bool,  # the *_logprobs modes (else *_logits)
+    requested: torch.Tensor | None = None,  # [num_rows, C] int64 chosen ids, -1 unused
 ) -> LogprobsTensors:
     # One read of the row for each tile's maximum and sum of exp against it, which give
     # the top K's first level and the logsumexp; a second for the ranks.
@@ -31,6 +32,7 @@ def compute_logprobs(
     top_values, top_ids = top_candidates(source, k, tile_max)  # [num_rows, K]
     sampled = source.gather(1, tokens[:, None])  # [num_rows, 1]
     values = torch.cat([sampled, top_values], dim=1)  # [num_rows, K + 1]
+    lse = None
     if subtract_lse:
         lse = _logsumexp(tiles, tile_max)  # [num_rows, 1]
         lse = torch.where(lse.isfinite(), lse, 0.0)
@@ -38,11 +40,42 @@ def compute_logprobs(
         ranks = (source - lse >= values[:, :1]).sum(dim=-1)
     else:
         ranks = (source >= sampled).sum(dim=-1)  # [num_rows]
+    chosen: tuple[torch.Tensor | None, ...] = (None, None, None)
+    if requested is not None:
+        chosen = (requested.to(torch.int32), *requested_logprobs(source, requested, lse))
     return LogprobsTensors(
         torch.cat([tokens[:, None], top_ids], dim=1).to(torch.int32),
         values,
         ranks.to(torch.int32),
+        *chosen,
     )
+
+
+def requested_logprobs(
+    source: torch.Tensor,  # [num_rows, V] float32, raw or processed logits
+    ids: torch.Tensor,  # [num_rows, C] int64 token ids, -1 where unused
+    lse: torch.Tensor | None,  # [num_rows, 1] float32 logsumexp (None: the *_logits modes)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The values and 1-based ranks of chosen token ids (`SamplingParams.logprob_token_ids`):
+    ([num_rows, C] float32, [num_rows, C] int32), -inf and 0 where an id is -1.
+
+    Values as `compute_logprobs` gives them (the logit, minus the row's logsumexp with
+    `lse`); a rank is the number of tokens whose value is >= the id's, compared in the
+    same space as the values (the shift can merge neighbouring logits). One comparison
+    per column C: C is a small static capacity, and compiled, the C sums share one read.
+    """
+    used = ids >= 0
+    values = source.gather(1, ids.clamp(min=0))  # [num_rows, C]
+    shifted = source
+    if lse is not None:
+        lse = torch.where(lse.isfinite(), lse, 0.0)
+        values = values - lse
+        shifted = source - lse
+    ranks = torch.stack(
+        [(shifted >= values[:, j : j + 1]).sum(dim=-1) for j in range(ids.shape[1])], dim=1
+    )  # [num_rows, C]
+    values = torch.where(used, values, float("-inf"))
+    return values, torch.where(used, ranks, 0).to(torch.int32)
 
 
 def row_logsumexp(source: torch.Tensor) -> torch.Tensor:

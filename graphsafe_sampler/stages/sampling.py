@@ -22,7 +22,7 @@ import torch
 from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.kernels.constants import SALT_SAMPLE
-from graphsafe_sampler.params import SamplingParams
+from graphsafe_sampler.params import SamplingParams, seed_bits
 from graphsafe_sampler.rng import gumbel_noise, gumbel_noise_at
 from graphsafe_sampler.slot_tables import SlotTables
 
@@ -30,15 +30,6 @@ LANE_FRACTIONS = (8, 4)
 """On a compiled CPU (`race_covered`), the rows that fit no candidate set race over the
 vocabulary in the fewest lanes that hold them: a batch of B rows has min(B, max(2, B // f))
 lanes for each f here, and with more such rows every row races."""
-
-_UINT64 = 2**64
-_INT64_HALF = 2**63
-
-
-def _as_int64(seed: int) -> int:
-    """Any seed in [-2**63, 2**64) as the int64 with the same 64 bits."""
-    seed %= _UINT64
-    return seed - _UINT64 if seed >= _INT64_HALF else seed
 
 
 class SamplingState(SlotTables):
@@ -60,7 +51,7 @@ class SamplingState(SlotTables):
         output_tok_ids: Sequence[int],
     ) -> None:
         seed = params.seed if params.seed is not None else self.host_rng.getrandbits(64)
-        self.seed.write(slot, _as_int64(seed))
+        self.seed.write(slot, seed_bits(seed))
         self.prompt_len.write(slot, len(prompt_tok_ids or ()))
 
     def positions(self, slots: torch.Tensor) -> torch.Tensor:
@@ -74,10 +65,13 @@ class SamplingState(SlotTables):
         slots: torch.Tensor,  # [num_rows] int64
         positions: torch.Tensor,  # [num_rows] int64
         salt: int = SALT_SAMPLE,
+        seeds: torch.Tensor | None = None,  # [num_rows] int64; None: the slots' seeds
     ) -> torch.Tensor:
         """[num_rows] int64: each row's token drawn from softmax(logits) by the Gumbel-max
-        race on the stream `salt` at the rows' positions (lowest index on exact ties)."""
-        noise = gumbel_noise(self.seed.device[slots], positions, logits.shape[1], salt)
+        race on the stream `salt` at the rows' positions (lowest index on exact ties), keyed
+        by the slots' seeds or by `seeds` (a watermark's keys)."""
+        seeds = self.seed.device[slots] if seeds is None else seeds
+        noise = gumbel_noise(seeds, positions, logits.shape[1], salt)
         return (logits + noise).argmax(dim=-1)
 
     def race_candidates(
@@ -87,12 +81,14 @@ class SamplingState(SlotTables):
         slots: torch.Tensor,  # [num_rows] int64
         positions: torch.Tensor,  # [num_rows] int64
         salt: int = SALT_SAMPLE,
+        seeds: torch.Tensor | None = None,  # [num_rows] int64; None: the slots' seeds
     ) -> torch.Tensor:
         """[num_rows] int64: the race among each row's candidates alone, the token `race`
         draws wherever every token the row keeps is a candidate and its maximum is above
         -inf: the noise of a token is a function of its id, and exact ties go to the
         lowest id, as argmax gives them."""
-        noise = gumbel_noise_at(self.seed.device[slots], positions, ids, salt)
+        seeds = self.seed.device[slots] if seeds is None else seeds
+        noise = gumbel_noise_at(seeds, positions, ids, salt)
         scores = logits.gather(1, ids) + noise  # [num_rows, n]
         best = scores.amax(-1, keepdim=True)
         return torch.where(scores == best, ids, logits.shape[1]).amin(-1)
@@ -107,6 +103,7 @@ class SamplingState(SlotTables):
         positions: torch.Tensor,  # [num_rows] int64
         conditional: bool | None = None,
         remake: tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]] | None = None,
+        seeds: torch.Tensor | None = None,  # [num_rows] int64; None: the slots' seeds
     ) -> torch.Tensor:
         """[num_rows] int64: `race` on SALT_SAMPLE, the same tokens wherever `~unread`.
 
@@ -121,36 +118,37 @@ class SamplingState(SlotTables):
         if conditional is None:
             conditional = logits.device.type == "cpu" and torch.compiler.is_compiling()
         make, sources = remake if remake is not None else (_same, (logits,))
+        seeds = self.seed.device[slots] if seeds is None else seeds  # [num_rows]
         if not conditional:
-            return self.race(make(*sources), slots, positions)
+            return self.race(make(*sources), slots, positions, seeds=seeds)
         num_rows = logits.shape[0]
         # No comparison of the sizes (a dynamic batch dimension would be pinned to one
         # size), and at least 2 lanes (a dynamic size that could be 1 guards on it)
         fractions = sorted(LANE_FRACTIONS, reverse=True)
         ladder = [min(num_rows, max(2, num_rows // f)) for f in fractions]
         need = ~(covered | unread)  # [num_rows]: rows that race over the vocabulary
-        drawn = self.race_candidates(make(*sources), ids, slots, positions)  # n a row
-        operands = (drawn, need, slots, positions, *sources)
+        drawn = self.race_candidates(make(*sources), ids, slots, positions, seeds=seeds)
+        operands = (drawn, need, slots, positions, seeds, *sources)
 
-        # each branch takes the operands (drawn, need, slots, positions, *sources)
+        # each branch takes the operands (drawn, need, slots, positions, seeds, *sources)
         def candidates_only(*ops: torch.Tensor) -> torch.Tensor:
             return ops[0].clone()
 
         def in_lanes(lanes: int) -> Callable[..., torch.Tensor]:
             def race_lanes(*ops: torch.Tensor) -> torch.Tensor:
-                drawn, need, slots, positions, *rows_of = ops
+                drawn, need, slots, positions, seeds, *rows_of = ops
                 # the rows in need first; the lanes they leave hold other rows, whose race
                 # over the vocabulary draws their candidate race's token (or an unread one)
                 rows = need.to(torch.int8).argsort(descending=True, stable=True)[:lanes]
                 lane_logits = make(*(source[rows] for source in rows_of))
-                full = self.race(lane_logits, slots[rows], positions[rows])
+                full = self.race(lane_logits, slots[rows], positions[rows], seeds=seeds[rows])
                 return drawn.scatter(0, rows, full)
 
             return race_lanes
 
         def every_row(*ops: torch.Tensor) -> torch.Tensor:
-            _, _, slots, positions, *rows_of = ops
-            return self.race(make(*rows_of), slots, positions)
+            _, _, slots, positions, seeds, *rows_of = ops
+            return self.race(make(*rows_of), slots, positions, seeds=seeds)
 
         def fewest_lanes(level: int) -> Callable[..., torch.Tensor]:
             # the ladder from `level` up: its lanes if they hold every row in need, else the

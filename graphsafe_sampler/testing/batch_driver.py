@@ -86,6 +86,16 @@ def random_sampling_params(rng: random.Random, config: SamplerConfig) -> Samplin
         ]
         if sum(map(len, bad_words)) > config.max_bad_words_tokens:
             bad_words = None
+    # drawn only where the config has room, so that other configs draw as they always did
+    chosen = None
+    if config.max_logprob_token_ids and maybe(0.6):
+        chosen = some_ids(config.max_logprob_token_ids)
+    budget = None
+    if config.has_reasoning and maybe(0.6):
+        budget = rng.randint(0, 6)
+    watermark = None
+    if config.watermark_context_len and maybe(0.5):
+        watermark = rng.randrange(2**64)
     return SamplingParams(
         temperature=0.0 if maybe(0.25) else rng.uniform(0.2, 1.5),
         top_p=1.0 if maybe(0.5) else rng.uniform(0.1, 1.0),
@@ -102,6 +112,9 @@ def random_sampling_params(rng: random.Random, config: SamplerConfig) -> Samplin
         stop_token_ids=stop,
         ignore_eos=maybe(0.2),
         logprobs=rng.randint(0, config.max_num_logprobs) if maybe(0.5) else None,
+        logprob_token_ids=chosen,
+        thinking_token_budget=budget,
+        watermark_key=watermark,
     )
 
 

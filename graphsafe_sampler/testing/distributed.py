@@ -292,6 +292,27 @@ def _check_logprobs(
             )
     # ids of equal values come in no set order: compare where the value is finite (a masked
     # token's -inf ties with every other one) and no other of the top K has it
+    if e.requested_token_ids is not None:
+        assert a.requested_token_ids is not None and a.requested_logprobs is not None
+        assert torch.equal(a.requested_token_ids, e.requested_token_ids), where
+        torch.testing.assert_close(
+            a.requested_logprobs, e.requested_logprobs, equal_nan=True,
+            msg=lambda m: f"{where}: logprobs of the chosen ids: {m}",
+        )  # fmt: skip
+        # the chosen ids' ranks: the same counts as the sampled token's, on their values
+        assert a.requested_ranks is not None and e.requested_ranks is not None
+        if mode.endswith("logits"):
+            assert torch.equal(a.requested_ranks, e.requested_ranks), where
+        else:
+            ids = e.requested_token_ids.long()
+            chosen = logprobs.gather(1, ids.clamp(min=0))  # [num_rows, C]
+            margin = 1e-5 * (1.0 + chosen.abs())
+            most = (logprobs[:, None, :] >= (chosen - margin)[:, :, None]).sum(-1)
+            least = (logprobs[:, None, :] >= (chosen + margin)[:, :, None]).sum(-1)
+            counted = (ids >= 0) & chosen.isfinite()
+            for chosen_rank in (a.requested_ranks, e.requested_ranks):
+                inside = (least <= chosen_rank) & (chosen_rank <= most)
+                assert bool((inside | ~counted).all()), f"{where}: chosen ids' ranks"
     values = e.logprobs[:, 1:]
     unique = ((values[:, :, None] == values[:, None, :]).sum(-1) == 1) & values.isfinite()
     assert torch.equal(a.logprob_token_ids[:, 0], e.logprob_token_ids[:, 0]), where

@@ -97,7 +97,7 @@ def top_k_top_p(row: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
     if 0 < top_k < len(row):
         kth = np.sort(out)[::-1][top_k - 1]
         out[out < kth] = -math.inf
-    if top_p < 1.0:
+    if top_p < 1.0 and (out > -math.inf).any():
         finite = out > -math.inf
         probs = np.zeros_like(out)
         probs[finite] = np.exp(out[finite] - out[finite].max())
@@ -107,6 +107,52 @@ def top_k_top_p(row: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
         t = order[min(int(np.searchsorted(mass, top_p)), len(order) - 1)]
         out[probs < t] = -math.inf
     return out
+
+
+def thinking_budget_token(
+    tokens: list[int], budget: int | None, start: tuple[int, ...], end: tuple[int, ...]
+) -> int | None:
+    """The end-sequence token forced after `tokens` (prompt and outputs), or None: the
+    latest start sequence began after the latest end sequence, and `budget` or more tokens
+    follow it. Scans the whole history each call (the sampler keeps running state)."""
+
+    def latest(pattern: tuple[int, ...]) -> int:
+        found = [i for i in range(len(tokens) - len(pattern) + 1)
+                 if tuple(tokens[i : i + len(pattern)]) == pattern]  # fmt: skip
+        return max(found, default=-1)
+
+    if budget is None or not start:
+        return None
+    began, ended = latest(start), latest(end)
+    if began < 0 or began <= ended or len(tokens) - (began + len(start)) < budget:
+        return None
+    # continue the longest proper prefix of the end sequence that the history ends with
+    done = max(
+        (p for p in range(1, min(len(end), len(tokens) + 1)) if tuple(tokens[-p:]) == end[:p]),
+        default=0,
+    )
+    return end[done]
+
+
+def thinking_budget(
+    row: np.ndarray, req: DriverRequest | None, config: SamplerConfig
+) -> np.ndarray:
+    """Every token but the forced end-sequence token is -inf where the budget is spent; a
+    forced token an earlier mask made -inf reads 0."""
+    if req is None:
+        return row
+    tokens = [*(req.prompt_tok_ids or ()), *req.output_tok_ids]
+    forced = thinking_budget_token(
+        tokens,
+        req.params.thinking_token_budget,
+        tuple(config.reasoning_start_token_ids),
+        tuple(config.reasoning_end_token_ids),
+    )
+    if forced is None:
+        return row
+    x = np.full_like(row, -math.inf)
+    x[forced] = 0.0 if row[forced] == -math.inf else row[forced]  # forcing beats masks
+    return x
 
 
 def pipeline(
@@ -120,6 +166,7 @@ def pipeline(
     x = min_tokens(x, req, config)
     x = logit_bias(x, req)
     x = penalties(x, req)
+    x = thinking_budget(x, req, config)
     greedy = int(np.argmax(x))
     is_greedy = req.params.temperature < 1e-5
     x = x / (1.0 if is_greedy else req.params.temperature)
