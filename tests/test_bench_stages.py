@@ -43,8 +43,22 @@ def test_stage_matches_vllm_style(stage_case: StageCase) -> None:
         for tokens in (ours, theirs):
             assert isinstance(tokens, torch.Tensor) and tokens.shape == (ROWS,)
             assert bool(((tokens >= 0) & (tokens < VOCAB)).all())
+    elif stage == "watermark":
+        # ours keyed by the watermark, theirs the peer's plain sampling: both valid tokens
+        for tokens in (ours, theirs):
+            assert isinstance(tokens, torch.Tensor) and tokens.shape == (ROWS,)
+            assert bool(((tokens >= 0) & (tokens < VOCAB)).all())
+    elif stage == "thinking_budget":
+        assert isinstance(ours, torch.Tensor) and isinstance(theirs, torch.Tensor)
+        # every row's section is past its budget: one token kept a row, the same on both
+        assert torch.equal((ours > float("-inf")).sum(-1), torch.ones(ROWS, dtype=torch.long))
+        torch.testing.assert_close(ours, theirs)
+    elif stage == "logprob_token_ids":
+        assert isinstance(ours, tuple) and isinstance(theirs, tuple)
+        torch.testing.assert_close(ours[0], theirs[0], rtol=1e-4, atol=1e-4)
+        assert torch.equal(ours[1], theirs[1])
     else:
-        assert stage == "logprobs"
+        assert stage in ("logprobs", "prompt_logprobs")
         assert isinstance(ours, LogprobsTensors) and isinstance(theirs, LogprobsTensors)
         assert ours.logprobs.shape == (ROWS, MAX_NUM_LOGPROBS + 1)
         torch.testing.assert_close(ours.logprob_token_ids, theirs.logprob_token_ids)

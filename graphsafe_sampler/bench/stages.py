@@ -16,6 +16,15 @@ some (a `Sampler` holding one request per row supplies the slot tables):
     sampling     SamplingState.race (rng.gumbel_noise)      softmax + a torch.Generator
                  (every row seeded)                         per request
     logprobs     stages/logprobs.py (K = 5, raw)            gather_logprobs (log_softmax + topk)
+    thinking_    ThinkingBudgetState.apply (device ring,    a host loop over the requests'
+    budget       every row forced)                          token lists, then masks by index
+    logprob_     requested_logprobs (C = 8 ids a row,       log_softmax, gather, compare
+    token_ids    shifted logits, C counts)
+    watermark    SamplingState.race keyed by the context    the peer's seeded sampling (vLLM
+                 hash (`race_inputs`, every row marked)     V1 has no watermark): a cost
+                                                            reference, not the same work
+    prompt_      compute_prompt_logprobs (rows = prompt     log_softmax of the whole chunk,
+    logprobs     positions, K = 5)                          topk, gather, rank
 
 FlashInfer's sampling functions join on CUDA when `flashinfer` imports, per the one table of
 `bench/flashinfer.py` (top_k, top_p, top_k_top_p, min_p, sampling; they sample or
@@ -39,8 +48,10 @@ from graphsafe_sampler.bench import vllm_style
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.kernels.constants import SALT_SAMPLE
 from graphsafe_sampler.params import SamplingParams
+from graphsafe_sampler.pipelines.torch_pipeline import race_inputs
+from graphsafe_sampler.prompt_logprobs import compute_prompt_logprobs
 from graphsafe_sampler.sampler import Sampler
-from graphsafe_sampler.stages.logprobs import compute_logprobs
+from graphsafe_sampler.stages.logprobs import compute_logprobs, requested_logprobs, row_logsumexp
 
 STAGES = (
     "penalties",
@@ -52,6 +63,10 @@ STAGES = (
     "greedy",
     "sampling",
     "logprobs",
+    "thinking_budget",
+    "logprob_token_ids",
+    "watermark",
+    "prompt_logprobs",
 )
 """Stage-alone cases (rejection sampling lives in `perf/bench_rejection.py`)."""
 
@@ -64,6 +79,11 @@ MAX_NUM_LOGPROBS = 5
 BIAS_ENTRIES = 32
 PROMPT_LEN = 512
 OUTPUT_LEN = 128
+CHOSEN_IDS = 8
+THINK_START = 1
+THINK_END = (2, 3)
+THINKING_BUDGET = 64
+WATERMARK_CONTEXT = 4
 
 StageFn = Callable[[torch.Tensor], object]
 
@@ -86,6 +106,12 @@ def stage_params(stage: str, row: int) -> SamplingParams:
         kwargs["seed"] = 1000 + row
     if stage == "logprobs":
         kwargs["logprobs"] = MAX_NUM_LOGPROBS
+    if stage == "thinking_budget":
+        kwargs["thinking_token_budget"] = THINKING_BUDGET
+    if stage == "logprob_token_ids":
+        kwargs["logprob_token_ids"] = [(row * 131 + 7 * i) % 1000 for i in range(CHOSEN_IDS)]
+    if stage == "watermark":
+        kwargs["watermark_key"] = 2**40 + row
     return SamplingParams(**kwargs)
 
 
@@ -100,6 +126,7 @@ class StageCase:
     sampler: Sampler  # our tables: one request per row
     peer: vllm_style.VllmStyleSampler  # the peer's per-row metadata, same requests
     output_lists: list[Sequence[int]]
+    prompt_lists: list[Sequence[int]]
     tokens: torch.Tensor  # [rows] int64: the "sampled" tokens the logprobs stage reports
 
     @classmethod
@@ -114,13 +141,22 @@ class StageCase:
             bias = {row: {int(t): 1.5 for t in ids[row % ids.shape[0]]} for row in range(rows)}
         added = []
         output_lists: list[Sequence[int]] = []
+        prompt_lists: list[Sequence[int]] = []
         for row in range(rows):
             params = stage_params(stage, row)
             if bias:
                 params = dataclasses.replace(params, logit_bias=bias[row])
             prompt = torch.randint(vocab, (PROMPT_LEN,), generator=gen).tolist()
             output = torch.randint(vocab, (OUTPUT_LEN,), generator=gen).tolist()
+            if stage == "thinking_budget":
+                # the template opens the section in the prompt, no marker comes after it,
+                # and the output is past the budget: every row is forced
+                markers = (THINK_START, *THINK_END)
+                prompt = [t + len(markers) if t in markers else t for t in prompt]
+                output = [t + len(markers) if t in markers else t for t in output]
+                prompt[-1] = THINK_START
             output_lists.append(output)
+            prompt_lists.append(prompt)
             added.append((row, params, prompt, output))
         update = BatchUpdate(rows, added=tuple(added))
         config = SamplerConfig(
@@ -130,13 +166,18 @@ class StageCase:
             backend="torch",
             seed=seed,
             max_logit_bias_tokens=max(BIAS_ENTRIES, 1),
+            # each stage's own tables only where its case reads them
+            max_logprob_token_ids=CHOSEN_IDS if stage == "logprob_token_ids" else 0,
+            reasoning_start_token_ids=(THINK_START,) if stage == "thinking_budget" else (),
+            reasoning_end_token_ids=THINK_END if stage == "thinking_budget" else (),
+            watermark_context_len=WATERMARK_CONTEXT if stage == "watermark" else 0,
         )
         sampler = Sampler(config, device)
         sampler.update_state(update)
         peer = vllm_style.VllmStyleSampler(config, device)
         peer.update_state(update)
         tokens = torch.randint(vocab, (rows,), generator=gen).to(device)
-        return cls(stage, rows, vocab, device, sampler, peer, output_lists, tokens)
+        return cls(stage, rows, vocab, device, sampler, peer, output_lists, prompt_lists, tokens)
 
     # ------------------------------------------------------------- ours
 
@@ -164,6 +205,18 @@ class StageCase:
             if stage == "sampling":
                 positions = stages.sampling.positions(slots)
                 return stages.sampling.race(x, slots, positions, SALT_SAMPLE)
+            if stage == "thinking_budget":
+                assert stages.thinking_budget is not None
+                return stages.thinking_budget.apply(x, slots)
+            if stage == "logprob_token_ids":
+                assert stages.logprob_token_ids is not None
+                ids = stages.logprob_token_ids.ids(slots)
+                return requested_logprobs(x, ids, row_logsumexp(x))
+            if stage == "watermark":
+                seeds, positions = race_inputs(stages, slots)
+                return stages.sampling.race(x, slots, positions, SALT_SAMPLE, seeds=seeds)
+            if stage == "prompt_logprobs":
+                return compute_prompt_logprobs(x, tokens, k)
             return compute_logprobs(x, tokens, k, subtract_lse=True)  # logprobs
 
         return run
@@ -175,6 +228,12 @@ class StageCase:
         peer, meta, stage = self.peer, self.peer.meta, self.stage
         outputs = self.output_lists
         tokens = self.tokens
+        # the peer's host-side view of each request: prompt and output token lists
+        histories = [[*p, *o] for p, o in zip(self.prompt_lists, outputs, strict=True)]
+        chosen_ids = torch.tensor(
+            [stage_params("logprob_token_ids", r).logprob_token_ids for r in range(self.rows)],
+            device=self.device,
+        )  # [rows, C]
 
         def run(logits: torch.Tensor) -> object:
             x = logits.to(torch.float32)
@@ -196,10 +255,17 @@ class StageCase:
                 return vllm_style.apply_top_k_top_p(x, meta.top_k, meta.top_p)
             if stage == "greedy":
                 return x.argmax(dim=-1)
-            if stage == "sampling":
+            if stage in ("sampling", "watermark"):
                 return vllm_style.random_sample(x.softmax(dim=-1), meta.generators)
-            return vllm_style.gather_logprobs(  # logprobs
-                x.log_softmax(dim=-1), MAX_NUM_LOGPROBS, tokens
-            )
+            if stage == "thinking_budget":
+                return vllm_style.force_thinking_end(x, histories, (THINK_START,), THINK_END,
+                                                     THINKING_BUDGET)  # fmt: skip
+            if stage == "logprob_token_ids":
+                logprobs = x.log_softmax(dim=-1)
+                chosen = logprobs.gather(1, chosen_ids)
+                ranks = (logprobs[:, None, :] >= chosen[:, :, None]).sum(-1)
+                return chosen, ranks.to(torch.int32)
+            # logprobs, and prompt_logprobs (the rows as prompt positions)
+            return vllm_style.gather_logprobs(x.log_softmax(dim=-1), MAX_NUM_LOGPROBS, tokens)
 
         return run

@@ -121,3 +121,36 @@ def gather_logprobs(
         torch.cat((token_logprobs, top_logprobs), dim=1),
         ranks.to(torch.int32),
     )
+
+
+def force_thinking_end(
+    logits: torch.Tensor,  # [rows, V] float32, updated in place
+    histories: list[list[int]],  # each request's prompt and output tokens (host)
+    start: tuple[int, ...],
+    end: tuple[int, ...],
+    budget: int,
+) -> torch.Tensor:
+    """The host-side way of a thinking budget (vLLM V1's logits processors keep request
+    state in Python): per request, find the latest start and end sequences in its token
+    list; a request whose section has spent the budget gets every token but the next end
+    token masked, through index tensors built on the host."""
+    rows: list[int] = []
+    forced: list[int] = []
+    for row, tokens in enumerate(histories):
+        n = len(tokens)
+        began = max((i for i in range(n - len(start) + 1)
+                     if tuple(tokens[i : i + len(start)]) == start), default=-1)  # fmt: skip
+        ended = max((i for i in range(n - len(end) + 1)
+                     if tuple(tokens[i : i + len(end)]) == end), default=-1)  # fmt: skip
+        if began < 0 or began <= ended or n - (began + len(start)) < budget:
+            continue
+        done = max((p for p in range(1, len(end)) if tuple(tokens[n - p :]) == end[:p]),
+                   default=0)  # fmt: skip
+        rows.append(row)
+        forced.append(end[done])
+    if rows:
+        index = torch.tensor(rows, device=logits.device)
+        keep = logits[index, torch.tensor(forced, device=logits.device)]
+        logits[index] = float("-inf")
+        logits[index, torch.tensor(forced, device=logits.device)] = keep
+    return logits
