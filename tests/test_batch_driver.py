@@ -4,10 +4,12 @@ driver's rows; `add`, `remove` and the stop checks behave as an engine's."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 import pytest
 
+from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.batch_update import BatchUpdate, MoveDirectionality
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
@@ -133,3 +135,35 @@ def test_stop_reason() -> None:
 def test_bad_policies_rejected(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         BatchDriver(CONFIG, **kwargs)
+
+
+def test_popped_removals_and_swaps_give_updates_a_batch_state_takes() -> None:
+    # A swap carries a request whose removal is pending to another row: that removal must
+    # stay in the update (nothing overwrites the request there), or the state keeps it.
+    refused = 0
+    for seed in range(40):
+        driver = BatchDriver(
+            CONFIG, seed=seed, churn=0.0, joins=no_joins, finish=True, max_swaps=1,
+            condense=1.0, pop_removed=True,
+        )  # fmt: skip
+        state = BatchState(CONFIG, "cpu")
+        shadow: list[Sequence[int] | None] = [None] * CONFIG.max_num_reqs
+        rng = random.Random(seed)
+        joined = 0
+        for _step in range(40):
+            while joined < 12 and driver.free_rows():  # 12 requests, then the batch drains
+                driver.add(_request())
+                joined += 1
+            update = driver.next_update()
+            try:
+                state.update(update)
+            except ValueError:
+                refused += 1
+                break
+            _apply(shadow, update)
+            live = [None if q is None else q.output_tok_ids for q in driver.rows]
+            assert all(a is b for a, b in zip(live, shadow, strict=True))
+            driver.record_tokens(
+                [49 if rng.random() < 0.2 else 5 for _ in range(driver.batch_size)]
+            )
+    assert refused == 0

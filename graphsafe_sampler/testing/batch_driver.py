@@ -194,6 +194,7 @@ class BatchDriver:
         # Changes since the last update, made by `add` and `remove` (and `record_tokens`).
         self._removed: list[int] = []
         self._added: list[AddedRequest] = []
+        self._swapped: set[int] = set()  # rows a swap touched since the last update
 
     def new_request(self) -> DriverRequest:
         """A random request: a prompt of up to `max_prompt_len` tokens, `make_params`."""
@@ -218,8 +219,10 @@ class BatchDriver:
 
     def _taken(self, row: int) -> None:
         """A request is put or moved into `row`: with `pop_removed`, a removal there since
-        the last update leaves the update, whose add or move overwrites the request."""
-        if self.pop_removed and row in self._removed:
+        the last update leaves the update, whose add or move overwrites the request; not
+        once a swap has touched the row (the swap carries the request to be removed
+        elsewhere, where nothing would overwrite it)."""
+        if self.pop_removed and row in self._removed and row not in self._swapped:
             self._removed.remove(row)
 
     def _put(self, row: int, req: DriverRequest) -> None:
@@ -256,6 +259,7 @@ class BatchDriver:
         for _ in range(rng.randint(0, self.max_swaps) if self.max_swaps else 0):
             a, b = rng.randrange(self.target), rng.randrange(self.target)
             moved.append((a, b, MoveDirectionality.SWAP))
+            self._swapped.update((a, b))
             self.rows[a], self.rows[b] = self.rows[b], self.rows[a]
         # A certain outcome takes no draw, so that fixed policies leave the sequence alone.
         if self.condense == 1.0 or (self.condense > 0.0 and rng.random() < self.condense):
@@ -273,6 +277,7 @@ class BatchDriver:
             self.batch_size, tuple(self._removed), tuple(self._added), tuple(moved)
         )
         self._removed, self._added = [], []
+        self._swapped.clear()
         return update
 
     def record_tokens(self, token_ids: Sequence[int], keep: Sequence[bool] | None = None) -> None:
