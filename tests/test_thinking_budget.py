@@ -15,8 +15,8 @@ from conftest import kernel_device_or_skip_reason
 
 from graphsafe_sampler import BatchUpdate, RejectionSampler, Sampler, SamplerConfig
 from graphsafe_sampler import SamplingParams as SP
-from graphsafe_sampler.testing import BatchDriver, DriverRequest, reference
-from graphsafe_sampler.testing.batch_driver import refill
+from graphsafe_sampler.testing import BatchDriver, reference
+from graphsafe_sampler.testing.batch_driver import open_reasoning_sections, refill
 
 V = 60
 START = (50, 51)
@@ -47,20 +47,6 @@ def _logits(gen: torch.Generator, rows: int) -> torch.Tensor:
     return x
 
 
-def _open_some_sections(driver: BatchDriver, rng: random.Random) -> None:
-    """Half the new requests' prompts end with the start sequence, as a chat template that
-    opens the reasoning section does: most requests then reach their budget."""
-    make = driver.new_request
-
-    def new_request() -> DriverRequest:
-        req = make()
-        if rng.random() < 0.5:
-            req.prompt_tok_ids = [*(req.prompt_tok_ids or ()), *START]
-        return req
-
-    driver.new_request = new_request  # type: ignore[method-assign]
-
-
 def _forced(req: object, config: SamplerConfig) -> int | None:
     tokens = [*(req.prompt_tok_ids or ()), *req.output_tok_ids]  # type: ignore[attr-defined]
     return reference.thinking_budget_token(
@@ -81,7 +67,7 @@ def test_both_backends_force_the_end_sequence_as_the_reference_does() -> None:
         samplers["triton"] = Sampler(_config(backend="triton"), triton_device)
     driver = BatchDriver(samplers["torch"].config, seed=seed, make_params=_budget_params,
                          churn=0.2, joins=refill)  # fmt: skip
-    _open_some_sections(driver, random.Random(seed))
+    open_reasoning_sections(driver, START, seed)
     gen = torch.Generator().manual_seed(seed)
     forced_rows = 0
     for _step in range(25):
@@ -157,7 +143,7 @@ def test_speculative_steps_force_the_end_at_every_position_after_the_drafts() ->
     sampler = Sampler(config, "cpu")
     rejection = RejectionSampler(sampler, spec)
     driver = BatchDriver(config, seed=seed, make_params=_budget_params, churn=0.2, joins=refill)
-    _open_some_sections(driver, random.Random(seed))
+    open_reasoning_sections(driver, START, seed)
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
     forced_positions = 0

@@ -46,6 +46,7 @@ from graphsafe_sampler.stages.top_k_top_p import (
     top_candidates,
     top_k_top_p_cut,
 )
+from graphsafe_sampler.vocab_shard import shard_range
 
 
 class VocabParallelPipeline:
@@ -56,6 +57,9 @@ class VocabParallelPipeline:
         self.exchange = exchange
         self.shard = stages.batch_state.shard
         self.vocab_size = self.shard.vocab_size
+        # the first shard is the widest (each takes the rounded-up share, the last the rest)
+        start, end = shard_range(self.vocab_size, 0, exchange.world_size)
+        self.widest = end - start
         self.k = stages.batch_state.config.max_num_logprobs
         device = stages.batch_state.device
         self.token_ids = torch.arange(self.shard.start, self.shard.end, device=device)  # [size]
@@ -77,10 +81,24 @@ class VocabParallelPipeline:
         n]: the n largest of the whole rows, descending (exactly `topk`'s, NaN first)."""
         return gathered.permute(1, 0, 2).reshape(gathered.shape[1], -1).topk(n, dim=-1).values
 
+    def _local_top(self, values: torch.Tensor, n: int) -> Candidates:
+        """This shard's min(n, widest shard) largest values [num_rows, n_local] and their
+        local ids: the same width on every rank (an all-gather needs it), a shard narrower
+        than that padded with -inf at local id 0 (a -inf candidate may repeat an id)."""
+        width = min(n, self.widest)
+        local = top_candidates(values, min(width, self.shard.size))
+        missing = width - local.values.shape[1]  # a host fact: this rank's size
+        if not missing:
+            return local
+        rows = values.shape[0]
+        pad = values.new_full((rows, missing), float("-inf"))
+        ids = torch.zeros((rows, missing), dtype=local.ids.dtype, device=values.device)
+        return Candidates(torch.cat([local.values, pad], 1), torch.cat([local.ids, ids], 1))
+
     def _merged_top_ids(self, values: torch.Tensor, n: int) -> Candidates:
         """`_merged_top` with the values' global ids: each value and id travel as one int64,
         the value's order-preserving int32 image above the id."""
-        local = top_candidates(values, min(n, self.shard.size))  # [num_rows, n_local]
+        local = self._local_top(values, n)  # [num_rows, n_local]
         ids = local.ids + self.shard.start
         packed = (ordered_int(local.values).to(torch.int64) << 32) | ids
         gathered = self.exchange.gather(packed)  # [W, num_rows, n_local]
@@ -109,7 +127,7 @@ class VocabParallelPipeline:
         # The candidates are taken before min_p's mask, which only turns the smallest of
         # them to -inf; the largest is the row max that min_p needs.
         n = min(CANDIDATES, self.vocab_size)
-        local_top = top_candidates(x, min(n, self.shard.size)).values  # [num_rows, n_local]
+        local_top = self._local_top(x, n).values  # [num_rows, n_local]
         gathered = self.exchange.gather(torch.cat([self._local_best(x), local_top], dim=-1))
         greedy = argmax_of(gathered[:, :, :2])
         values = self._merged_top(gathered[:, :, 2:], n)  # [num_rows, n], NaN first

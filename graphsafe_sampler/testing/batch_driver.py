@@ -150,6 +150,22 @@ def stop_reason(req: DriverRequest, token: int, eos_token_id: int | None) -> str
     return None
 
 
+def open_reasoning_sections(driver: BatchDriver, start_ids: Sequence[int], seed: int) -> None:
+    """Half of `driver`'s new requests get prompts that end with `start_ids`, as a chat
+    template that opens a reasoning section does: their thinking budgets then run out within
+    a few steps, and the forced end shows."""
+    rng = random.Random(seed)
+    make = driver.new_request
+
+    def new_request() -> DriverRequest:
+        req = make()
+        if rng.random() < 0.5:
+            req.prompt_tok_ids = [*(req.prompt_tok_ids or ()), *start_ids]
+        return req
+
+    driver.new_request = new_request  # type: ignore[method-assign]
+
+
 class BatchDriver:
     """A persistent batch of `config.max_num_reqs` rows, of which rows [0, target) are used,
     and the `BatchUpdate`s that change it (the policies: see the module docstring)."""

@@ -35,7 +35,12 @@ from graphsafe_sampler.pipelines.torch_pipeline import mask_and_penalize
 from graphsafe_sampler.rejection_sampler import RejectionSampler
 from graphsafe_sampler.sampler import Sampler
 from graphsafe_sampler.stages.top_k_top_p import CANDIDATES
-from graphsafe_sampler.testing.batch_driver import BatchDriver, random_sampling_params, refill
+from graphsafe_sampler.testing.batch_driver import (
+    BatchDriver,
+    open_reasoning_sections,
+    random_sampling_params,
+    refill,
+)
 from graphsafe_sampler.testing.graph_safety import state_fingerprint
 from graphsafe_sampler.testing.replay import MakeFxReplayer, StateTensors
 from graphsafe_sampler.testing.sync_detector import SyncOpDetector
@@ -159,6 +164,8 @@ def compare_with_sampler(rank: int, world_size: int, spec: Comparison) -> None:
     driver = BatchDriver(
         config, seed=spec.seed, make_params=wide_filter_params, joins=refill, target=target
     )
+    if config.has_reasoning:  # budgets that run out within the steps, across the shards
+        open_reasoning_sections(driver, config.reasoning_start_token_ids, spec.seed)
     rng = random.Random(spec.seed)
     gen = torch.Generator().manual_seed(spec.seed)
     state = StateTensors(sampler)
@@ -335,6 +342,8 @@ def compare_rejection_with_sampler(rank: int, world_size: int, spec: Comparison)
     driver = BatchDriver(
         config, seed=spec.seed, make_params=wide_filter_params, joins=refill, target=None
     )
+    if config.has_reasoning:
+        open_reasoning_sections(driver, config.reasoning_start_token_ids, spec.seed)
     rng = random.Random(spec.seed + 1)
     gen = torch.Generator().manual_seed(spec.seed)
     vocab, rows, positions = config.vocab_size, config.max_num_reqs, max_spec_len + 1
