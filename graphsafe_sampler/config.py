@@ -32,6 +32,12 @@ def _positive(name: str, value: object, minimum: int = 1) -> None:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
+def _contains(seq: Sequence[int], part: Sequence[int]) -> bool:
+    """Whether `part` occurs in `seq` as a contiguous run."""
+    n = len(part)
+    return any(tuple(seq[i : i + n]) == tuple(part) for i in range(len(seq) - n + 1))
+
+
 @dataclass(frozen=True)
 class SamplerConfig:
     """Fixed sizes of a sampler.
@@ -149,6 +155,13 @@ class SamplerConfig:
                 "reasoning_start_token_ids and reasoning_end_token_ids come together: "
                 f"got {len(self.reasoning_start_token_ids)} and "
                 f"{len(self.reasoning_end_token_ids)} ids"
+            )
+        start, end = self.reasoning_start_token_ids, self.reasoning_end_token_ids
+        if start and (_contains(end, start) or _contains(start, end)):
+            # forcing an end that holds the start would reopen the section it closes
+            raise ValueError(
+                f"reasoning_start_token_ids {list(start)} and reasoning_end_token_ids "
+                f"{list(end)} must not contain one another"
             )
         # A lone "module:QualName" string is iterable too; tuple() would split it into characters.
         if isinstance(self.logits_processors, (str, bytes)) or not isinstance(

@@ -116,10 +116,11 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
+    extra_args: dict[str, Any] | None = field(default=None)
+    # after extra_args, so that positional construction of the fields above still works
     logprob_token_ids: list[int] | None = None
     thinking_token_budget: int | None = None
     watermark_key: int | None = None
-    extra_args: dict[str, Any] | None = field(default=None)
 
     def __post_init__(self) -> None:
         # Normalised values (ints as floats, fresh containers) go in once, at construction.

@@ -183,6 +183,10 @@ def test_speculative_steps_force_the_end_at_every_position_after_the_drafts() ->
          r"reasoning_end_token_ids\[0\] = 60 is outside"),
         (dict(reasoning_start_token_ids="ab", reasoning_end_token_ids=(2,)), TypeError,
          "must be a sequence of token ids"),
+        (dict(reasoning_start_token_ids=(5,), reasoning_end_token_ids=(4, 5, 6)), ValueError,
+         "must not contain one another"),
+        (dict(reasoning_start_token_ids=(4, 5, 6), reasoning_end_token_ids=(6,)), ValueError,
+         "must not contain one another"),
     ],
 )  # fmt: skip
 def test_bad_reasoning_sequences_are_refused(kwargs: dict, error: type, match: str) -> None:

@@ -62,7 +62,8 @@ def requested_logprobs(
     Values as `compute_logprobs` gives them (the logit, minus the row's logsumexp with
     `lse`); a rank is the number of tokens whose value is >= the id's, compared in the
     same space as the values (the shift can merge neighbouring logits). One comparison
-    per column C: C is a small static capacity, and compiled, the C sums share one read.
+    per column: C is a small static capacity (inductor does not merge the C sums into one
+    read).
     """
     used = ids >= 0
     values = source.gather(1, ids.clamp(min=0))  # [num_rows, C]
