@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "data",
         ("params", "config", "batch_update", "output", "bitmask", "staging", "rng", "vocab_shard"),
     ),
-    ("state", ("slot_tables", "batch_state")),
+    ("state", ("slot_tables", "batch_state", "recent_tokens")),
     ("processors", ("processors",)),
     ("stages", ("stages",)),
     ("pipelines", ("pipelines",)),

@@ -14,25 +14,23 @@ a forced token they made -inf reads 0. A later start sequence opens a new sectio
 fresh count.
 
 Tables (per slot, registered only when the config has the two sequences):
-budget [num_slots] int32 (-1: off); prompt_len [num_slots] int64, so that a slot's length
-is prompt_len + num_generated on the device; recent [num_slots, W] int64, a ring of the
-last W = max(len(start), len(end)) tokens (position p at p % W, -1 before the first);
-last_start and last_end [num_slots] int64, the positions where the latest start and end
-sequences began (-1: none). `add_request` fills them from the prompt and output on the
-host; `commit` advances them on the device, and `apply` extends them over the drafts
-before a speculative position without writing them.
+budget [num_slots] int32 (-1: off); a `RecentTokens` ring of the last W = max(len(start),
+len(end)) tokens; last_start and last_end [num_slots] int64, the positions where the
+latest start and end sequences began (-1: none). `add_request` fills them from the
+prompt and output on the host; `commit` advances them on the device, and `apply` extends
+them over the drafts before a speculative position without writing them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.params import SamplingParams
+from graphsafe_sampler.recent_tokens import RecentTokens
 from graphsafe_sampler.slot_tables import SlotTables
 
 _INT32_MAX = 2**31 - 1
@@ -56,8 +54,7 @@ class ThinkingBudgetState(SlotTables):
         self.end_ids = tuple(config.reasoning_end_token_ids)
         self.width = max(len(self.start_ids), len(self.end_ids))
         self.budget = self.staged("thinking_budget", (), torch.int32, fill=-1)
-        self.prompt_len = self.staged("thinking_prompt_len", (), torch.int64)
-        self.recent = self.staged("thinking_recent", (self.width,), torch.int64, fill=-1)
+        self.recent = RecentTokens(self, "thinking", self.width)
         self.last_start = self.staged("thinking_last_start", (), torch.int64, fill=-1)
         self.last_end = self.staged("thinking_last_end", (), torch.int64, fill=-1)
         device = batch_state.device
@@ -75,18 +72,9 @@ class ThinkingBudgetState(SlotTables):
         tokens = [*(prompt_tok_ids or ()), *output_tok_ids]
         budget = params.thinking_token_budget
         self.budget.write(slot, -1 if budget is None else min(budget, _INT32_MAX))
-        self.prompt_len.write(slot, len(prompt_tok_ids or ()))
-        ring = np.full(self.width, -1, dtype=np.int64)
-        for p in range(max(0, len(tokens) - self.width), len(tokens)):
-            ring[p % self.width] = tokens[p]
-        self.recent.write(slot, ring)
+        self.recent.add_request(slot, prompt_tok_ids, output_tok_ids)
         self.last_start.write(slot, last_occurrence(tokens, self.start_ids))
         self.last_end.write(slot, last_occurrence(tokens, self.end_ids))
-
-    def _lengths(self, slots: torch.Tensor) -> torch.Tensor:
-        """[num_rows] int64: tokens each row's request holds, prompt and committed outputs."""
-        generated = self.batch_state.num_generated.device[slots].long()
-        return self.prompt_len.device[slots] + generated
 
     def _ends_at(
         self,
@@ -99,13 +87,9 @@ class ThinkingBudgetState(SlotTables):
         return (token_at[..., -n:] == pattern).all(-1) & (end - n + 1 >= 0)
 
     def commit(self, slots: torch.Tensor, token_ids: torch.Tensor, keep: torch.Tensor) -> None:
-        n = self._lengths(slots)  # [rows]: the new token's position
-        recent = self.recent.device[slots]  # [rows, W]
-        back = torch.arange(-self.width, 1, device=slots.device)  # [W + 1]: -W .. 0
-        positions = n[:, None] + back  # [rows, W + 1]
-        window = recent.gather(1, positions.clamp(min=0) % self.width)
-        window = torch.where(positions < 0, -1, window)
-        window[:, -1] = token_ids  # [rows, W + 1]: tokens at n - W .. n
+        n = self.recent.lengths(slots)  # [rows]: the new token's position
+        # [rows, W + 1]: the tokens at n - W .. n
+        window = torch.cat([self.recent.last(slots), token_ids[:, None]], dim=1)
         # rows that do not commit write back what is there, so that duplicate (padding)
         # slots all carry the same value
         starts = keep & self._ends_at(self._start, window[:, None], n[:, None])[:, 0]
@@ -116,9 +100,7 @@ class ThinkingBudgetState(SlotTables):
             (slots,), torch.where(starts, n - len(self.start_ids) + 1, last_start[slots])
         )
         last_end.index_put_((slots,), torch.where(ends, n - len(self.end_ids) + 1, last_end[slots]))
-        column = n % self.width
-        current = recent.gather(1, column[:, None])[:, 0]
-        self.recent.device.index_put_((slots, column), torch.where(keep, token_ids, current))
+        self.recent.commit(slots, token_ids, keep)
 
     def forced(
         self,
@@ -129,18 +111,15 @@ class ThinkingBudgetState(SlotTables):
         """(force [num_rows] bool, token [num_rows] int64 global id): the rows whose budget
         is spent, and the end-sequence token each must take. With `drafts`, a row's history
         is its committed tokens followed by its first `num_preceding` drafts."""
-        n = self._lengths(slots)  # [rows]
-        recent = self.recent.device[slots]  # [rows, W]
+        n = self.recent.lengths(slots)  # [rows]
         last_start = self.last_start.device[slots]
         last_end = self.last_end.device[slots]
         spec = 0 if drafts is None else drafts.shape[1]
         preceding = torch.zeros_like(n) if num_preceding is None else num_preceding.long()
         # every token this row's checks read: positions n - W .. n + spec - 1
-        positions = n[:, None] + torch.arange(-self.width, spec, device=slots.device)
-        seq = recent.gather(1, positions.clamp(min=0) % self.width)
+        seq = self.recent.last(slots)  # [rows, W]
         if drafts is not None:
-            seq = torch.cat([seq[:, : self.width], drafts.long()], dim=1)  # [rows, W + spec]
-        seq = torch.where(positions < 0, -1, seq)
+            seq = torch.cat([seq, drafts.long()], dim=1)  # [rows, W + spec]
         if spec:
             # the drafts before this position may complete a start or an end sequence:
             # windows ending at draft j, W + 1 tokens each ([rows, spec, W + 1])

@@ -13,9 +13,8 @@ distinct (context, token) pairs is Gamma(m, 1), and its upper tail is the p-valu
 Repeated pairs are scored once: they repeat the same draw, not fresh evidence.
 
 Tables (registered only when `SamplerConfig.watermark_context_len` = n > 0): key, staged
-[num_slots] int64 (the key's 64 bits); on, staged [num_slots] bool; prompt_len, staged
-[num_slots] int64; recent, staged [num_slots, n] int64, a ring of the last n tokens
-(position p at p % n, -1 before the first), advanced by `commit` on the device.
+[num_slots] int64 (the key's 64 bits); on, staged [num_slots] bool; and a `RecentTokens`
+ring of the last n tokens, advanced by `commit` on the device.
 
 Speculative decoding's emitted tokens (`RejectionSampler`) race on their own streams and are
 not watermarked.
@@ -33,6 +32,7 @@ from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.kernels.constants import SALT_SAMPLE
 from graphsafe_sampler.params import SamplingParams, seed_bits
+from graphsafe_sampler.recent_tokens import RecentTokens
 from graphsafe_sampler.rng import context_positions, hash_tokens, row_keys
 from graphsafe_sampler.slot_tables import SlotTables
 
@@ -45,8 +45,7 @@ class WatermarkState(SlotTables):
         self.width = config.watermark_context_len
         self.key = self.staged("watermark_key", (), torch.int64)
         self.on = self.staged("watermark_on", (), torch.bool, fill=False)
-        self.prompt_len = self.staged("watermark_prompt_len", (), torch.int64)
-        self.recent = self.staged("watermark_recent", (self.width,), torch.int64, fill=-1)
+        self.recent = RecentTokens(self, "watermark", self.width)
         batch_state.register(self)
 
     def add_request(
@@ -59,31 +58,15 @@ class WatermarkState(SlotTables):
         key = params.watermark_key
         self.on.write(slot, key is not None)
         self.key.write(slot, 0 if key is None else seed_bits(key))
-        self.prompt_len.write(slot, len(prompt_tok_ids or ()))
-        tokens = [*(prompt_tok_ids or ()), *output_tok_ids]
-        ring = np.full(self.width, -1, dtype=np.int64)
-        for p in range(max(0, len(tokens) - self.width), len(tokens)):
-            ring[p % self.width] = tokens[p]
-        self.recent.write(slot, ring)
-
-    def _lengths(self, slots: torch.Tensor) -> torch.Tensor:
-        generated = self.batch_state.num_generated.device[slots].long()
-        return self.prompt_len.device[slots] + generated
+        self.recent.add_request(slot, prompt_tok_ids, output_tok_ids)
 
     def commit(self, slots: torch.Tensor, token_ids: torch.Tensor, keep: torch.Tensor) -> None:
-        column = self._lengths(slots) % self.width  # [rows]
-        recent = self.recent.device
-        current = recent[slots, column]
-        # rows that do not commit write back what is there: duplicate (padding) slots agree
-        recent.index_put_((slots, column), torch.where(keep, token_ids, current))
+        self.recent.commit(slots, token_ids, keep)
 
     def context(self, slots: torch.Tensor) -> torch.Tensor:
         """[num_rows, n] int64: each row's previous n tokens, oldest first (-1 before the
         first token)."""
-        n = self._lengths(slots)[:, None]  # [rows, 1]
-        positions = n + torch.arange(-self.width, 0, device=slots.device)  # [rows, n]
-        tokens = self.recent.device[slots].gather(1, positions.clamp(min=0) % self.width)
-        return torch.where(positions < 0, -1, tokens)
+        return self.recent.last(slots)
 
     def race_inputs(
         self,
