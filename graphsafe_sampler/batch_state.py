@@ -89,6 +89,8 @@ class BatchState:
         `slots` is a view); `padding_slot` for empty rows.
     num_generated: staged [num_slots] int32; tokens generated so far per slot (set from
         len(output_tok_ids) at add time, advanced on the device by `commit`).
+    prompt_len: staged [num_slots] int64; the prompt's length per slot, so that a row's
+        token position is prompt_len + num_generated on the device (`positions`).
     shard: the token ids whose logits and token-indexed state this state holds (the whole
         vocabulary, unless a tensor-parallel rank holds a part: `VocabShard`). Token ids in
         updates and commits are always global.
@@ -121,6 +123,7 @@ class BatchState:
             "row_to_slot", (config.max_num_reqs,), torch.int64, fill=self.padding_slot
         )
         self.num_generated = self.staged("num_generated", (config.num_slots,), torch.int32)
+        self.prompt_len = self.staged("prompt_len", (config.num_slots,), torch.int64)
         # Lowest free slot first, so that a busy batch keeps its state compact.
         self._free_slots = list(range(config.max_num_reqs))
         heapq.heapify(self._free_slots)
@@ -277,6 +280,7 @@ class BatchState:
             slot = heapq.heappop(self._free_slots)
             row_slot.write(row, slot)
             self.num_generated.write(slot, len(output))
+            self.prompt_len.write(slot, len(prompt or ()))
             for slot_state in self._slot_states:
                 slot_state.add_request(slot, params, prompt, output)
             for table, write_added in self._row_tables:
@@ -302,6 +306,7 @@ class BatchState:
     def flush(self) -> None:
         self.row_to_slot.flush()
         self.num_generated.flush()
+        self.prompt_len.flush()
         for table, _ in self._row_tables:
             table.flush()
         for slot_state in self._slot_states:
@@ -313,6 +318,11 @@ class BatchState:
         if num_rows > self.max_num_reqs:
             raise ValueError(f"num_rows = {num_rows} exceeds max_num_reqs = {self.max_num_reqs}")
         return self.row_to_slot.device[:num_rows]
+
+    def positions(self, slots: torch.Tensor) -> torch.Tensor:
+        """[num_rows] int64: the position of the token each row produces now (the tokens
+        its request holds, prompt and committed outputs); graph-safe."""
+        return self.prompt_len.device[slots] + self.num_generated.device[slots].long()
 
     @property
     def slot_states(self) -> tuple[SlotState, ...]:
@@ -345,7 +355,8 @@ class BatchState:
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor this state keeps across steps, host and device sides, by name."""
         out = {}
-        for staged in (self.row_to_slot, self.num_generated, *(t for t, _ in self._row_tables)):
+        tables = (self.row_to_slot, self.num_generated, self.prompt_len)
+        for staged in (*tables, *(t for t, _ in self._row_tables)):
             out[f"{staged.name}.host"] = staged.host
             out[f"{staged.name}.device"] = staged.device
         return out

@@ -1,10 +1,10 @@
 """`RecentTokens`: each slot's last few tokens, prompt and outputs, kept on the device.
 
 A ring of `width` tokens per slot: the token at position p (counting the prompt) sits at
-column p % width, and -1 stands before the first. The slot's prompt length is kept beside
-it, so that a row's length is prompt_len + num_generated on the device, with no host read.
-The host fills a request's ring at add time (a resumed request brings its outputs); the
-commit writes each committed token at its position. Stages that look back a fixed number
+column p % width, and -1 stands before the first; p is the batch state's `positions`
+(prompt_len + num_generated on the device, no host read). The host fills a request's ring
+at add time (a resumed request brings its outputs); the commit writes each committed token
+at its position. Stages that look back a fixed number
 of tokens share it (the thinking budget's markers, the watermark's context).
 """
 
@@ -19,33 +19,29 @@ from graphsafe_sampler.slot_tables import SlotTables
 
 
 class RecentTokens:
-    """Tables (on `tables`' batch state): `{name}_prompt_len` [num_slots] int64 and
-    `{name}_recent` [num_slots, width] int64."""
+    """Table (on `tables`' batch state): `{name}_recent` [num_slots, width] int64."""
 
     def __init__(self, tables: SlotTables, name: str, width: int) -> None:
         if width < 1:
             raise ValueError(f"width must be >= 1, got {width}")
         self.width = width
         self.batch_state = tables.batch_state
-        self.prompt_len = tables.staged(f"{name}_prompt_len", (), torch.int64)
         self.ring = tables.staged(f"{name}_recent", (width,), torch.int64, fill=-1)
 
     def add_request(
         self, slot: int, prompt_tok_ids: Sequence[int] | None, output_tok_ids: Sequence[int]
     ) -> None:
-        """Host side: the request's last `width` tokens and its prompt length."""
+        """Host side: the request's last `width` tokens."""
         tokens = [*(prompt_tok_ids or ()), *output_tok_ids]
         ring = np.full(self.width, -1, dtype=np.int64)
         for p in range(max(0, len(tokens) - self.width), len(tokens)):
             ring[p % self.width] = tokens[p]
         self.ring.write(slot, ring)
-        self.prompt_len.write(slot, len(prompt_tok_ids or ()))
 
     def lengths(self, slots: torch.Tensor) -> torch.Tensor:
         """[num_rows] int64: the tokens each row's request holds, prompt and committed
         outputs (the position of the next one)."""
-        generated = self.batch_state.num_generated.device[slots].long()
-        return self.prompt_len.device[slots] + generated
+        return self.batch_state.positions(slots)
 
     def last(self, slots: torch.Tensor, n: int | None = None) -> torch.Tensor:
         """[num_rows, n] int64: each row's last n <= width tokens, oldest first (-1 before

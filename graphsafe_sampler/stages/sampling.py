@@ -7,9 +7,8 @@ fresh numbers as positions advance on the device. `argmax(logits + Gumbel noise)
 softmax(logits) exactly; -inf tokens never win.
 
 Tables: seed, staged `[num_slots]` int64 (a request's own seed, or one drawn on the host at
-add time from a `random.Random` seeded by `SamplerConfig.seed`); prompt_len, staged
-`[num_slots]` int64, so that a row's token position is `prompt_len + num_generated` on the
-device.
+add time from a `random.Random` seeded by `SamplerConfig.seed`). A row's token position is
+the batch state's `prompt_len + num_generated`, on the device.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ class SamplingState(SlotTables):
         super().__init__(batch_state)
         self.config = config
         self.seed = self.staged("seed", (), torch.int64)
-        self.prompt_len = self.staged("prompt_len", (), torch.int64)
+        self.prompt_len = batch_state.prompt_len  # the kernels read it by slot
         self.host_rng = random.Random(config.seed)
         batch_state.register(self)
 
@@ -52,12 +51,10 @@ class SamplingState(SlotTables):
     ) -> None:
         seed = params.seed if params.seed is not None else self.host_rng.getrandbits(64)
         self.seed.write(slot, seed_bits(seed))
-        self.prompt_len.write(slot, len(prompt_tok_ids or ()))
 
     def positions(self, slots: torch.Tensor) -> torch.Tensor:
         """[num_rows] int64 position of the token each row samples now."""
-        generated = self.batch_state.num_generated.device[slots].long()
-        return self.prompt_len.device[slots] + generated
+        return self.batch_state.positions(slots)
 
     def race(
         self,
