@@ -83,7 +83,11 @@ class VocabShard:
 
     def local_ids(self, token_ids: Iterable[int]) -> np.ndarray:
         """int64 local indices of the ids that fall in the shard, in their order (host)."""
-        ids = np.fromiter((int(t) for t in token_ids), dtype=np.int64)
+        # a list converts in one call; a generator through fromiter
+        if isinstance(token_ids, (list, tuple, np.ndarray)):
+            ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+        else:
+            ids = np.fromiter((int(t) for t in token_ids), dtype=np.int64)
         return ids[(ids >= self.start) & (ids < self.end)] - self.start
 
     def local(self, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
