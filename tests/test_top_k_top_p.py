@@ -25,6 +25,7 @@ from graphsafe_sampler.stages.top_k_top_p import (
     filter_scaled,
     filter_top_k_top_p,
     scaled_logits,
+    sorted_cut,
     top_candidates,
     top_k_threshold,
     top_k_top_p_cut,
@@ -305,6 +306,40 @@ def test_top_p_threshold_alone_matches_reference(gen: torch.Generator) -> None:
     threshold = top_p_threshold(logits, top_p)
     out = logits.masked_fill(logits < threshold, NEG_INF)
     check_filtered(out, logits, torch.zeros(17, dtype=torch.int32), top_p)
+
+
+@pytest.mark.parametrize("make_logits", [llm_batch, thousand_ties, one_finite, five_finite,
+                                         plus_minus_1e9, boundary_duplicates, signed_zeros,
+                                         extreme_values, lambda g: tied_logits(8, 1023, g)],
+                         ids=["llm", "ties", "one-finite", "five-finite", "pm-1e9", "dup",
+                              "zeros", "extremes", "tied"])  # fmt: skip
+def test_sorted_cut_equals_the_searches(make_logits, gen: torch.Generator) -> None:  # type: ignore[no-untyped-def]
+    """Eager on a CPU, the rows the candidates leave take `sorted_cut`'s cut: the searches'
+    on every row (top-k's exactly), but where both keep a top-p set within rounding of
+    the masses. Rows 0-1 hold a NaN, which neither counts, row 1 nothing else above -inf
+    (no mass: every t reaches top-p's target); their top_p (off, or tiny) puts the cut at
+    the k-th value or the row max, where no rounding decides."""
+    logits = make_logits(gen)
+    num_rows, vocab_size = logits.shape
+    top_k, top_p = random_top_k(num_rows, vocab_size, gen), random_top_p(num_rows, gen)
+    top_p[:2] = torch.tensor([1.0, 1e-7])
+    logits[1] = NEG_INF
+    cols = torch.randint(0, vocab_size, (2,), generator=gen)
+    logits[torch.arange(2), cols] = float("nan")
+    sort = sorted_cut(logits, top_k, top_p)
+    searches = top_p_threshold(logits, top_p, top_k_threshold(logits, top_k))
+    torch.testing.assert_close(sort[:2], searches[:2], rtol=0, atol=0, equal_nan=True)
+    # and the stage takes it for the rows the candidates leave
+    stage = top_k_top_p_cut(logits, top_k, top_p, conditional=False, sort=True)
+    settled = candidate_cut(logits, top_k, top_p)[1]
+    unsettled = ~settled[:, 0]
+    torch.testing.assert_close(stage[unsettled], sort[unsettled], rtol=0, atol=0, equal_nan=True)
+    rest = logits[2:]
+    by_sort, by_search = (rest.masked_fill(rest < cut[2:], NEG_INF) for cut in (sort, searches))
+    rounding = check_filtered(by_sort, rest, top_k[2:], top_p[2:])
+    rounding |= check_filtered(by_search, rest, top_k[2:], top_p[2:])
+    same = [r for r in range(num_rows - 2) if r not in rounding]
+    assert torch.equal(sort[2:][same], searches[2:][same])
 
 
 # --- graph safety -------------------------------------------------------------------------
