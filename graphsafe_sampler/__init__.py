@@ -5,6 +5,7 @@ See docs/design.md for the design and the contract. The public names:
 
 from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.batch_update import BatchUpdate, BatchUpdateBuilder, MoveDirectionality
+from graphsafe_sampler.compile_options import compile_options
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.output import LogprobsTensors, RejectionSamplerOutput, SamplerOutput
 from graphsafe_sampler.params import SamplingParams
@@ -48,6 +49,7 @@ __all__ = [
     "SlotLogitsProcessor",
     "StagedTensor",
     "WatermarkDetection",
+    "compile_options",
     "detect_watermark",
     "load_logits_processors",
 ]

@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("processors", ("processors",)),
     ("stages", ("stages",)),
     ("pipelines", ("pipelines",)),
-    ("samplers", ("sampler", "rejection_sampler", "prompt_logprobs")),
+    ("samplers", ("sampler", "rejection_sampler", "prompt_logprobs", "compile_options")),
     ("parallel", ("distributed",)),
     ("tools", ("testing", "bench", "examples", "demo", "cli", "__main__")),
 ]

@@ -151,3 +151,22 @@ def test_case_spec_rejects_bad_input(kwargs: dict, error: type, match: str) -> N
     args.update(kwargs)
     with pytest.raises(error, match=match):
         CaseSpec(device=torch.device("cpu"), **args)
+
+
+def test_the_compiled_provider_compiles_with_the_recommended_options(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from graphsafe_sampler import compile_options
+    from graphsafe_sampler.bench import providers
+
+    seen: list[dict[str, object]] = []
+
+    def fake_compile(fn, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(kwargs)
+        return fn
+
+    monkeypatch.setattr(providers.torch, "compile", fake_compile)
+    providers._compile(lambda x: x + 1, (torch.ones(2),), torch.device("cpu"))
+    assert seen == [{"fullgraph": True, "options": {"cpp_wrapper": True}}]
+    assert compile_options("cpu") == {"cpp_wrapper": True}
+    assert compile_options(torch.device("cuda", 0)) == {}

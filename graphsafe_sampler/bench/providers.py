@@ -34,6 +34,7 @@ from graphsafe_sampler.bench.stages import STAGES, StageCase
 from graphsafe_sampler.bench.timing import Setup
 from graphsafe_sampler.bench.vllm_style import VllmStyleSampler
 from graphsafe_sampler.bench.workload import decode_driver
+from graphsafe_sampler.compile_options import compile_options
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.output import SamplerOutput
 from graphsafe_sampler.sampler import Sampler
@@ -136,14 +137,17 @@ def build_bench(spec: CaseSpec, provider: str) -> Bench:
     return _stage_bench(spec, provider)
 
 
-def _compile(fn: Callable[..., Any], first_args: tuple[Any, ...]) -> tuple[Callable, float]:
-    """torch.compile(fn, fullgraph=True), compiled by one call on `first_args`; returns the
-    compiled function and the seconds that first call took."""
+def _compile(
+    fn: Callable[..., Any], first_args: tuple[Any, ...], device: torch.device
+) -> tuple[Callable, float]:
+    """torch.compile(fn, fullgraph=True) with the options recommended for `device`
+    (`compile_options`), compiled by one call on `first_args`; returns the compiled
+    function and the seconds that first call took."""
     # Each case compiles its own closures: Dynamo's per-code-object cache would otherwise
     # pile up guards (and hit its recompile limit) across cases. Inductor's on-disk cache
     # still serves shapes compiled before.
     torch._dynamo.reset()
-    compiled = torch.compile(fn, fullgraph=True)
+    compiled = torch.compile(fn, fullgraph=True, options=compile_options(device))
     start = time.perf_counter()
     compiled(*first_args)
     return compiled, time.perf_counter() - start
@@ -155,7 +159,7 @@ def _stage_bench(spec: CaseSpec, provider: str) -> Bench:
     if provider == "sampler-eager":
         return Bench(case.ours(), setup)
     if provider == "sampler-compiled":
-        compiled, compile_s = _compile(case.ours(), setup())
+        compiled, compile_s = _compile(case.ours(), setup(), spec.device)
         return Bench(compiled, setup, {"compile_s": round(compile_s, 1)})
     if provider == "vllm-style":
         return Bench(case.vllm_style(), setup)
@@ -204,7 +208,7 @@ def _step_bench(spec: CaseSpec, provider: str) -> Bench:
     forward: Callable[[torch.Tensor], SamplerOutput] = sampler.forward
     if provider == "sampler-compiled":
         first = logits_setup()
-        forward, compile_s = _compile(sampler.forward, first)
+        forward, compile_s = _compile(sampler.forward, first, spec.device)
         info["compile_s"] = round(compile_s, 1)
 
     def sampler_step(batch_update: Any, logits: torch.Tensor) -> torch.Tensor:
