@@ -12,8 +12,9 @@ per-row work either way.
 
 Providers, side by side in one process on the same inputs (docs/design.md §6):
 - `clone`: `target_logits.clone()`, one pass over the target logits, the floor;
-- `rejection-compiled`: `torch.compile(RejectionSampler(...), fullgraph=True)`, compiled and
-  warmed up untimed; it commits each row's tokens to the device-side history in the step;
+- `rejection-compiled`: `torch.compile(RejectionSampler(...), fullgraph=True)` with
+  `compile_options("cpu")`, compiled and warmed up untimed; it commits each row's tokens to
+  the device-side history in the step;
 - `vllm-style`: `graphsafe_sampler.bench.vllm_style.VllmStyleRejectionSampler`, the way vLLM
   V1 does it, eager: penalty
   tensors rebuilt every step from the host-side output lists (each position's list extended
@@ -55,6 +56,7 @@ from graphsafe_sampler import (
     Sampler,
     SamplerConfig,
     SamplingParams,
+    compile_options,
 )
 from graphsafe_sampler.bench.logits import llm_like_logits
 from graphsafe_sampler.bench.vllm_style import VllmStyleRejectionSampler
@@ -175,7 +177,9 @@ def check_agreement(case: Case) -> dict[str, object]:
     requests, in `case.compiled` for the timed provider.
     """
     ours_reqs, theirs_reqs = copy.deepcopy(case.requests), copy.deepcopy(case.requests)
-    compiled = torch.compile(new_rejection_sampler(ours_reqs), fullgraph=True)
+    compiled = torch.compile(
+        new_rejection_sampler(ours_reqs), fullgraph=True, options=compile_options("cpu")
+    )
     baseline = VllmStyleRejectionSampler(theirs_reqs, VOCAB_SIZE, MAX_SPEC_LEN)
     greedy = set(case.greedy_rows)
     accepted = {"rejection-compiled": 0, "vllm-style": 0}
