@@ -344,7 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
         "the floor and to the vLLM-style peer) and writes the results as JSON for "
         "`graphsafe-sampler compare`. On a CPU the default is one small shape, so that the "
         "run, torch.compile of the Sampler included, ends in about 2 minutes on 2 cores "
-        "(much less once inductor's cache is warm).",
+        "(the compile is most of it, warm cache or not: torch 2.13's inductor does not "
+        "cache graphs that hold torch.cond).",
         formatter_class=_Formatter,
     )
     _add_bench_arguments(bench)
