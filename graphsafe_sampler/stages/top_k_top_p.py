@@ -265,11 +265,10 @@ def top_candidates(
     m is in a chosen tile, and so are as many copies of a value equal to m as the top n
     hold. A NaN makes its tile's maximum NaN, which both top-k's rank first, as topk does.
 
-    Each top-k first sees its input cut at a bound that n of its entries reach (so the top
-    n are unchanged; CPU topk runs 2-3x faster on a row that is mostly -inf): the gathered
-    values at m, and the tile maxima, where the row has n groups of CANDIDATE_GROUP tiles,
-    at the n-th largest group maximum (n groups each hold a tile that reaches it).
-    """
+    Each top-k first sees its input cut at a bound that n of its entries reach (the top n
+    unchanged; CPU topk is 2-3x faster on mostly -inf rows): the gathered values at m, the
+    tile maxima, where the row has n groups of CANDIDATE_GROUP tiles, at the n-th largest
+    group maximum (n groups each hold a tile that reaches it)."""
     num_rows, vocab_size = logits.shape
     num_tiles = -(-vocab_size // CANDIDATE_TILE)
     if num_tiles <= n:  # a small vocabulary: one top-k is as cheap
@@ -280,15 +279,18 @@ def top_candidates(
     if -(-num_tiles // CANDIDATE_GROUP) >= n:
         group_max = _tile_max(tile_max, CANDIDATE_GROUP)  # [num_rows, groups]
         tile_max = _at_or_above(tile_max, group_max.topk(n, dim=-1).values[:, -1:])
-    top_tiles = tile_max.topk(n, dim=-1)  # [num_rows, n], descending
+    # unsorted (half a sorted top-k's cost on a CPU): the n-th largest is their least but NaN
+    # (topk ranks NaN first; all NaN: the top n values are NaN, which any bound keeps)
+    top = tile_max.topk(n, dim=-1, sorted=False)  # [num_rows, n]
+    nth = torch.where(top.values != top.values, float("inf"), top.values).amin(-1, keepdim=True)
     lanes = torch.arange(CANDIDATE_TILE, device=logits.device)
-    ids = (top_tiles.indices[:, :, None] * CANDIDATE_TILE + lanes).view(num_rows, -1)
+    ids = (top.indices[:, :, None] * CANDIDATE_TILE + lanes).view(num_rows, -1)
     # The last tile's padding reads as -inf at id V-1: picked only among -inf values, it
     # repeats V-1 (then a candidate) or a -inf token, which no consumer tells apart.
     inside = ids < vocab_size
     ids = ids.clamp(max=vocab_size - 1)
     gathered = torch.where(inside, logits.gather(1, ids), float("-inf"))  # [num_rows, n * T]
-    values, picks = _at_or_above(gathered, top_tiles.values[:, -1:]).topk(n, dim=-1)
+    values, picks = _at_or_above(gathered, nth).topk(n, dim=-1)
     return Candidates(values, ids.gather(1, picks))
 
 
@@ -308,21 +310,19 @@ def sorted_cut(
     k = top_k.to(torch.int64)[:, None]
     k_off = (k <= 0) | (k >= vocab_size)
     floor = torch.where(k_off, float("-inf"), values.gather(1, (k - 1).clamp(0, vocab_size - 1)))
-    # top-p, as top_p_threshold weighs the tokens
-    row_max = logits.amax(-1, keepdim=True)  # NaN where the row holds one, as there
+    row_max = logits.amax(-1, keepdim=True)  # top-p as top_p_threshold weighs: NaN stays
     shift = torch.where(torch.isfinite(row_max), row_max, 0.0)
     total = torch.where(logits >= floor, torch.exp(logits - shift), 0.0).sum(-1, keepdim=True)
     target = top_p.to(torch.float32)[:, None] * total
     mass = torch.where(values >= floor, torch.exp(values - shift), 0.0)
-    # The cumulative mass never falls, so the entries short of the target are a prefix; the
-    # first past it ends a run's sum at or above the target, every earlier run's below:
-    # its value is the first whose weight reaches the target.
+    # the cumulative mass never falls: the entries short of the target are a prefix, and the
+    # first past it is in the first run of ties whose weight reaches it (docs/kernels.md)
     short = (~(mass.cumsum(-1) >= target)).sum(-1, keepdim=True)  # [num_rows, 1]
     reached = ordered_int(values.gather(1, short.clamp(max=vocab_size - 1)))
-    # no value reaches the target: -inf; every t does (target <= 0): the largest t
+    # no value reaches the target: -inf; every t does (target <= 0): the largest t; then as
+    # top_p_threshold ends
     ordered = torch.where(short >= vocab_size, _ORDERED_NEG_INF, reached)
     ordered = torch.where(target <= 0, torch.iinfo(torch.int32).max, ordered)
-    # the rest as top_p_threshold ends
     ordered = torch.minimum(ordered, ordered_int(row_max))
     threshold = torch.maximum(ordered_value(ordered), floor)
     return torch.where(top_p[:, None] >= 1.0, floor, threshold)
