@@ -544,15 +544,17 @@ def test_tile_maxima_skip_the_tiles_below_every_cut(kernel_device: torch.device)
     _assert_same_cuts(args[0], got, want, top_k, top_p)
     reads = reads.cpu()
     assert int(reads[0]) == 1 and int(reads[2]) == 1  # top-k read off the buffer
-    # row 0 (k = 3, no min_p): a tile below the 3rd largest known tile max, its logit raised
-    # above the whole row while the table still says otherwise
+    # row 0 (k = 3, no min_p): a tile below the 3rd largest known tile max, k of its logits
+    # raised above the whole row while the table still says otherwise (one raised logit can
+    # leave the k-th largest where it was, when the 2nd and 3rd largest tie)
     known = tile_max[0].cpu().clone()
     known[torch.isposinf(known)] = float("-inf")
     floor = float(known.sort(descending=True).values[2])
     below = [t for t in range(known.shape[0]) if float(tile_max[0, t]) < floor]  # not unknown
     assert below, "no tile below the floor"
     lied = args[0].clone()
-    lied[0, below[0] * block] = float(logits[0].max()) + 10.0
+    start = below[0] * block
+    lied[0, start : start + int(top_k[0])] = float(logits[0].max()) + 10.0
     assert torch.equal(kept(lied, tile_max), want[0].cpu())
     assert not torch.equal(kept(lied, None), want[0].cpu())  # read, the logit would count
     print(f"reads {reads.tolist()} (without the maxima {plain_reads.tolist()})")
