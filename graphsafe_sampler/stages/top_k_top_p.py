@@ -202,9 +202,15 @@ def top_p_threshold(
         ordered = _largest_threshold(mass_at_or_above, p * total, num_rows, logits.device)
     else:
         ordered = _largest_threshold_across(logits, mass, p * total, across)
-    # Never above the row max (top_p = 0 would otherwise give an empty row).
-    ordered = torch.minimum(ordered, ordered_int(row_max))
-    threshold = torch.maximum(ordered_value(ordered), floor)
+    return _top_p_cut(ordered, row_max, floor, p)
+
+
+def _top_p_cut(
+    ordered: torch.Tensor, row_max: torch.Tensor, floor: torch.Tensor, p: torch.Tensor
+) -> torch.Tensor:
+    """[num_rows, 1] each: top-p's cut from its answer's image `ordered`: at most the row max
+    (top_p = 0 keeps it), at least top-k's cut `floor`, which it is where top-p is off."""
+    threshold = torch.maximum(ordered_value(torch.minimum(ordered, ordered_int(row_max))), floor)
     return torch.where(p >= 1.0, floor, threshold)
 
 
@@ -299,33 +305,27 @@ def sorted_cut(
     top_k: torch.Tensor,  # [num_rows] int; <= 0 or >= V is off
     top_p: torch.Tensor,  # [num_rows] float32; >= 1 is off
 ) -> torch.Tensor:
-    """[num_rows, 1] float32: `top_k_threshold` then `top_p_threshold`'s cut from one sort
-    of each row: eagerly on a CPU, 2-3x faster than the searches' 64 masked passes (slower
-    compiled, where they fuse). The same thresholds, within rounding of a mass equal to the
-    target: the sums run in another order (docs/kernels.md, the PyTorch stage)."""
+    """[num_rows, 1] float32: the searches' top-k then top-p cut from one sort of each row
+    (eagerly on a CPU 2-3x faster than their 64 passes, compiled slower): the same, within
+    rounding of a mass equal to the target (docs/kernels.md, the PyTorch stage)."""
     vocab_size = logits.shape[1]
     # NaN counts nowhere; as -inf it would count at t = -inf alone, where both agree
     clean = logits.nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
     values = clean.sort(dim=-1, descending=True).values  # [num_rows, V]
-    k = top_k.to(torch.int64)[:, None]
-    k_off = (k <= 0) | (k >= vocab_size)
-    floor = torch.where(k_off, float("-inf"), values.gather(1, (k - 1).clamp(0, vocab_size - 1)))
+    k, p = top_k.to(torch.int64)[:, None], top_p.to(torch.float32)[:, None]
+    kth = values.gather(1, (k - 1).clamp(0, vocab_size - 1))
+    floor = torch.where((k <= 0) | (k >= vocab_size), float("-inf"), kth)
     row_max = logits.amax(-1, keepdim=True)  # top-p as top_p_threshold weighs: NaN stays
     shift = torch.where(torch.isfinite(row_max), row_max, 0.0)
-    total = torch.where(logits >= floor, torch.exp(logits - shift), 0.0).sum(-1, keepdim=True)
-    target = top_p.to(torch.float32)[:, None] * total
+    target = p * torch.where(logits >= floor, torch.exp(logits - shift), 0.0).sum(-1, keepdim=True)
     mass = torch.where(values >= floor, torch.exp(values - shift), 0.0)
-    # the cumulative mass never falls: the entries short of the target are a prefix, and the
-    # first past it is in the first run of ties whose weight reaches it (docs/kernels.md)
+    # the cumulative mass never falls: the first entry past the target is in the answer's run
     short = (~(mass.cumsum(-1) >= target)).sum(-1, keepdim=True)  # [num_rows, 1]
     reached = ordered_int(values.gather(1, short.clamp(max=vocab_size - 1)))
-    # no value reaches the target: -inf; every t does (target <= 0): the largest t; then as
-    # top_p_threshold ends
+    # no value reaches the target: -inf; every t does (target <= 0): the largest t
     ordered = torch.where(short >= vocab_size, _ORDERED_NEG_INF, reached)
     ordered = torch.where(target <= 0, torch.iinfo(torch.int32).max, ordered)
-    ordered = torch.minimum(ordered, ordered_int(row_max))
-    threshold = torch.maximum(ordered_value(ordered), floor)
-    return torch.where(top_p[:, None] >= 1.0, floor, threshold)
+    return _top_p_cut(ordered, row_max, floor, p)
 
 
 def candidate_cut(
@@ -388,7 +388,7 @@ def top_k_top_p_cut(
     scale: tuple[torch.Tensor, torch.Tensor] | None = None,  # (temperature, threshold)
     across: AcrossShards | None = None,  # where `logits` are one shard of the rows
     vocab_size: int | None = None,  # the whole rows' V, with `across`
-    sort: bool | None = None,
+    sort: bool | None = None,  # None: eagerly on a CPU
 ) -> torch.Tensor:
     """[num_rows, 1] float32: the top-k then top-p cut (keep `logits >= cut`): the
     candidates' where they settle the row (`candidate_cut`), the exact searches' elsewhere.
