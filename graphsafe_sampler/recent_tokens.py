@@ -38,22 +38,19 @@ class RecentTokens:
             ring[p % self.width] = tokens[p]
         self.ring.write(slot, ring)
 
-    def lengths(self, slots: torch.Tensor) -> torch.Tensor:
-        """[num_rows] int64: the tokens each row's request holds, prompt and committed
-        outputs (the position of the next one)."""
-        return self.batch_state.positions(slots)
-
     def last(self, slots: torch.Tensor, n: int | None = None) -> torch.Tensor:
         """[num_rows, n] int64: each row's last n <= width tokens, oldest first (-1 before
         the first token)."""
         n = self.width if n is None else n
-        positions = self.lengths(slots)[:, None] + torch.arange(-n, 0, device=slots.device)
+        positions = self.batch_state.positions(slots)[:, None] + torch.arange(
+            -n, 0, device=slots.device
+        )
         tokens = self.ring.device[slots].gather(1, positions.clamp(min=0) % self.width)
         return torch.where(positions < 0, -1, tokens)
 
     def commit(self, slots: torch.Tensor, token_ids: torch.Tensor, keep: torch.Tensor) -> None:
         """Write each kept row's token at its position (before num_generated advances)."""
-        column = self.lengths(slots) % self.width  # [rows]
+        column = self.batch_state.positions(slots) % self.width  # [rows]
         ring = self.ring.device
         current = ring[slots, column]
         # rows that do not commit write back what is there: duplicate (padding) slots agree

@@ -272,7 +272,7 @@ class RejectionSampler(nn.Module):
         # Acceptance of each draft.
         sampling = sampler.stages.sampling
         seeds = sampling.seed.device[slots]  # [num_rows]
-        start = sampling.positions(slots)  # [num_rows] position of column 0
+        start = sampler.batch_state.positions(slots)  # [num_rows] position of column 0
         draft_positions = start[:, None] + columns[None, :]  # [num_rows, S]
         uniforms = row_uniforms(
             seeds[:, None].expand(num_rows, spec).reshape(-1),

@@ -597,7 +597,7 @@ def _assert_near_ties(
     x, is_greedy = processed.logits, processed.is_greedy
     noise = gumbel_noise(
         sampler.stages.sampling.seed.device[slots],
-        sampler.stages.sampling.positions(slots),
+        sampler.batch_state.positions(slots),
         sampler.config.vocab_size,
         SALT_SAMPLE,
     )

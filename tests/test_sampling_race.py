@@ -42,7 +42,7 @@ def _sampling(gen: torch.Generator) -> tuple[SamplingState, torch.Tensor, torch.
     sampler.update_state(BatchUpdate(NUM_ROWS, added=added))
     slots = sampler.batch_state.slots(NUM_ROWS)
     sampling = sampler.stages.sampling
-    return sampling, slots, sampling.positions(slots)
+    return sampling, slots, sampler.batch_state.positions(slots)
 
 
 def _batch(gen: torch.Generator, num_full: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

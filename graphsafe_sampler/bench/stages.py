@@ -203,7 +203,7 @@ class StageCase:
             if stage == "greedy":
                 return x.argmax(dim=-1)
             if stage == "sampling":
-                positions = stages.sampling.positions(slots)
+                positions = stages.batch_state.positions(slots)
                 return stages.sampling.race(x, slots, positions, SALT_SAMPLE)
             if stage == "thinking_budget":
                 assert stages.thinking_budget is not None

@@ -63,7 +63,7 @@ def race_inputs(stages: Stages, slots: torch.Tensor) -> tuple[torch.Tensor, torc
     race: the request's seed and token position, or in watermarked rows the watermark key
     and the context hash (`stages/watermark.py`)."""
     seeds = stages.sampling.seed.device[slots]
-    positions = stages.sampling.positions(slots)
+    positions = stages.batch_state.positions(slots)
     if stages.watermark is None:
         return seeds, positions
     return stages.watermark.race_inputs(slots, seeds, positions)

@@ -52,10 +52,6 @@ class SamplingState(SlotTables):
         seed = params.seed if params.seed is not None else self.host_rng.getrandbits(64)
         self.seed.write(slot, seed_bits(seed))
 
-    def positions(self, slots: torch.Tensor) -> torch.Tensor:
-        """[num_rows] int64 position of the token each row samples now."""
-        return self.batch_state.positions(slots)
-
     def race(
         self,
         logits: torch.Tensor,  # [num_rows, V] float32, processed and filtered

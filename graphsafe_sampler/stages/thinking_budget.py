@@ -87,7 +87,7 @@ class ThinkingBudgetState(SlotTables):
         return (token_at[..., -n:] == pattern).all(-1) & (end - n + 1 >= 0)
 
     def commit(self, slots: torch.Tensor, token_ids: torch.Tensor, keep: torch.Tensor) -> None:
-        n = self.recent.lengths(slots)  # [rows]: the new token's position
+        n = self.batch_state.positions(slots)  # [rows]: the new token's position
         # [rows, W + 1]: the tokens at n - W .. n
         window = torch.cat([self.recent.last(slots), token_ids[:, None]], dim=1)
         # rows that do not commit write back what is there, so that duplicate (padding)
@@ -111,7 +111,7 @@ class ThinkingBudgetState(SlotTables):
         """(force [num_rows] bool, token [num_rows] int64 global id): the rows whose budget
         is spent, and the end-sequence token each must take. With `drafts`, a row's history
         is its committed tokens followed by its first `num_preceding` drafts."""
-        n = self.recent.lengths(slots)  # [rows]
+        n = self.batch_state.positions(slots)  # [rows]
         last_start = self.last_start.device[slots]
         last_end = self.last_end.device[slots]
         spec = 0 if drafts is None else drafts.shape[1]
