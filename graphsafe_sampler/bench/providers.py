@@ -145,7 +145,8 @@ def _compile(
     function and the seconds that first call took."""
     # Each case compiles its own closures: Dynamo's per-code-object cache would otherwise
     # pile up guards (and hit its recompile limit) across cases. Inductor's on-disk cache
-    # still serves shapes compiled before.
+    # still serves shapes compiled before: whole graphs, or only their C++ for a graph
+    # holding torch.cond (torch 2.13 does not cache those).
     torch._dynamo.reset()
     compiled = torch.compile(fn, fullgraph=True, options=compile_options(device))
     start = time.perf_counter()
