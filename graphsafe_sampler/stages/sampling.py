@@ -104,7 +104,7 @@ class SamplingState(SlotTables):
         (None: under torch.compile on a CPU, where docs/design.md allows data-dependent
         control flow), traced conditionals (`torch.cond`) race the covered rows over their
         candidates and only the rest over the vocabulary: none, the fewest lanes of
-        `LANE_FRACTIONS` that hold them all, or every row. `remake` (fn, operands), where
+        `LANE_FRACTIONS` that hold them all, or every row (one conditional each). `remake` (fn, operands), where
         fn(*operands) is `logits` and fn of some rows of each operand those rows of it: the
         races compute their logits from it, so that `logits` itself is never read (and,
         compiled, never written where nothing else reads it)."""
@@ -121,7 +121,6 @@ class SamplingState(SlotTables):
         ladder = [min(num_rows, max(2, num_rows // f)) for f in fractions]
         need = ~(covered | unread)  # [num_rows]: rows that race over the vocabulary
         drawn = self.race_candidates(make(*sources), ids, slots, positions, seeds=seeds)
-        operands = (drawn, need, slots, positions, seeds, *sources)
 
         # each branch takes the operands (drawn, need, slots, positions, seeds, *sources)
         def candidates_only(*ops: torch.Tensor) -> torch.Tensor:
@@ -143,20 +142,18 @@ class SamplingState(SlotTables):
             _, _, slots, positions, seeds, *rows_of = ops
             return self.race(make(*rows_of), slots, positions, seeds=seeds)
 
-        def fewest_lanes(level: int) -> Callable[..., torch.Tensor]:
-            # the ladder from `level` up: its lanes if they hold every row in need, else the
-            # next level's, and every row past the top
-            if level == len(ladder):
-                return every_row
-            lanes = ladder[level]
-
-            def choose(*ops: torch.Tensor) -> torch.Tensor:
-                fits = ops[1].sum() <= lanes
-                return torch.cond(fits, in_lanes(lanes), fewest_lanes(level + 1), ops)
-
-            return choose
-
-        return torch.cond(need.any(), fewest_lanes(0), candidates_only, operands)
+        # A chain of conditionals, not a nest (Dynamo and AOTAutograd trace a nested one
+        # again inside each trace of its parent, 4 s of each compile): the rows in need go
+        # to the first level that holds them all, and every other level passes the draws on.
+        count = need.sum()
+        levels = [*(in_lanes(lanes) for lanes in ladder), every_row]
+        for level, (race, fewer) in enumerate(zip(levels, [0, *ladder], strict=True)):
+            fits = count > fewer
+            if level < len(ladder):
+                fits = fits & (count <= ladder[level])
+            operands = (drawn, need, slots, positions, seeds, *sources)
+            drawn = torch.cond(fits, race, candidates_only, operands)
+        return drawn
 
 
 def _same(logits: torch.Tensor) -> torch.Tensor:
