@@ -104,10 +104,10 @@ class SamplingState(SlotTables):
         (None: under torch.compile on a CPU, where docs/design.md allows data-dependent
         control flow), traced conditionals (`torch.cond`) race the covered rows over their
         candidates and only the rest over the vocabulary: none, the fewest lanes of
-        `LANE_FRACTIONS` that hold them all, or every row (one conditional each). `remake` (fn, operands), where
-        fn(*operands) is `logits` and fn of some rows of each operand those rows of it: the
-        races compute their logits from it, so that `logits` itself is never read (and,
-        compiled, never written where nothing else reads it)."""
+        `LANE_FRACTIONS` that hold them all, or every row (one conditional each). `remake`
+        (fn, operands), where fn(*operands) is `logits` and fn of some rows of each operand
+        those rows of it: the races compute their logits from it, so that `logits` itself is
+        never read (and, compiled, never written where nothing else reads it)."""
         if conditional is None:
             conditional = logits.device.type == "cpu" and torch.compiler.is_compiling()
         make, sources = remake if remake is not None else (_same, (logits,))
