@@ -20,12 +20,18 @@ from graphsafe_sampler.stages.top_k_top_p import (
     CANDIDATE_GROUP,
     CANDIDATE_TILE,
     CANDIDATES,
+    TILE_BLOCK,
+    TILE_LANES,
     apply_top_k_top_p,
     candidate_cut,
     filter_scaled,
     filter_top_k_top_p,
+    num_tiles,
     scaled_logits,
     sorted_cut,
+    tile_exp_sums,
+    tile_max,
+    tile_token_ids,
     top_candidates,
     top_k_threshold,
     top_k_top_p_cut,
@@ -447,6 +453,38 @@ def test_compiled_conditional_equals_branch_free(gen: torch.Generator) -> None:
 # --- the candidates' two-level top-k and the rows they cover --------------------------------
 
 
+@pytest.mark.parametrize("vocab_size", [100, 512, 4099, 8192], ids=lambda v: f"V{v}")
+def test_tiles_partition_the_row_in_interleaved_blocks(
+    vocab_size: int, gen: torch.Generator
+) -> None:
+    """Tile b * 16 + j holds tokens b * 512 + j + 16 * i: tile_max and tile_exp_sums equal a
+    float64 reduction over exactly those tokens (a NaN, +inf and an all -inf row included),
+    the last block padded with -inf, and tile_token_ids names the same tokens."""
+    logits = randn_logits(4, vocab_size, gen)
+    logits[1, int(torch.randint(vocab_size, (1,), generator=gen))] = float("nan")
+    logits[2, int(torch.randint(vocab_size, (1,), generator=gen))] = float("inf")
+    logits[3] = NEG_INF
+    tiles = num_tiles(vocab_size)
+    ids = torch.arange(vocab_size)
+    owner = (ids // TILE_BLOCK) * TILE_LANES + ids % TILE_LANES  # [V]: each token's tile
+    want = torch.full((4, tiles), NEG_INF, dtype=torch.float64)
+    want = want.scatter_reduce(1, owner.expand(4, -1), logits.double(), "amax")
+    assert torch.equal(tile_max(logits).double().nan_to_num(nan=7.0), want.nan_to_num(nan=7.0))
+    shift = torch.where(want.abs() < float("inf"), want, 0.0).float()
+    exp = torch.exp(logits.double() - shift.double().gather(1, owner.expand(4, -1)))
+    want_sums = torch.zeros(4, tiles, dtype=torch.float64).index_add(1, owner, exp)
+    got_sums = tile_exp_sums(logits, shift).double()
+    fin = want_sums.isfinite()
+    assert torch.equal(got_sums.isfinite(), fin)
+    torch.testing.assert_close(got_sums[fin], want_sums[fin], rtol=1e-5, atol=0.0)
+    every = torch.arange(tiles)[None, :]  # [1, tiles]
+    held = tile_token_ids(every)[0]  # [tiles, CANDIDATE_TILE]
+    assert held.shape == (tiles, CANDIDATE_TILE)
+    assert torch.equal(held.flatten().sort().values, torch.arange(tiles * CANDIDATE_TILE))
+    inside = held < vocab_size
+    assert torch.equal(owner[held[inside]], every.expand(CANDIDATE_TILE, -1).T[inside])
+
+
 @pytest.mark.parametrize("vocab_size", [4099, 5000, 8192, 40000], ids=lambda v: f"V{v}")
 @pytest.mark.parametrize("n", [5, CANDIDATES])
 def test_top_candidates_are_topk_values(vocab_size: int, n: int, gen: torch.Generator) -> None:
@@ -455,7 +493,7 @@ def test_top_candidates_are_topk_values(vocab_size: int, n: int, gen: torch.Gene
     NaN and all -inf rows, and each id holds its value (the ids of -inf values may
     repeat, nothing else). Every case has two levels; n = 5, and n = CANDIDATES at
     V = 40,000, also cut the tile maxima at the groups' bound."""
-    tiles = -(-vocab_size // CANDIDATE_TILE)
+    tiles = num_tiles(vocab_size)
     assert tiles > CANDIDATES  # two levels, not one topk
     assert (-(-tiles // CANDIDATE_GROUP) >= n) == (n == 5 or vocab_size == 40000)
     rows = [

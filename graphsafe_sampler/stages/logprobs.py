@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from graphsafe_sampler.output import LogprobsTensors
-from graphsafe_sampler.stages.top_k_top_p import tiled, top_candidates
+from graphsafe_sampler.stages.top_k_top_p import tile_exp_sums, tile_max, top_candidates
 
 
 def compute_logprobs(
@@ -25,16 +25,15 @@ def compute_logprobs(
 ) -> LogprobsTensors:
     # One read of the row for each tile's maximum and sum of exp against it, which give
     # the top K's first level and the logsumexp; a second for the ranks.
-    tiles = tiled(source)  # [num_rows, tiles, T]
-    tile_max = tiles.amax(-1)  # [num_rows, tiles]
+    tiles = tile_max(source)  # [num_rows, tiles]
     # the top K: exactly topk's values (ties among them in no set order), at about a
     # quarter of its cost over a CPU row (`top_candidates`)
-    top_values, top_ids = top_candidates(source, k, tile_max)  # [num_rows, K]
+    top_values, top_ids = top_candidates(source, k, tiles)  # [num_rows, K]
     sampled = source.gather(1, tokens[:, None])  # [num_rows, 1]
     values = torch.cat([sampled, top_values], dim=1)  # [num_rows, K + 1]
     lse = None
     if subtract_lse:
-        lse = _logsumexp(tiles, tile_max)  # [num_rows, 1]
+        lse = _logsumexp(source, tiles)  # [num_rows, 1]
         lse = torch.where(lse.isfinite(), lse, 0.0)
         values = values - lse
         ranks = (source - lse >= values[:, :1]).sum(dim=-1)
@@ -82,22 +81,21 @@ def requested_logprobs(
 def row_logsumexp(source: torch.Tensor) -> torch.Tensor:
     """[num_rows, V] float32 -> [num_rows, 1]: `torch.logsumexp` of each row as
     `compute_logprobs` takes it (from tiles), non-finite where it is."""
-    tiles = tiled(source)
-    return _logsumexp(tiles, tiles.amax(-1))
+    return _logsumexp(source, tile_max(source))
 
 
 def _logsumexp(
-    tiles: torch.Tensor,  # [num_rows, tiles, T] float32
-    tile_max: torch.Tensor,  # [num_rows, tiles]: tiles.amax(-1)
+    source: torch.Tensor,  # [num_rows, V] float32
+    tiles: torch.Tensor,  # [num_rows, num_tiles(V)]: tile_max(source)
 ) -> torch.Tensor:
     """[num_rows, 1]: each row's logsumexp from its tiles (sum over tiles of the tile's sum
     of exp against its maximum, times exp(tile max - row max)); not finite where the row
     holds NaN or +inf, or is all -inf, as `torch.logsumexp` is there."""
     # an all -inf tile shifts by 0, so that its sum is 0, not NaN
     # |x| < inf, not isfinite(): inductor's CPU code tests isfinite lane by lane
-    shift = torch.where(tile_max.abs() < float("inf"), tile_max, 0.0)
-    sums = torch.exp(tiles - shift[:, :, None]).sum(-1)  # [num_rows, tiles]
-    row_max = tile_max.amax(-1, keepdim=True)  # [num_rows, 1]
+    shift = torch.where(tiles.abs() < float("inf"), tiles, 0.0)
+    sums = tile_exp_sums(source, shift)  # [num_rows, tiles]
+    row_max = tiles.amax(-1, keepdim=True)  # [num_rows, 1]
     row_shift = torch.where(row_max.isfinite(), row_max, 0.0)
     total = (sums * torch.exp(shift - row_shift)).sum(-1, keepdim=True)
     return row_shift + torch.log(total)

@@ -221,6 +221,17 @@ this, and a top-p whose nucleus lies within them, are settled from them alone.""
 CANDIDATE_TILE = 32
 """Tokens a tile of `top_candidates`' first level (its maximum stands for it)."""
 
+TILE_LANES = 16
+"""Tiles a block interleaves. A block is `CANDIDATE_TILE * TILE_LANES` consecutive tokens,
+viewed [CANDIDATE_TILE, TILE_LANES]: tile j of the block holds its tokens j, j + 16, ...
+Why: a tile's maximum is then a column of the view, so a block's 16 maxima are one vertical
+max of 32 vectors (16 float32 lanes, AVX-512's width), where a tile of 32 consecutive tokens
+costs a horizontal reduction a tile (2-4x the pass on a CPU, docs/kernels.md)."""
+
+TILE_BLOCK = CANDIDATE_TILE * TILE_LANES
+"""Tokens a block of `TILE_LANES` interleaved tiles: the last block of a row is padded with
+-inf."""
+
 CANDIDATE_GROUP = 8
 """Tiles a group of `top_candidates`' threshold level (where the row has n groups or more)."""
 
@@ -234,20 +245,70 @@ class Candidates(NamedTuple):
     ids: torch.Tensor
 
 
-def tiled(values: torch.Tensor, width: int = CANDIDATE_TILE) -> torch.Tensor:
-    """[num_rows, L] -> [num_rows, ceil(L / width), width]: runs of `width` columns, the
-    last padded with -inf (a view where L is a multiple of `width`)."""
+def num_tiles(length: int) -> int:
+    """The tiles of a row of `length` tokens: `TILE_LANES` a block, the last padded."""
+    return -(-length // TILE_BLOCK) * TILE_LANES
+
+
+def tile_blocks(values: torch.Tensor) -> list[torch.Tensor]:
+    """[num_rows, L] -> its blocks, [num_rows, blocks, CANDIDATE_TILE, TILE_LANES] each: the
+    whole ones (a view), then a last one padded with -inf where L is no multiple of
+    `TILE_BLOCK`. Tile `b * TILE_LANES + j` is column j of block b. Kept apart, not padded
+    whole: a fused pad is a masked load of every token."""
     num_rows, length = values.shape
-    tiles = -(-length // width)
-    pad = tiles * width - length
+    whole = length // TILE_BLOCK
+    blocks = []
+    if whole:
+        bulk = values[:, : whole * TILE_BLOCK] if whole * TILE_BLOCK < length else values
+        blocks.append(bulk.view(num_rows, whole, CANDIDATE_TILE, TILE_LANES))
+    if whole * TILE_BLOCK < length:
+        rest = values[:, whole * TILE_BLOCK :]
+        last = torch.nn.functional.pad(rest, (0, TILE_BLOCK - rest.shape[1]), value=float("-inf"))
+        blocks.append(last.view(num_rows, 1, CANDIDATE_TILE, TILE_LANES))
+    return blocks
+
+
+def _join_tiles(per_block: list[torch.Tensor]) -> torch.Tensor:
+    """[num_rows, blocks, TILE_LANES] pieces -> [num_rows, tiles], in tile order."""
+    flat = [piece.flatten(1) for piece in per_block]
+    return flat[0] if len(flat) == 1 else torch.cat(flat, dim=1)
+
+
+def tile_max(values: torch.Tensor) -> torch.Tensor:
+    """[num_rows, L] -> [num_rows, num_tiles(L)]: each tile's maximum (NaN where it holds
+    one; -inf for a tile of padding alone)."""
+    return _join_tiles([block.amax(2) for block in tile_blocks(values)])
+
+
+def tile_exp_sums(values: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """[num_rows, L] and a shift per tile [num_rows, num_tiles(L)] -> [num_rows, tiles]:
+    each tile's sum of exp(value - its shift)."""
+    sums, start = [], 0
+    for block in tile_blocks(values):
+        num_rows, count = block.shape[0], block.shape[1]
+        end = start + count * TILE_LANES
+        tile_shift = shift[:, start:end].view(num_rows, count, 1, TILE_LANES)
+        sums.append(torch.exp(block - tile_shift).sum(2))
+        start = end
+    return _join_tiles(sums)
+
+
+def tile_token_ids(tiles: torch.Tensor) -> torch.Tensor:
+    """tile indices [num_rows, n] int64 -> [num_rows, n, CANDIDATE_TILE] int64: the token ids
+    each tile holds, in `tile_blocks`' layout (ids >= L are the last block's padding)."""
+    block, lane = tiles // TILE_LANES, tiles % TILE_LANES
+    steps = torch.arange(CANDIDATE_TILE, device=tiles.device) * TILE_LANES
+    return (block * TILE_BLOCK + lane)[:, :, None] + steps
+
+
+def _run_max(values: torch.Tensor, width: int) -> torch.Tensor:
+    """[num_rows, L] -> [num_rows, ceil(L / width)]: each run of `width` consecutive
+    columns' maximum (NaN where it holds one), the last run padded with -inf."""
+    num_rows, length = values.shape
+    runs = -(-length // width)
+    pad = runs * width - length
     padded = torch.nn.functional.pad(values, (0, pad), value=float("-inf")) if pad else values
-    return padded.view(num_rows, tiles, width)
-
-
-def _tile_max(values: torch.Tensor, width: int) -> torch.Tensor:
-    """[num_rows, L] -> [num_rows, ceil(L / width)]: each run of `width` columns' maximum
-    (NaN where it holds one)."""
-    return tiled(values, width).amax(-1)
+    return padded.view(num_rows, runs, width).amax(-1)
 
 
 def _at_or_above(values: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
@@ -260,13 +321,13 @@ def _at_or_above(values: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
 def top_candidates(
     logits: torch.Tensor,  # [num_rows, V]
     n: int,
-    tile_max: torch.Tensor | None = None,  # [num_rows, ceil(V / CANDIDATE_TILE)], if at hand
+    tiles: torch.Tensor | None = None,  # [num_rows, num_tiles(V)]: tile_max(logits), if at hand
 ) -> Candidates:
     """The n largest logits of each row, the values exactly `logits.topk(n)`'s.
 
     Two small top-k's instead of one over the row (which costs about 4 passes over it on a
-    CPU): the n tiles of CANDIDATE_TILE tokens with the largest maxima hold the n largest
-    values. Why: the n-th largest tile maximum m is at most the n-th largest value (n
+    CPU): the n tiles of CANDIDATE_TILE tokens (`tile_blocks`) with the largest maxima hold
+    the n largest values. Why: the n-th largest tile maximum m is at most the n-th largest value (n
     distinct tokens reach it), and every other tile lies at or below m, so every value above
     m is in a chosen tile, and so are as many copies of a value equal to m as the top n
     hold. A NaN makes its tile's maximum NaN, which both top-k's rank first, as topk does.
@@ -276,22 +337,20 @@ def top_candidates(
     tile maxima, where the row has n groups of CANDIDATE_GROUP tiles, at the n-th largest
     group maximum (n groups each hold a tile that reaches it)."""
     num_rows, vocab_size = logits.shape
-    num_tiles = -(-vocab_size // CANDIDATE_TILE)
-    if num_tiles <= n:  # a small vocabulary: one top-k is as cheap
+    if num_tiles(vocab_size) <= n:  # a small vocabulary: one top-k is as cheap
         values, ids = logits.topk(n, dim=-1)
         return Candidates(values, ids)
-    if tile_max is None:
-        tile_max = _tile_max(logits, CANDIDATE_TILE)  # [num_rows, tiles]
-    if -(-num_tiles // CANDIDATE_GROUP) >= n:
-        group_max = _tile_max(tile_max, CANDIDATE_GROUP)  # [num_rows, groups]
-        tile_max = _at_or_above(tile_max, group_max.topk(n, dim=-1).values[:, -1:])
+    if tiles is None:
+        tiles = tile_max(logits)  # [num_rows, num_tiles]
+    if -(-tiles.shape[1] // CANDIDATE_GROUP) >= n:
+        group_max = _run_max(tiles, CANDIDATE_GROUP)  # [num_rows, groups]
+        tiles = _at_or_above(tiles, group_max.topk(n, dim=-1).values[:, -1:])
     # unsorted (half a sorted top-k's cost on a CPU): the n-th largest is their least but NaN
     # (topk ranks NaN first; all NaN: the top n values are NaN, which any bound keeps)
-    top = tile_max.topk(n, dim=-1, sorted=False)  # [num_rows, n]
+    top = tiles.topk(n, dim=-1, sorted=False)  # [num_rows, n]
     nth = torch.where(top.values != top.values, float("inf"), top.values).amin(-1, keepdim=True)
-    lanes = torch.arange(CANDIDATE_TILE, device=logits.device)
-    ids = (top.indices[:, :, None] * CANDIDATE_TILE + lanes).view(num_rows, -1)
-    # The last tile's padding reads as -inf at id V-1: picked only among -inf values, it
+    ids = tile_token_ids(top.indices).view(num_rows, -1)  # [num_rows, n * T]
+    # The last block's padding reads as -inf at id V-1: picked only among -inf values, it
     # repeats V-1 (then a candidate) or a -inf token, which no consumer tells apart.
     inside = ids < vocab_size
     ids = ids.clamp(max=vocab_size - 1)
@@ -508,36 +567,38 @@ def filter_scaled(
     `greedy`, each row's argmax of the scaled logits (on a greedy row, of `logits`:
     temperature 1 changes nothing, and min_p keeps the maximum)."""
     vocab_size = logits.shape[1]
-    unmasked_max = _tile_max(logits / temperature[:, None], CANDIDATE_TILE)  # [num_rows, tiles]
+    unmasked_max = tile_max(logits / temperature[:, None])  # [num_rows, tiles]
     threshold = min_p_threshold(unmasked_max, min_p)  # the row max is the tiles' max
-    tile_max = torch.where(unmasked_max < threshold, float("-inf"), unmasked_max)
+    masked_max = torch.where(unmasked_max < threshold, float("-inf"), unmasked_max)
     scaled = scaled_logits(logits, temperature, threshold)
-    candidates = top_candidates(scaled, min(CANDIDATES, vocab_size), tile_max)
+    candidates = top_candidates(scaled, min(CANDIDATES, vocab_size), masked_max)
     cut = top_k_top_p_cut(
         logits, top_k, top_p, candidates=candidates, scale=(temperature, threshold)
     )
     operands = (logits, temperature, threshold, cut)
-    greedy = _argmax_by_tiles(scaled, tile_max)
+    greedy = _argmax_by_tiles(scaled, masked_max)
     covered = _covered(candidates, cut)
     return Filtered(cut_scaled(*operands), candidates, covered, greedy, (cut_scaled, operands))
 
 
 def _argmax_by_tiles(
     values: torch.Tensor,  # [num_rows, V] float32
-    tile_max: torch.Tensor,  # [num_rows, tiles]: _tile_max(values, CANDIDATE_TILE)
+    tiles: torch.Tensor,  # [num_rows, num_tiles(V)]: tile_max(values)
 ) -> torch.Tensor:
     """[num_rows] int64: `values.argmax(-1)` (the lowest index of the maximum, or of the
-    first NaN), from the first tile that holds it: a gather of one tile a row instead of
-    an argmax over the row, which costs about two max passes on a CPU."""
-    vocab_size = values.shape[1]
-    row_max = tile_max.amax(-1, keepdim=True)  # NaN where any tile is NaN
-    holds = (tile_max == row_max) | (tile_max != tile_max)  # [num_rows, tiles]; NaN too
+    first NaN), from the first block of `TILE_BLOCK` consecutive tokens that holds it: a
+    gather of one block a row instead of an argmax over the row, which costs about two max
+    passes on a CPU. A block, not a tile: a block's tiles interleave, so the first tile
+    that holds the maximum need not hold its lowest index."""
+    num_rows, vocab_size = values.shape
+    block_max = tiles.view(num_rows, -1, TILE_LANES).amax(-1)  # [num_rows, blocks], NaN kept
+    row_max = block_max.amax(-1, keepdim=True)  # NaN where any block is NaN
+    holds = (block_max == row_max) | (block_max != block_max)  # [num_rows, blocks]; NaN too
     first = holds.to(torch.int8).argmax(-1, keepdim=True)  # the first True: [num_rows, 1]
-    lanes = torch.arange(CANDIDATE_TILE, device=values.device)
-    ids = first * CANDIDATE_TILE + lanes  # [num_rows, T]
-    inside = ids < vocab_size  # the last tile's padding is -inf, as _tile_max reads it
-    tile = torch.where(inside, values.gather(1, ids.clamp(max=vocab_size - 1)), float("-inf"))
-    return (first[:, 0] * CANDIDATE_TILE + tile.argmax(-1)).long()
+    ids = first * TILE_BLOCK + torch.arange(TILE_BLOCK, device=values.device)  # [num_rows, B]
+    inside = ids < vocab_size  # the last block's padding is -inf, as tile_max reads it
+    block = torch.where(inside, values.gather(1, ids.clamp(max=vocab_size - 1)), float("-inf"))
+    return (first[:, 0] * TILE_BLOCK + block.argmax(-1)).long()
 
 
 def apply_top_k_top_p(
