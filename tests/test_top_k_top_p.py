@@ -457,8 +457,9 @@ def test_compiled_conditional_equals_branch_free(gen: torch.Generator) -> None:
 def test_tiles_partition_the_row_in_interleaved_blocks(
     vocab_size: int, gen: torch.Generator
 ) -> None:
-    """Tile b * 16 + j holds tokens b * 512 + j + 16 * i: tile_max and tile_exp_sums equal a
-    float64 reduction over exactly those tokens (a NaN, +inf and an all -inf row included),
+    """Tile b * 16 + j holds tokens b * 512 + j + 16 * i: tile_max and tile_exp_sums (exp
+    against each tile's finite maximum, else 0) equal a float64 reduction over exactly those
+    tokens (a NaN, +inf and an all -inf row included),
     the last block padded with -inf, and tile_token_ids names the same tokens."""
     logits = randn_logits(4, vocab_size, gen)
     logits[1, int(torch.randint(vocab_size, (1,), generator=gen))] = float("nan")
@@ -470,10 +471,12 @@ def test_tiles_partition_the_row_in_interleaved_blocks(
     want = torch.full((4, tiles), NEG_INF, dtype=torch.float64)
     want = want.scatter_reduce(1, owner.expand(4, -1), logits.double(), "amax")
     assert torch.equal(tile_max(logits).double().nan_to_num(nan=7.0), want.nan_to_num(nan=7.0))
-    shift = torch.where(want.abs() < float("inf"), want, 0.0).float()
-    exp = torch.exp(logits.double() - shift.double().gather(1, owner.expand(4, -1)))
+    shift = torch.where(want.abs() < float("inf"), want, 0.0)
+    exp = torch.exp(logits.double() - shift.gather(1, owner.expand(4, -1)))
     want_sums = torch.zeros(4, tiles, dtype=torch.float64).index_add(1, owner, exp)
-    got_sums = tile_exp_sums(logits, shift).double()
+    maxima, got_sums = tile_exp_sums(logits)
+    assert torch.equal(maxima.nan_to_num(nan=7.0), tile_max(logits).nan_to_num(nan=7.0))
+    got_sums = got_sums.double()
     fin = want_sums.isfinite()
     assert torch.equal(got_sums.isfinite(), fin)
     torch.testing.assert_close(got_sums[fin], want_sums[fin], rtol=1e-5, atol=0.0)

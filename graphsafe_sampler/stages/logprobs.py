@@ -25,7 +25,8 @@ def compute_logprobs(
 ) -> LogprobsTensors:
     # One read of the row for each tile's maximum and sum of exp against it, which give
     # the top K's first level and the logsumexp; a second for the ranks.
-    tiles = tile_max(source)  # [num_rows, tiles]
+    # [num_rows, tiles] each: maxima, and sums of exp against them (the logsumexp's, fused)
+    tiles, sums = tile_exp_sums(source) if subtract_lse else (tile_max(source), None)
     # the top K: exactly topk's values (ties among them in no set order), at about a
     # quarter of its cost over a CPU row (`top_candidates`)
     top_values, top_ids = top_candidates(source, k, tiles)  # [num_rows, K]
@@ -33,7 +34,8 @@ def compute_logprobs(
     values = torch.cat([sampled, top_values], dim=1)  # [num_rows, K + 1]
     lse = None
     if subtract_lse:
-        lse = _logsumexp(source, tiles)  # [num_rows, 1]
+        assert sums is not None
+        lse = _logsumexp(tiles, sums)  # [num_rows, 1]
         lse = torch.where(lse.isfinite(), lse, 0.0)
         values = values - lse
         ranks = (source - lse >= values[:, :1]).sum(dim=-1)
@@ -81,20 +83,18 @@ def requested_logprobs(
 def row_logsumexp(source: torch.Tensor) -> torch.Tensor:
     """[num_rows, V] float32 -> [num_rows, 1]: `torch.logsumexp` of each row as
     `compute_logprobs` takes it (from tiles), non-finite where it is."""
-    return _logsumexp(source, tile_max(source))
+    return _logsumexp(*tile_exp_sums(source))
 
 
 def _logsumexp(
-    source: torch.Tensor,  # [num_rows, V] float32
-    tiles: torch.Tensor,  # [num_rows, num_tiles(V)]: tile_max(source)
+    tiles: torch.Tensor,  # [num_rows, tiles]: tile_max(source)
+    sums: torch.Tensor,  # [num_rows, tiles]: tile_exp_sums(source)'s sums
 ) -> torch.Tensor:
     """[num_rows, 1]: each row's logsumexp from its tiles (sum over tiles of the tile's sum
     of exp against its maximum, times exp(tile max - row max)); not finite where the row
     holds NaN or +inf, or is all -inf, as `torch.logsumexp` is there."""
-    # an all -inf tile shifts by 0, so that its sum is 0, not NaN
-    # |x| < inf, not isfinite(): inductor's CPU code tests isfinite lane by lane
+    # an all -inf tile shifted by 0 (`tile_exp_sums`), so that its sum is 0, not NaN
     shift = torch.where(tiles.abs() < float("inf"), tiles, 0.0)
-    sums = tile_exp_sums(source, shift)  # [num_rows, tiles]
     row_max = tiles.amax(-1, keepdim=True)  # [num_rows, 1]
     row_shift = torch.where(row_max.isfinite(), row_max, 0.0)
     total = (sums * torch.exp(shift - row_shift)).sum(-1, keepdim=True)

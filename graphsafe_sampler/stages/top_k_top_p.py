@@ -280,17 +280,18 @@ def tile_max(values: torch.Tensor) -> torch.Tensor:
     return _join_tiles([block.amax(2) for block in tile_blocks(values)])
 
 
-def tile_exp_sums(values: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """[num_rows, L] and a shift per tile [num_rows, num_tiles(L)] -> [num_rows, tiles]:
-    each tile's sum of exp(value - its shift)."""
-    sums, start = [], 0
+def tile_exp_sums(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[num_rows, L] -> ([num_rows, tiles] `tile_max(values)`, [num_rows, tiles] each tile's
+    sum of exp(value - shift), shift its maximum where finite, else 0: an all -inf tile
+    sums to 0, not NaN). One pass: each block's maxima and sums fuse into one loop."""
+    maxima, sums = [], []
     for block in tile_blocks(values):
-        num_rows, count = block.shape[0], block.shape[1]
-        end = start + count * TILE_LANES
-        tile_shift = shift[:, start:end].view(num_rows, count, 1, TILE_LANES)
-        sums.append(torch.exp(block - tile_shift).sum(2))
-        start = end
-    return _join_tiles(sums)
+        top = block.amax(2)  # [num_rows, blocks, TILE_LANES]
+        # |x| < inf, not isfinite(): inductor's CPU code tests isfinite lane by lane
+        shift = torch.where(top.abs() < float("inf"), top, 0.0)
+        maxima.append(top)
+        sums.append(torch.exp(block - shift[:, :, None, :]).sum(2))
+    return _join_tiles(maxima), _join_tiles(sums)
 
 
 def tile_token_ids(tiles: torch.Tensor) -> torch.Tensor:
@@ -316,6 +317,14 @@ def _at_or_above(values: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
     of them reach `bound`, their top n values are unchanged."""
     # `values != values`, not isnan(): inductor's CPU code tests isnan lane by lane
     return torch.where((values >= bound) | (values != values), values, float("-inf"))
+
+
+def _nth_largest(top: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """[num_rows, 1]: the n-th largest value of a row from its unsorted top n (half a sorted
+    top-k's cost on a CPU), their least but NaN: topk ranks NaN first. +inf where all n are
+    NaN, a bound that keeps the NaN (`_at_or_above`) and so as many entries as before."""
+    values = top[0]
+    return torch.where(values != values, float("inf"), values).amin(-1, keepdim=True)
 
 
 def top_candidates(
@@ -344,11 +353,9 @@ def top_candidates(
         tiles = tile_max(logits)  # [num_rows, num_tiles]
     if -(-tiles.shape[1] // CANDIDATE_GROUP) >= n:
         group_max = _run_max(tiles, CANDIDATE_GROUP)  # [num_rows, groups]
-        tiles = _at_or_above(tiles, group_max.topk(n, dim=-1).values[:, -1:])
-    # unsorted (half a sorted top-k's cost on a CPU): the n-th largest is their least but NaN
-    # (topk ranks NaN first; all NaN: the top n values are NaN, which any bound keeps)
+        tiles = _at_or_above(tiles, _nth_largest(group_max.topk(n, dim=-1, sorted=False)))
     top = tiles.topk(n, dim=-1, sorted=False)  # [num_rows, n]
-    nth = torch.where(top.values != top.values, float("inf"), top.values).amin(-1, keepdim=True)
+    nth = _nth_largest(top)
     ids = tile_token_ids(top.indices).view(num_rows, -1)  # [num_rows, n * T]
     # The last block's padding reads as -inf at id V-1: picked only among -inf values, it
     # repeats V-1 (then a candidate) or a -inf token, which no consumer tells apart.
