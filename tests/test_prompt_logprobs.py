@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphsafe_sampler.output import LogprobsTensors
 from graphsafe_sampler.prompt_logprobs import PromptLogprobsMode, compute_prompt_logprobs
-from graphsafe_sampler.stages.top_k_top_p import CANDIDATE_TILE
+from graphsafe_sampler.stages.candidates import CANDIDATE_TILE
 from graphsafe_sampler.testing import SyncOpDetector
 
 V = 1000  # 32 tiles: top_candidates' tiled path for small K, its plain topk for K = V

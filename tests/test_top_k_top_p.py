@@ -15,24 +15,26 @@ import random
 import pytest
 import torch
 
-from graphsafe_sampler.stages.min_p import min_p_threshold
-from graphsafe_sampler.stages.top_k_top_p import (
+from graphsafe_sampler.stages.candidates import (
     CANDIDATE_GROUP,
     CANDIDATE_TILE,
     CANDIDATES,
     TILE_BLOCK,
     TILE_LANES,
-    apply_top_k_top_p,
-    candidate_cut,
-    filter_scaled,
-    filter_top_k_top_p,
     num_tiles,
-    scaled_logits,
-    sorted_cut,
     tile_exp_sums,
     tile_max,
     tile_token_ids,
     top_candidates,
+)
+from graphsafe_sampler.stages.min_p import min_p_threshold
+from graphsafe_sampler.stages.top_k_top_p import (
+    apply_top_k_top_p,
+    candidate_cut,
+    filter_scaled,
+    filter_top_k_top_p,
+    scaled_logits,
+    sorted_cut,
     top_k_threshold,
     top_k_top_p_cut,
     top_p_threshold,

@@ -36,16 +36,10 @@ from graphsafe_sampler.pipelines.torch_pipeline import (
 )
 from graphsafe_sampler.rng import gumbels_from_hashes, hash_tokens, row_keys
 from graphsafe_sampler.stages import Stages
+from graphsafe_sampler.stages.candidates import CANDIDATES, Candidates, top_candidates
 from graphsafe_sampler.stages.logprobs import row_logsumexp
 from graphsafe_sampler.stages.min_p import min_p_threshold
-from graphsafe_sampler.stages.top_k_top_p import (
-    CANDIDATES,
-    Candidates,
-    ordered_int,
-    ordered_value,
-    top_candidates,
-    top_k_top_p_cut,
-)
+from graphsafe_sampler.stages.top_k_top_p import ordered_int, ordered_value, top_k_top_p_cut
 from graphsafe_sampler.vocab_shard import shard_range
 
 

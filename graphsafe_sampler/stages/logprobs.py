@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from graphsafe_sampler.output import LogprobsTensors
-from graphsafe_sampler.stages.top_k_top_p import tile_exp_sums, tile_max, top_candidates
+from graphsafe_sampler.stages.candidates import tile_exp_sums, tile_max, top_candidates
 
 
 def compute_logprobs(

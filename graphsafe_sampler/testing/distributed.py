@@ -34,7 +34,7 @@ from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.pipelines.torch_pipeline import mask_and_penalize
 from graphsafe_sampler.rejection_sampler import RejectionSampler
 from graphsafe_sampler.sampler import Sampler
-from graphsafe_sampler.stages.top_k_top_p import CANDIDATES
+from graphsafe_sampler.stages.candidates import CANDIDATES
 from graphsafe_sampler.testing.batch_driver import (
     BatchDriver,
     open_reasoning_sections,
