@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 
 CANDIDATES = 128
-"""The largest logits of a row that `candidate_cut` keeps (torch.topk): a top-k with k up to
+"""The largest logits of a row that `top_k_top_p.candidate_cut` keeps: a top-k with k up to
 this, and a top-p whose nucleus lies within them, are settled from them alone."""
 
 CANDIDATE_TILE = 32
