@@ -58,8 +58,9 @@ def tile_blocks(values: torch.Tensor) -> list[torch.Tensor]:
     whole = length // TILE_BLOCK
     blocks = []
     if whole:
-        bulk = values[:, : whole * TILE_BLOCK] if whole * TILE_BLOCK < length else values
-        blocks.append(bulk.view(num_rows, whole, CANDIDATE_TILE, TILE_LANES))
+        blocks.append(
+            values[:, : whole * TILE_BLOCK].view(num_rows, whole, CANDIDATE_TILE, TILE_LANES)
+        )
     if whole * TILE_BLOCK < length:
         rest = values[:, whole * TILE_BLOCK :]
         last = torch.nn.functional.pad(rest, (0, TILE_BLOCK - rest.shape[1]), value=float("-inf"))
@@ -86,11 +87,16 @@ def tile_exp_sums(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     maxima, sums = [], []
     for block in tile_blocks(values):
         top = block.amax(2)  # [num_rows, blocks, TILE_LANES]
-        # |x| < inf, not isfinite(): inductor's CPU code tests isfinite lane by lane
-        shift = torch.where(top.abs() < float("inf"), top, 0.0)
         maxima.append(top)
-        sums.append(torch.exp(block - shift[:, :, None, :]).sum(2))
+        sums.append(torch.exp(block - tile_shifts(top)[:, :, None, :]).sum(2))
     return _join_tiles(maxima), _join_tiles(sums)
+
+
+def tile_shifts(maxima: torch.Tensor) -> torch.Tensor:
+    """Tile maxima -> the shift of each tile's sum of exp (`tile_exp_sums`): its maximum
+    where finite, else 0, so that an all -inf tile sums to 0, not NaN."""
+    # |x| < inf, not isfinite(): inductor's CPU code tests isfinite lane by lane
+    return torch.where(maxima.abs() < float("inf"), maxima, 0.0)
 
 
 def tile_token_ids(tiles: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,12 @@ from __future__ import annotations
 import torch
 
 from graphsafe_sampler.output import LogprobsTensors
-from graphsafe_sampler.stages.candidates import tile_exp_sums, tile_max, top_candidates
+from graphsafe_sampler.stages.candidates import (
+    tile_exp_sums,
+    tile_max,
+    tile_shifts,
+    top_candidates,
+)
 
 
 def compute_logprobs(
@@ -93,8 +98,7 @@ def _logsumexp(
     """[num_rows, 1]: each row's logsumexp from its tiles (sum over tiles of the tile's sum
     of exp against its maximum, times exp(tile max - row max)); not finite where the row
     holds NaN or +inf, or is all -inf, as `torch.logsumexp` is there."""
-    # an all -inf tile shifted by 0 (`tile_exp_sums`), so that its sum is 0, not NaN
-    shift = torch.where(tiles.abs() < float("inf"), tiles, 0.0)
+    shift = tile_shifts(tiles)  # the shifts `sums` were taken against
     row_max = tiles.amax(-1, keepdim=True)  # [num_rows, 1]
     row_shift = torch.where(row_max.isfinite(), row_max, 0.0)
     total = (sums * torch.exp(shift - row_shift)).sum(-1, keepdim=True)
