@@ -32,6 +32,8 @@ Exit status 0 when every variant compiled; the report lists each one with its ti
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import re
@@ -353,9 +355,33 @@ def record() -> list[Launch]:
     return recorder.launches
 
 
+def _usage_in(log: str) -> tuple[int | None, int | None]:
+    """(registers, spill-store bytes) a thread, from the report of `ptxas -v`."""
+    registers = re.search(r"Used (\d+) registers", log)
+    spills = re.search(r"(\d+) bytes spill stores", log)
+    return (
+        int(registers.group(1)) if registers else None,
+        int(spills.group(1)) if spills else None,
+    )
+
+
+def _compile_with_ptxas_log(src: ASTSource, arch: int, options: dict[str, Any]) -> tuple[Any, str]:
+    """`triton.compile` for a CUDA target, and the report of the `ptxas -v` it runs (Triton
+    prints it to stdout when `knobs.nvidia.dump_ptxas_log` is set): the registers of the
+    cubin Triton builds, with its own flags, and one ptxas run a variant, not two."""
+    from triton import knobs
+
+    out = io.StringIO()
+    with knobs.nvidia.scope(), contextlib.redirect_stdout(out):
+        knobs.nvidia.dump_ptxas_log = True
+        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    return compiled, out.getvalue()
+
+
 def _ptxas_usage(ptx: str) -> tuple[int | None, int | None]:
     """(registers, spill-store bytes) a thread, from `ptxas -v` on the PTX (the wheel's newest
-    ptxas for the PTX's own target, e.g. sm_90a), or (None, None) when it cannot say."""
+    ptxas for the PTX's own target, e.g. sm_90a), or (None, None) when it cannot say: where
+    Triton's own ptxas report (`_compile_with_ptxas_log`) gave no usage."""
     import subprocess
     import tempfile
     from pathlib import Path
@@ -372,13 +398,7 @@ def _ptxas_usage(ptx: str) -> tuple[int | None, int | None]:
             [str(ptxas), f"-arch={target.group(1)}", "-v", str(path), "-o", str(path) + ".o"],
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip
-    out = proc.stdout + proc.stderr
-    registers = re.search(r"Used (\d+) registers", out)
-    spills = re.search(r"(\d+) bytes spill stores", out)
-    return (
-        int(registers.group(1)) if registers else None,
-        int(spills.group(1)) if spills else None,
-    )
+    return _usage_in(proc.stdout + proc.stderr)
 
 
 def _split(text: str, sep: str) -> list[str]:
@@ -460,9 +480,11 @@ def compile_launch(launch: Launch, arch: int) -> Compiled:
         constexprs=dict(launch.constexprs), options=options,
     )  # fmt: skip
     try:
-        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+        compiled, log = _compile_with_ptxas_log(src, arch, options)
         result.ok = True
-        result.registers, result.spill_bytes = _ptxas_usage(compiled.asm["ptx"])
+        result.registers, result.spill_bytes = _usage_in(log)
+        if result.registers is None or result.spill_bytes is None:
+            result.registers, result.spill_bytes = _ptxas_usage(compiled.asm["ptx"])
         result.store_phases = store_phases(compiled.asm["ttgir"])
         if options.get("enable_fp_fusion") is False:
             result.fma_in_ptx = "fma.rn.f32" in compiled.asm["ptx"]

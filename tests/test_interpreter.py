@@ -1,11 +1,13 @@
 """`share_interpreter_patches` (conftest.py installs it): a launch patches `triton.language`
 once, its helpers' calls do not patch it again, and the values and the restored language are
-what Triton's interpreter gives."""
+what Triton's interpreter gives. `scan_in_log_steps` (installed there too): the kernels'
+scans give what Triton's element-by-element scan gives."""
 
 from __future__ import annotations
 
 import inspect
 import os
+import random
 
 import numpy as np
 import pytest
@@ -13,7 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
-from graphsafe_sampler.testing import share_interpreter_patches
+from graphsafe_sampler.kernels.logits_processing import _segment_min
+from graphsafe_sampler.kernels.top_k_top_p import _minimum
+from graphsafe_sampler.testing import scan_in_log_steps, share_interpreter_patches
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="the Triton interpreter is off"
@@ -84,3 +88,70 @@ def test_installing_twice_changes_nothing() -> None:
     assert share_interpreter_patches()
     assert (interpreter._patch_lang, interpreter.GridExecutor.__call__) == (patch_lang, launch)
     assert getattr(patch_lang, "shares_patches", False)
+
+
+# --- scan_in_log_steps --------------------------------------------------------------------
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    seed = random.randrange(2**31)
+    print(f"seed={seed}")  # shown by pytest when the test fails
+    return torch.Generator().manual_seed(seed)
+
+
+@triton.jit
+def _scans(word_ptr, vote_ptr, x_ptr, matched_ptr, least_ptr, AXIS: tl.constexpr):
+    # [4, 64] blocks: bad words' segmented minimum along AXIS, top-p's reverse running minimum
+    rows = tl.arange(0, 4)[:, None]
+    columns = tl.arange(0, 64)[None, :]
+    at = rows * 64 + columns
+    word, vote, x = tl.load(word_ptr + at), tl.load(vote_ptr + at), tl.load(x_ptr + at)
+    _, matched = tl.associative_scan((word, vote), AXIS, _segment_min)
+    least = tl.associative_scan(x, AXIS, _minimum, reverse=True)
+    tl.store(matched_ptr + at, matched)
+    tl.store(least_ptr + at, least)
+
+
+def _run_scans(gen: torch.Generator, axis: int) -> tuple[torch.Tensor, ...]:
+    word = torch.randint(0, 6, (4, 64), generator=gen, dtype=torch.int32).sort(axis).values
+    vote = torch.randint(0, 2, (4, 64), generator=gen, dtype=torch.int32)
+    x = torch.randn(4, 64, generator=gen)
+    x[1, 7], x[2, 40] = float("nan"), float("inf")
+    matched, least = torch.empty_like(vote), torch.empty_like(x)
+    _scans[(1,)](word, vote, x, matched, least, AXIS=axis)
+    return word, vote, x, matched, least
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_log_step_scans_equal_the_element_by_element_scans(
+    axis: int, gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernels' own combine functions (a segmented minimum, which does not commute, and
+    a reverse minimum over NaN and inf) give what Triton's element-by-element scan gives,
+    and what a plain loop gives."""
+    from triton.runtime import interpreter
+
+    assert scan_in_log_steps()
+    fast = interpreter.ScanOps.generic_scan
+    assert getattr(fast, "in_log_steps", False)
+    state = gen.get_state()
+    word, vote, x, matched, least = _run_scans(gen, axis)
+    monkeypatch.setattr(interpreter.ScanOps, "generic_scan", fast.element_by_element)
+    gen.set_state(state)
+    slow = _run_scans(gen, axis)
+    monkeypatch.undo()
+    assert torch.equal(slow[3], matched)
+    torch.testing.assert_close(slow[4], least, rtol=0, atol=0, equal_nan=True)
+    # and the plain definitions, along the scanned axis
+    w, v, xs = (t.movedim(axis, -1) for t in (word, vote, x))
+    want_matched, want_least = v.clone(), xs.clone()
+    for i in range(1, w.shape[-1]):
+        same = w[:, i] == w[:, i - 1]
+        want_matched[:, i] = torch.where(same, want_matched[:, i - 1].minimum(v[:, i]), v[:, i])
+    for i in range(w.shape[-1] - 2, -1, -1):
+        # tl.minimum's default (propagate_nan=NONE) is, in the interpreter, numpy's fmin
+        want_least[:, i] = torch.fmin(xs[:, i], want_least[:, i + 1])
+    assert torch.equal(matched.movedim(axis, -1), want_matched)
+    torch.testing.assert_close(least.movedim(axis, -1), want_least, rtol=0, atol=0, equal_nan=True)
+    assert bool(want_matched.ne(v).any())  # runs that carried a minimum forward

@@ -10,7 +10,9 @@ serving loop (`no_joins`, `finish=True`) and the GPU check.
 `kernel_launches` (launches.py) lists the ops of a traced step that launch a GPU kernel.
 
 `share_interpreter_patches` (interpreter.py) spares the Triton interpreter (`TRITON_INTERPRET=1`)
-re-patching its language on every helper call: the CPU runs of the kernels, twice as fast.
+re-patching its language on every helper call: the CPU runs of the kernels, twice as fast;
+`scan_in_log_steps` runs its scans with a kernel's own combine function in log-depth steps
+on whole blocks, not one element at a time.
 
 `StateTensors`, `MakeFxReplayer` and `CudaGraphReplayer` (replay.py) are the one state
 snapshot and the replayers of a step captured once; `perf/gpu_check.py` uses them too.
@@ -32,7 +34,7 @@ from graphsafe_sampler.testing.graph_safety import (
     default_logits,
     state_fingerprint,
 )
-from graphsafe_sampler.testing.interpreter import share_interpreter_patches
+from graphsafe_sampler.testing.interpreter import scan_in_log_steps, share_interpreter_patches
 from graphsafe_sampler.testing.launches import kernel_launches, launches_kernel
 from graphsafe_sampler.testing.replay import CudaGraphReplayer, MakeFxReplayer, StateTensors
 from graphsafe_sampler.testing.sync_detector import (
@@ -62,6 +64,7 @@ __all__ = [
     "random_joins",
     "random_sampling_params",
     "refill",
+    "scan_in_log_steps",
     "share_interpreter_patches",
     "state_fingerprint",
     "stop_reason",
