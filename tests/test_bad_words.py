@@ -454,3 +454,35 @@ def test_kernel_carries_words_across_its_blocks(
     assert torch.equal(got[~banned], logits[~banned])
     # the tiles holding a banned token are unknown in the tile-max table, the others exact
     assert torch.equal(tile_max.cpu(), expected_tile_maxima(got.cpu(), banned.cpu(), 16))
+
+
+def test_bans_write_minus_inf_and_leave_every_other_logit_bit_for_bit() -> None:
+    """The stage's writes: a token banned by one matched word among several that end in it
+    (matched or not), and a one-token word, become min(logit, -inf) (-inf, a NaN stays NaN,
+    as torch.minimum keeps it); every other logit, -0.0 and NaN included, keeps its bits,
+    in rows with bans and in a row without a bad word. Many entries aim at one column: the
+    writes agree whatever their order."""
+    seed = _fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    sampler = Sampler(_config("torch", max_num_reqs=3, max_bad_words=5), "cpu")
+    words = [[1, 2], [4, 1, 2], [3, 2], [2, 4], [7]]  # 2 ends three words, 4 one, 7 alone
+    added = [
+        (0, SP(bad_words_token_ids=words), None, [9, 4, 1]),  # "ab" and "dab" match: 2, 7
+        (1, SP(bad_words_token_ids=words), None, [9, 3]),  # "cb" matches: 2, 7
+        (2, SP(), None, [1]),  # no bad words
+    ]
+    sampler.update_state(BatchUpdate(3, added=added))
+    banned = [{2, 7}, {2, 7}, set()]
+    logits = torch.randn(3, V, generator=gen)
+    logits[0, 2], logits[1, 9], logits[2, 4] = float("nan"), float("nan"), -0.0
+    logits[:, 4] = torch.tensor([-0.0, 0.0, -0.0])
+    slots = sampler.batch_state.slots(3)
+    got = sampler.stages.bad_words.apply(logits.clone(), slots)
+    for r in range(3):
+        for t in range(V):
+            if t in banned[r]:
+                want = torch.minimum(logits[r, t], torch.tensor(float("-inf")))
+                torch.testing.assert_close(got[r, t], want, rtol=0, atol=0, equal_nan=True)
+            else:  # the same bits (NaN's, -0.0's)
+                assert got[r, t].view(torch.int32) == logits[r, t].view(torch.int32), (r, t)
+    assert bool(got[0, 2].isnan()) and got[1, 2] == float("-inf") and got[0, 7] == float("-inf")

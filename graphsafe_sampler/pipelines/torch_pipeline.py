@@ -34,9 +34,9 @@ def mask_and_penalize(
     s = stages
     x = logits.to(torch.float32, copy=True)  # [num_rows, V]; the raw logits stay as they are
     # Steps 2-3 are -inf masks and finite additive biases, which commute: the sparse
-    # updates go first, in place on the fresh copy, then the dense masks. Bad words'
-    # scatter_reduce_ (amin over duplicate tokens) falls back to aten in inductor, which
-    # mutates a copy of its input: first, it mutates the fresh copy itself.
+    # updates go first, in place on the fresh copy, then the dense masks. Each is an
+    # index_put_, which inductor lowers in place: with no aten fallback between them, the
+    # copy, the masks and the penalties are one pass over the logits.
     x = s.bad_words.apply(x, slots, drafts, num_preceding)
     x = s.logit_bias.apply_slots(x, slots)
     x = s.min_tokens.apply_slots(x, slots, num_preceding)

@@ -127,11 +127,16 @@ class BadWordsState(SlotTables):
         vote = (~prefix | fits).to(torch.int32)
         matched = torch.ones_like(vote).scatter_reduce_(1, word, vote, reduce="amin")
         ban = (back == 0) & (matched.gather(1, word) == 1)  # [rows, T]
-        ban_value = torch.where(ban, float("-inf"), float("inf")).to(logits.dtype)
-        columns = tokens
-        if not self.batch_state.shard.is_whole:
-            # a prefix token's global id may lie past the shard's columns: it writes +inf
-            # (nothing) at column 0 instead
-            columns = torch.where(back == 0, tokens, 0)
-        # amin: a token banned by any word is -inf; +inf leaves a logit as it is.
-        return logits.scatter_reduce_(1, columns, ban_value, reduce="amin")
+        # Every entry writes min(logit, bound) at a column where all entries write the same:
+        # a banned token, -inf (NaN stays NaN, as torch.minimum keeps it); the entries that
+        # ban nothing aim at the row's first banned token, or in a row that bans nothing at
+        # column 0 with bound +inf (the logit as it is). So index_put_ is deterministic, and
+        # inductor lowers it in place, where a scatter_reduce_ falls back to aten on a copy
+        # of the whole tensor. Only banned entries' tokens are read: a prefix token's global
+        # id may lie past a vocabulary shard's columns.
+        any_ban = ban.any(-1, keepdim=True)  # [rows, 1]
+        first = tokens.gather(1, ban.to(torch.int32).argmax(-1, keepdim=True))  # [rows, 1]
+        target = torch.where(ban, tokens, torch.where(any_ban, first, 0))  # [rows, T]
+        bound = torch.where(any_ban, float("-inf"), float("inf")).to(logits.dtype)
+        rows = torch.arange(logits.shape[0], device=logits.device)[:, None]
+        return logits.index_put_((rows, target), torch.minimum(logits[rows, target], bound))
