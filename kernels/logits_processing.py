@@ -371,8 +371,10 @@ def _process_logits_kernel(
                 _forget_tiles(tile_row, token, used, BLOCK_SIZE)
 
 
-process_splits = SplitPolicy(ctas_per_sm=4)
-"""Programs per row for `process_logits` (`library.SplitPolicy`: at least one tile each)."""
+process_splits = SplitPolicy(ctas_per_sm=3)
+"""Programs per row for `process_logits` (`library.SplitPolicy`: at least one tile each).
+3 CTAs an SM: the variants with bad words hold 67-75 registers in the cubin Triton builds
+(its own ptxas flags; a plain `ptxas -v` of the same PTX had reported 64, i.e. 4)."""
 
 
 def launch_process_logits(

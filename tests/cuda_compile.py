@@ -355,7 +355,7 @@ def record() -> list[Launch]:
     return recorder.launches
 
 
-def _usage_in(log: str) -> tuple[int | None, int | None]:
+def ptxas_usage(log: str) -> tuple[int | None, int | None]:
     """(registers, spill-store bytes) a thread, from the report of `ptxas -v`."""
     registers = re.search(r"Used (\d+) registers", log)
     spills = re.search(r"(\d+) bytes spill stores", log)
@@ -365,40 +365,21 @@ def _usage_in(log: str) -> tuple[int | None, int | None]:
     )
 
 
-def _compile_with_ptxas_log(src: ASTSource, arch: int, options: dict[str, Any]) -> tuple[Any, str]:
-    """`triton.compile` for a CUDA target, and the report of the `ptxas -v` it runs (Triton
-    prints it to stdout when `knobs.nvidia.dump_ptxas_log` is set): the registers of the
-    cubin Triton builds, with its own flags, and one ptxas run a variant, not two."""
+def compile_with_ptxas_log(
+    src: ASTSource, target: GPUTarget, options: dict[str, Any]
+) -> tuple[Any, str]:
+    """`triton.compile` for a CUDA target, and the report of the `ptxas -v` it runs to build
+    the cubin (Triton prints it to stdout when `knobs.nvidia.dump_ptxas_log` is set): the
+    usage of the cubin Triton builds, with its own flags, from the one ptxas run. Always
+    compiled: a variant found in Triton's cache would run no ptxas, and report nothing."""
     from triton import knobs
 
     out = io.StringIO()
-    with knobs.nvidia.scope(), contextlib.redirect_stdout(out):
+    with knobs.nvidia.scope(), knobs.compilation.scope(), contextlib.redirect_stdout(out):
         knobs.nvidia.dump_ptxas_log = True
-        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+        knobs.compilation.always_compile = True
+        compiled = triton.compile(src, target=target, options=options)
     return compiled, out.getvalue()
-
-
-def _ptxas_usage(ptx: str) -> tuple[int | None, int | None]:
-    """(registers, spill-store bytes) a thread, from `ptxas -v` on the PTX (the wheel's newest
-    ptxas for the PTX's own target, e.g. sm_90a), or (None, None) when it cannot say: where
-    Triton's own ptxas report (`_compile_with_ptxas_log`) gave no usage."""
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
-    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    ptxas = next((p for p in (bin_dir / "ptxas-blackwell", bin_dir / "ptxas") if p.exists()), None)
-    target = re.search(r"^\.target\s+(\w+)", ptx, re.MULTILINE)
-    if ptxas is None or target is None:
-        return None, None
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "kernel.ptx"
-        path.write_text(ptx, encoding="utf-8")
-        proc = subprocess.run(
-            [str(ptxas), f"-arch={target.group(1)}", "-v", str(path), "-o", str(path) + ".o"],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-    return _usage_in(proc.stdout + proc.stderr)
 
 
 def _split(text: str, sep: str) -> list[str]:
@@ -480,11 +461,9 @@ def compile_launch(launch: Launch, arch: int) -> Compiled:
         constexprs=dict(launch.constexprs), options=options,
     )  # fmt: skip
     try:
-        compiled, log = _compile_with_ptxas_log(src, arch, options)
+        compiled, log = compile_with_ptxas_log(src, GPUTarget("cuda", arch, 32), options)
         result.ok = True
-        result.registers, result.spill_bytes = _usage_in(log)
-        if result.registers is None or result.spill_bytes is None:
-            result.registers, result.spill_bytes = _ptxas_usage(compiled.asm["ptx"])
+        result.registers, result.spill_bytes = ptxas_usage(log)
         result.store_phases = store_phases(compiled.asm["ttgir"])
         if options.get("enable_fp_fusion") is False:
             result.fma_in_ptx = "fma.rn.f32" in compiled.asm["ptx"]

@@ -191,8 +191,7 @@ class Compiler:
         self.variants: dict[str, Variant] = {}
 
     def get(self, launch: Any) -> Variant:
-        import triton
-        from cuda_compile import _ptxas_usage
+        from cuda_compile import compile_with_ptxas_log, ptxas_usage
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource, make_backend
         from triton.runtime.jit import create_function_from_signature
@@ -214,8 +213,8 @@ class Compiler:
             return self.variants[key]
         start = time.perf_counter()
         src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-        compiled = triton.compile(src, target=target, options=parsed.__dict__)
-        registers, spills = _ptxas_usage(compiled.asm["ptx"])
+        compiled, log = compile_with_ptxas_log(src, target, parsed.__dict__)
+        registers, spills = ptxas_usage(log)
         if registers is None:
             raise RuntimeError(f"ptxas -v gave no register count for {kernel.__name__}")
         block = launch.constexprs.get("BLOCK_SIZE")
