@@ -372,9 +372,8 @@ def _process_logits_kernel(
 
 
 process_splits = SplitPolicy(ctas_per_sm=3)
-"""Programs per row for `process_logits` (`library.SplitPolicy`: at least one tile each).
-3 CTAs an SM: the variants with bad words hold 67-75 registers in the cubin Triton builds
-(its own ptxas flags; a plain `ptxas -v` of the same PTX had reported 64, i.e. 4)."""
+"""Programs per row for `process_logits` (`library.SplitPolicy`: at least one tile each;
+3 CTAs an SM: 67-75 registers with bad words, in the cubin Triton builds with its flags)."""
 
 
 def launch_process_logits(
