@@ -51,8 +51,9 @@ def skip_code_guards(guards: Sequence[GuardFilterEntry]) -> list[bool]:
 
     What it gives up: a library function or constant patched after compiling is not seen
     (the compiled step goes on running the old code). What it keeps: a call with other
-    arguments (`commit=False`, a commit mask, logits of another shape or dtype, a sampler
-    of another config) fails a guard and compiles again, as without the filter."""
+    arguments (`commit=False`, a commit mask, logits of another shape or dtype), a sampler
+    of another config or a processor whose host state changed fails a guard and compiles
+    again, as without the filter (tests/test_compile_options.py, test_graph_safety.py)."""
     return [not _on_code(entry) for entry in guards]
 
 

@@ -177,15 +177,20 @@ def test_host_branch_processor_fails_replay() -> None:
         check_graph_safety(proc, num_steps=30, seed=1, compile=False)
 
 
-def test_host_branch_processor_recompiles() -> None:
-    # Caught by torch.compile too: its guards on the dict force a compile per batch state.
+@pytest.mark.parametrize("filtered", [False, True], ids=["all-guards", "skip_code_guards"])
+def test_host_branch_processor_recompiles(filtered: bool) -> None:
+    # Caught by torch.compile too: its guards on the dict force a compile per batch state,
+    # with compile_options' guard filter too (it drops guards on code, not on state).
     # Checked with the tracing and sync rules off so that the compile rule is what fails.
     proc = VllmDocTargetProcessor(CONFIG, torch.device("cpu"), False)
     from torch._dynamo.testing import CompileCounter
 
+    from graphsafe_sampler.compile_options import skip_code_guards
+
     torch._dynamo.reset()
     counter = CompileCounter()
-    compiled = torch.compile(proc.apply, fullgraph=True, backend=counter)
+    options = {"guard_filter_fn": skip_code_guards} if filtered else {}
+    compiled = torch.compile(proc.apply, fullgraph=True, backend=counter, options=options)
     for step in range(4):
         proc.update_state(
             BatchUpdate(1, added=[(0, SamplingParams(extra_args={"target_token": step}), None, [])])
