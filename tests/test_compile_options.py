@@ -63,11 +63,11 @@ def test_a_samplers_arguments_and_config_stay_guarded() -> None:
         ours, twin = Sampler(config), Sampler(config)
         return ours, twin, BatchDriver(config, seed=seed, churn=0.3)
 
-    def step(ours: Sampler, twin: Sampler, driver: BatchDriver, logits: torch.Tensor, **kw):  # type: ignore[no-untyped-def]
+    def step(ours: Sampler, compiled, twin: Sampler, driver: BatchDriver, logits, **kw):  # type: ignore[no-untyped-def]
         update = driver.next_update()
         ours.update_state(update)
         twin.update_state(update)
-        got = _compile(ours.forward, counter)(logits, **kw)
+        got = compiled(logits, **kw)
         want = twin.forward(logits, **kw)
         torch.testing.assert_close(got.sampled_token_ids, want.sampled_token_ids, rtol=0, atol=0)
         assert (got.logprobs_tensors is None) == (want.logprobs_tensors is None)
@@ -78,11 +78,12 @@ def test_a_samplers_arguments_and_config_stay_guarded() -> None:
         driver.record_tokens(want.sampled_token_ids[:, 0].tolist())
 
     ours, twin, driver = build(2)
+    compiled = _compile(ours.forward, counter)
     for _ in range(3):
-        step(ours, twin, driver, torch.randn(4, V, generator=gen) * 3)
+        step(ours, compiled, twin, driver, torch.randn(4, V, generator=gen) * 3)
     assert counter.frame_count == 1, "churning state recompiled"
-    step(ours, twin, driver, torch.randn(4, V, generator=gen) * 3, commit=False)
+    step(ours, compiled, twin, driver, torch.randn(4, V, generator=gen) * 3, commit=False)
     assert counter.frame_count == 2, "commit=False reused the committing graph"
     ours, twin, driver = build(0)  # no logprobs: another graph
-    step(ours, twin, driver, torch.randn(4, V, generator=gen) * 3)
+    step(ours, _compile(ours.forward, counter), twin, driver, torch.randn(4, V, generator=gen) * 3)
     assert counter.frame_count == 3, "a sampler of another config reused the graph"
