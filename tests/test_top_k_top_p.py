@@ -362,9 +362,18 @@ def test_no_sync_ops(gen: torch.Generator) -> None:
 
 
 def test_compiled_fullgraph_equals_eager(gen: torch.Generator) -> None:
-    """The one compile of this file: a single shape, fed random and edge-case batches."""
+    """The one inductor compile of this file: a single shape, fed random and edge-case
+    batches, of the branch-free cut (the searches' inductor code; the traced conditionals
+    around them, which cost an inductor compile 20 s more, are checked against it in
+    test_compiled_conditional_equals_branch_free and, compiled by inductor, in the Sampler
+    of test_demo.py)."""
     num_rows, vocab_size = 17, 1023
-    compiled = torch.compile(apply_top_k_top_p, fullgraph=True, dynamic=False)
+
+    def branch_free(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+        cut = top_k_top_p_cut(logits, top_k, top_p, conditional=False)
+        return logits.masked_fill(logits < cut, NEG_INF)
+
+    compiled = torch.compile(branch_free, fullgraph=True, dynamic=False)
     batches = []
     for _ in range(3):
         logits = llm_logits(num_rows, vocab_size, gen)
@@ -413,6 +422,40 @@ def test_candidates_settle_llm_rows_with_the_searches_cut(gen: torch.Generator) 
     check_filtered(out[rows], logits[rows], top_k[rows], top_p[rows])
 
 
+def test_candidate_cut_asks_the_row_total_only_where_needed(gen: torch.Generator) -> None:
+    """top-p's total over the row is asked only of rows with top-p on where a token
+    outside the candidates may count: top-k off, or its cut equal to the last candidate
+    (k = CANDIDATES, or a tie). Elsewhere the candidates' own masses are the total, the
+    same terms: a `row_total` that poisons every other row leaves the cut unchanged."""
+    num_rows, vocab_size = 10, 4099
+    logits = llm_logits(num_rows, vocab_size, gen, slope=2.0)
+    top_k = torch.tensor([40, 40, 0, 0, 20, 0, 100, 40, 0, CANDIDATES])
+    top_p = torch.tensor([0.9, 1.0, 0.9, 1.0, 0.5, 0.95, 0.99, 0.9, 0.8, 0.3])
+    logits[5, 100:] = NEG_INF  # fewer finite logits than CANDIDATES: every one is a candidate
+    logits[7] = tied_logits(1, vocab_size, gen)  # the 40th value ties with the 128th
+    logits[8] = torch.randn(vocab_size, generator=gen) * 0.01  # flat: a nucleus of ~3,000
+    want_needed = [False, False, True, False, False, False, False, True, True, True]
+    asked: list[torch.Tensor] = []
+
+    def poisoned(
+        rows: torch.Tensor, floor: torch.Tensor, shift: torch.Tensor, needed: torch.Tensor
+    ) -> torch.Tensor:
+        asked.append(needed)
+        exact = torch.where(rows >= floor, torch.exp(rows - shift), 0.0).sum(-1, keepdim=True)
+        return torch.where(needed, exact, float("nan"))
+
+    cut, settled = candidate_cut(logits, top_k, top_p, row_total=poisoned)
+    assert asked[0][:, 0].tolist() == want_needed
+    want_cut, want_settled = candidate_cut(logits, top_k, top_p)
+    assert torch.equal(settled, want_settled)
+    assert torch.equal(cut, want_cut)
+    # the candidates' total settles these rows as the row's does: a valid top-p set
+    rows = [0, 4, 5, 6]
+    assert settled[rows].all()
+    out = logits.masked_fill(logits < cut, NEG_INF)
+    check_filtered(out[rows], logits[rows], top_k[rows], top_p[rows])
+
+
 def _with_conditional(conditional: bool):  # type: ignore[no-untyped-def]
     def cut(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
         return top_k_top_p_cut(logits, top_k, top_p, conditional)
@@ -448,8 +491,9 @@ def test_compiled_conditional_equals_branch_free(gen: torch.Generator) -> None:
         got = conditional(logits, top_k, top_p)
         assert torch.equal(got, branch_free(logits, top_k, top_p)), step
     assert len(graphs) == 1
-    targets = {node.target for node in graphs[0].graph.nodes}
-    assert torch.ops.higher_order.cond in targets
+    # two conditionals: top-p's pass over the rows for their total mass, and the searches
+    conds = [n for n in graphs[0].graph.nodes if n.target is torch.ops.higher_order.cond]
+    assert len(conds) == 2
 
 
 # --- the candidates' two-level top-k and the rows they cover --------------------------------

@@ -249,6 +249,27 @@ def sorted_cut(
     return _top_p_cut(ordered, row_max, floor, p)
 
 
+def masked_total(
+    logits: torch.Tensor,  # [num_rows, V] float32
+    floor: torch.Tensor,  # [num_rows, 1] float32: only logits >= floor count
+    shift: torch.Tensor,  # [num_rows, 1] float32 finite
+) -> torch.Tensor:
+    """[num_rows, 1] float32: the sum of exp(logit - shift) over the logits >= floor, one
+    pass over the rows: top-p's total mass where the candidates don't hold it."""
+    return torch.where(logits >= floor, torch.exp(logits - shift), 0.0).sum(-1, keepdim=True)
+
+
+RowTotal = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""(logits, floor, shift, needed [num_rows, 1] bool) -> [num_rows, 1] `masked_total`, exact
+at least on the rows `needed` marks: how `candidate_cut` sums the rows it must."""
+
+
+def _every_row_total(
+    logits: torch.Tensor, floor: torch.Tensor, shift: torch.Tensor, needed: torch.Tensor
+) -> torch.Tensor:
+    return masked_total(logits, floor, shift)
+
+
 def candidate_cut(
     logits: torch.Tensor,  # [num_rows, V] float32
     top_k: torch.Tensor,  # [num_rows] int; <= 0 or >= V is off
@@ -256,6 +277,7 @@ def candidate_cut(
     candidates: Candidates | None = None,  # top_candidates(logits, min(CANDIDATES, V))
     across: AcrossShards | None = None,  # where `logits` are one shard of the rows
     vocab_size: int | None = None,  # the whole rows' V, with `across`
+    row_total: RowTotal = _every_row_total,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """([num_rows, 1] float32 cut, [num_rows, 1] bool settled): the top-k then top-p cut
     from the row's CANDIDATES largest logits, exact where `settled`.
@@ -263,17 +285,22 @@ def candidate_cut(
     top-k's cut is the k-th candidate (exactly the search's). top-p's weight of a candidate
     value, the mass of the tokens at or above it, is the cumulative sum of the candidates'
     masses in descending order up to the end of its run of equal values; the cut is the
-    largest value whose weight reaches top_p of the row's total mass (summed over the
-    row). A row is settled when top-k is off or k <= CANDIDATES, and top-p is off or its
-    cut lies strictly above the last candidate (every token at or above it is a
-    candidate); never when the row holds NaN (topk ranks NaN first; the search leaves it
-    out). With `across`, `logits` are one shard of the rows and `candidates` the whole
-    rows' (merged from every shard's): the total mass is summed over the shards."""
+    largest value whose weight reaches top_p of the row's total mass. The total is the
+    candidates' own where every token at or above top-k's cut is a candidate (top-k's cut
+    above the last candidate, or the row holding fewer finite logits: the same terms, so
+    one pass over the row is saved), else summed over the row by `row_total`, which is
+    asked only for those rows with top-p on. A row is settled when top-k is off or k <=
+    CANDIDATES, and top-p is off or its cut lies strictly above the last candidate (every
+    token at or above it is a candidate); never when the row holds NaN (topk ranks NaN
+    first; the search leaves it out). With `across`, `logits` are one shard of the rows
+    and `candidates` the whole rows' (merged from every shard's): a row's total over the
+    shards is summed across them."""
     vocab_size = logits.shape[1] if vocab_size is None else vocab_size
     if candidates is None:
         candidates = top_candidates(logits, min(CANDIDATES, vocab_size))
     values = candidates.values  # [num_rows, n] descending, NaN first
     n = values.shape[1]
+    last = values[:, n - 1 :]
     k = top_k.to(torch.int64)[:, None]
     k_off = (k <= 0) | (k >= vocab_size)
     kth = values.gather(1, k.clamp(1, n) - 1)
@@ -281,23 +308,52 @@ def candidate_cut(
     row_max = values[:, :1]
     # as top_p_threshold: an all -inf row shifts by 0, so that its masses are 0, not NaN
     shift = torch.where(torch.isfinite(row_max), row_max, 0.0)
-    total = torch.where(logits >= floor, torch.exp(logits - shift), 0.0).sum(-1, keepdim=True)
-    if across is not None:
-        total = across.sum(total)
     mass = torch.where(values >= floor, torch.exp(values - shift), 0.0)
+    p = top_p.to(torch.float32)[:, None]
+    p_off = p >= 1.0
+    all_in = (floor > last) | (last == float("-inf"))  # every token >= floor a candidate
+    streamed = row_total(logits, floor, shift, ~all_in & ~p_off)
+    if across is not None:
+        streamed = across.sum(streamed)
+    total = torch.where(all_in, mass.sum(-1, keepdim=True), streamed)
     # the weight at each candidate: the cumulative mass at the end of its run of ties
     run_end = torch.ones_like(values, dtype=torch.bool)
     run_end[:, :-1] = values[:, :-1] > values[:, 1:]
     ends = torch.where(run_end, mass.cumsum(-1), float("inf"))
     weight = ends.flip(-1).cummin(-1).values.flip(-1)
-    p = top_p.to(torch.float32)[:, None]
     reached = (weight < p * total).sum(-1, keepdim=True)  # candidates short of the target
     cut_p = values.gather(1, reached.clamp(max=n - 1))
-    p_off = p >= 1.0
     cut = torch.where(p_off, floor, torch.maximum(cut_p, floor))
-    settled_p = p_off | ((reached < n) & (cut_p > values[:, n - 1 :]))
+    settled_p = p_off | ((reached < n) & (cut_p > last))
     settled = (k_off | (k <= n)) & settled_p & ~torch.isnan(row_max)
     return cut, settled
+
+
+def _conditional_row_total(
+    logits: torch.Tensor,  # [num_rows, V] float32: before `scale`
+    scale: tuple[torch.Tensor, torch.Tensor] | None,
+) -> RowTotal:
+    """A `RowTotal` of `scaled_logits(logits, *scale)` (of `logits` without `scale`) that
+    makes its pass only when some row needs it, in a traced conditional whose operands are
+    the raw logits and `scale`: the scaled logits are never written. The rows not needed
+    read 0 when no row is; `candidate_cut` never reads them."""
+
+    def row_total(
+        filtered: torch.Tensor, floor: torch.Tensor, shift: torch.Tensor, needed: torch.Tensor
+    ) -> torch.Tensor:
+        def streamed(logits: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+            floor, shift, *scaling = rest
+            if scaling:
+                logits = scaled_logits(logits, *scaling)
+            return masked_total(logits, floor, shift)
+
+        def unread(logits: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+            return torch.zeros_like(rest[0])
+
+        operands = (logits, floor, shift, *(scale or ()))
+        return torch.cond(needed.any(), streamed, unread, operands)
+
+    return row_total
 
 
 def top_k_top_p_cut(
@@ -320,8 +376,10 @@ def top_k_top_p_cut(
     Branch-free: both run, and each row takes one. `conditional` (None: under torch.compile
     on a CPU, the only place docs/design.md allows data-dependent control flow) adds a
     traced conditional (`torch.cond`, an op of the graph) that skips the searches when
-    every row is settled; the cut is the same. `sort` (None: eagerly on a CPU) finds the
-    searched rows' cut by `sorted_cut` instead of the radix searches."""
+    every row is settled, and another that skips top-p's pass for its total mass when no
+    row with top-p on needs it (`candidate_cut`); the cut is the same. `sort` (None:
+    eagerly on a CPU) finds the searched rows' cut by `sorted_cut` instead of the radix
+    searches."""
     on_cpu = logits.device.type == "cpu" and across is None
     if conditional is None:
         conditional = on_cpu and torch.compiler.is_compiling()
@@ -329,7 +387,8 @@ def top_k_top_p_cut(
         sort = on_cpu and not torch.compiler.is_compiling()
     # the scaled logits are remade from the operands wherever they are read, never written
     filtered = logits if scale is None else scaled_logits(logits, *scale)
-    cut, settled = candidate_cut(filtered, top_k, top_p, candidates, across, vocab_size)
+    row_total = _conditional_row_total(logits, scale) if conditional else _every_row_total
+    cut, settled = candidate_cut(filtered, top_k, top_p, candidates, across, vocab_size, row_total)
 
     def searched(*ops: torch.Tensor) -> torch.Tensor:
         logits, top_k, top_p, cut, settled, *scaling = ops  # scaling: `scale`, if given
