@@ -288,10 +288,12 @@ class BatchState:
                 if write_added is not None:
                     write_added(table, row, params, prompt, output)
         for a, b, direction in batch_update.moved:
+            if a == b:  # a row swapped or moved onto itself: nothing to copy or flush
+                continue
             if direction is MoveDirectionality.SWAP:
                 for table in (row_slot, *(t for t, _ in self._row_tables)):
                     table.copy_rows([a, b], [b, a])
-            elif a != b:
+            else:
                 self._release(int(row_slot.np[b]))
                 for table in (row_slot, *(t for t, _ in self._row_tables)):
                     table.copy_rows([b], [a])

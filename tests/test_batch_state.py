@@ -15,6 +15,7 @@ from graphsafe_sampler import (
     SamplingParams,
 )
 from graphsafe_sampler.stages import BUILTIN_LOGITS_PROCESSORS
+from graphsafe_sampler.staging import StagedTensor
 from graphsafe_sampler.testing import BatchDriver, state_fingerprint
 
 SWAP = MoveDirectionality.SWAP
@@ -234,6 +235,32 @@ def test_unidirectional_move_onto_itself_keeps_the_request() -> None:
         state.update(BatchUpdate(1, moved=[(1, 1, UNI)]))
     state.update(BatchUpdate(2, moved=[(1, 1, UNI)]))
     assert _slots(state)[:2] == [0, 1]
+
+
+def test_a_row_moved_onto_itself_copies_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A swap or move of a row with itself (a batch of one row gets them from a driver that
+    swaps random pairs) is a no-op: no table copies a row, so nothing is flushed again."""
+    state = BatchState(CONFIG, "cpu")
+    table = state.row_staged("temperature", (), torch.float32, fill=1.0)
+    state.update(BatchUpdate(2, added=[_add(0), _add(1)]))
+    table.write(1, 0.5)
+    state.flush()
+    before = state_fingerprint([state])
+    copied: list[str] = []
+    original = StagedTensor.copy_rows
+
+    def counting(self: StagedTensor, dst, src) -> None:  # type: ignore[no-untyped-def]
+        copied.append(self.name)
+        original(self, dst, src)
+
+    monkeypatch.setattr(StagedTensor, "copy_rows", counting)
+    state.update(BatchUpdate(2, moved=[(0, 0, SWAP), (1, 1, SWAP), (1, 1, UNI)]))
+    assert copied == []
+    assert _slots(state)[:2] == [0, 1]
+    after = state_fingerprint([state])
+    assert all(torch.equal(after[name], tensor) for name, tensor in before.items())
+    state.update(BatchUpdate(2, moved=[(0, 1, SWAP)]))  # a real swap still copies
+    assert "row_to_slot" in copied and _slots(state)[:2] == [1, 0]
 
 
 def test_row_tables_follow_requests_through_churn() -> None:
