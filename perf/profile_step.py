@@ -18,6 +18,7 @@ import torch
 import torch._inductor.config as inductor_config
 from torch.profiler import ProfilerActivity, profile
 
+from graphsafe_sampler.bench.allocator import ALLOCATORS, use_allocator
 from graphsafe_sampler.bench.providers import CaseSpec, build_bench
 
 
@@ -35,7 +36,15 @@ def main() -> None:
         default=0,
         help="instead of profiling, run this many plain steps (for `perf record -p PID`)",
     )
+    parser.add_argument(
+        "--allocator",
+        choices=ALLOCATORS,
+        default="heap",
+        help="the host allocator, as `graphsafe-sampler bench --allocator` (default: heap, "
+        "the bench's: without it a large shape's profile is mostly page faults)",
+    )
     args = parser.parse_args()
+    print(f"allocator: {use_allocator(args.allocator)}")
 
     # per-kernel records (and a context guard a kernel): only for the profile
     inductor_config.cpp.enable_kernel_profile = not args.loop
