@@ -466,9 +466,12 @@ def _with_conditional(conditional: bool):  # type: ignore[no-untyped-def]
 def test_compiled_conditional_equals_branch_free(gen: torch.Generator) -> None:
     """Compiled on the CPU, the cut with the traced conditional (one compile: a cond op in
     the graph, not a branch baked in) equals the branch-free one bit for bit, both when the
-    candidates settle every row (the searches skipped) and when a row needs them.
-    aot_eager traces as inductor does and runs eager's numerics; inductor's code for the
-    conditional is checked in the compiled Sampler against eager (test_demo.py)."""
+    candidates settle every row (the searches skipped) and when a row needs them, and
+    both when the candidates hold every top-p row's total mass and when a row needs a pass.
+    aot_eager traces as inductor does and runs eager's numerics, so the branch-free twin
+    runs eagerly, its searches forced (`sort=False`: 1 bit a pass, the same answer as the
+    compiled 2); inductor's code for the conditionals is checked in the compiled Sampler
+    against eager (test_demo.py)."""
     graphs: list[torch.fx.GraphModule] = []
 
     def recording(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]):  # type: ignore[no-untyped-def]
@@ -476,7 +479,10 @@ def test_compiled_conditional_equals_branch_free(gen: torch.Generator) -> None:
         return torch._dynamo.lookup_backend("aot_eager")(gm, inputs)
 
     conditional = torch.compile(_with_conditional(True), backend=recording, fullgraph=True)
-    branch_free = torch.compile(_with_conditional(False), backend="aot_eager", fullgraph=True)
+
+    def branch_free(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+        return top_k_top_p_cut(logits, top_k, top_p, conditional=False, sort=False)
+
     num_rows, vocab_size = 9, 2049
     for step in range(4):
         logits = llm_logits(num_rows, vocab_size, gen)
