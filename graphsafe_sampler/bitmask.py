@@ -23,6 +23,15 @@ def pack_token_ids(token_ids: Sequence[int] | np.ndarray, vocab_size: int) -> np
     return np.packbits(bits, bitorder="little").view(np.int32)
 
 
+def bits_at(
+    words: torch.Tensor,  # [rows, ceil(V/32)] int32
+    ids: torch.Tensor,  # [rows, C] int64 token ids in [0, V)
+) -> torch.Tensor:
+    """[rows, C] bool: each id's bit of its row (a gather a token, for a few ids a row)."""
+    word = words.gather(1, ids >> 5)  # [rows, C]
+    return ((word >> (ids & 31).to(torch.int32)) & 1) != 0
+
+
 class BitmaskUnpacker:
     """Expands bitmask words to a `[rows, V]` bool mask on the device (graph-safe).
 

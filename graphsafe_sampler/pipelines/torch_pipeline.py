@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from graphsafe_sampler.bitmask import bits_at
 from graphsafe_sampler.kernels.constants import SALT_BONUS, SALT_RECOVER
 from graphsafe_sampler.output import LogprobsTensors
 from graphsafe_sampler.pipelines.base import Processed
@@ -24,19 +25,26 @@ def mask_and_penalize(
     grammar: torch.Tensor,  # [num_rows, ceil(V/32)] int32
     drafts: torch.Tensor | None = None,  # [num_rows, S] int64 ids in [0, V)
     num_preceding: torch.Tensor | None = None,  # [num_rows] int64 in [0, S]
+    *,
+    in_order: bool = False,
 ) -> torch.Tensor:
     """Steps 2-4 (`Pipeline.process`'s arguments): [num_rows, V] float32, a new tensor.
 
     Every op here is token by token, so a vocabulary shard's logits (V its size) go through
-    it on its own state alike (`graphsafe_sampler.distributed`)."""
+    it on its own state alike (`graphsafe_sampler.distributed`). Without drafts or custom
+    processors among the masks (and unless `in_order`), the same values from the dense
+    stages first (`_penalize_then_patch`); else each stage in the order of docs/design.md."""
     if (drafts is None) != (num_preceding is None):
         raise ValueError("drafts and num_preceding come together")
     s = stages
+    invariant = all(proc.is_argmax_invariant() for proc in s.custom)
+    if drafts is None and invariant and not in_order:
+        return _penalize_then_patch(s, logits, slots, grammar)
     x = logits.to(torch.float32, copy=True)  # [num_rows, V]; the raw logits stay as they are
     # Steps 2-3 are -inf masks and finite additive biases, which commute: the sparse
     # updates go first, in place on the fresh copy, then the dense masks. Each is an
     # index_put_, which inductor lowers in place: with no aten fallback between them, the
-    # copy, the masks and the penalties are one pass over the logits.
+    # masks and the penalties are one pass over the copy.
     x = s.bad_words.apply(x, slots, drafts, num_preceding)
     x = s.logit_bias.apply_slots(x, slots)
     x = s.min_tokens.apply_slots(x, slots, num_preceding)
@@ -55,6 +63,39 @@ def mask_and_penalize(
     # commutes with temperature, after which the Triton backend applies it
     if s.thinking_budget is not None:
         x = s.thinking_budget.apply(x, slots, drafts, num_preceding)
+    return x
+
+
+def _penalize_then_patch(
+    stages: Stages,
+    logits: torch.Tensor,  # [num_rows, V] float32/16, bfloat16: the raw logits, read only
+    slots: torch.Tensor,  # [num_rows] int64
+    grammar: torch.Tensor,  # [num_rows, ceil(V/32)] int32
+) -> torch.Tensor:
+    """`mask_and_penalize` without drafts or custom processors among the masks, the same
+    values in one pass over the row instead of two, the Triton kernel's order (docs/kernels.md,
+    logits processing). The dense stages (the allowed ids, the grammar's mask, the
+    penalties) read the raw logits and write the row once. Then the few tokens a row's
+    logit bias names are made again from their raw logits, `penalize(logit + bias)` where
+    no mask holds them, -inf where one does: what the bias first gives (the penalties do
+    not commute with it, the masks do, and -inf stays -inf through the penalties). The
+    saturated tokens' excess follows, as in order; the -inf bans (bad words, min_tokens) go
+    last: nothing after a mask lifts it, and a ban keeps a NaN logit NaN (`torch.minimum`),
+    as before."""
+    s = stages
+    x = logits.to(torch.float32)  # [num_rows, V], the raw tensor itself when float32
+    allowed = s.allowed.mask(slots) & s.grammar.mask(grammar)  # [num_rows, V] bool
+    x = s.penalties.penalize(torch.where(allowed, x, float("-inf")), slots)  # a new tensor
+    ids, bias = s.logit_bias.entries(slots)  # [num_rows, C] each
+    rows = torch.arange(x.shape[0], device=x.device)[:, None]
+    biased = s.penalties.penalize_at(logits[rows, ids].to(torch.float32) + bias, ids, slots)
+    unmasked = s.allowed.allows(slots, ids) & bits_at(grammar, ids)  # [num_rows, C]
+    x = x.index_put_((rows, ids), torch.where(unmasked, biased, float("-inf")))
+    x = s.penalties.charge_excess(x, slots, in_place=True)  # the biased tokens' too
+    x = s.bad_words.apply(x, slots)
+    x = s.min_tokens.apply_slots(x, slots)
+    if s.thinking_budget is not None:
+        x = s.thinking_budget.apply(x, slots)
     return x
 
 

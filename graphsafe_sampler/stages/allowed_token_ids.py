@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from graphsafe_sampler.bitmask import num_words, pack_token_ids
+from graphsafe_sampler.bitmask import bits_at, num_words, pack_token_ids
 from graphsafe_sampler.params import SamplingParams
 from graphsafe_sampler.processors.base import SlotLogitsProcessor
 
@@ -47,5 +47,12 @@ class AllowedTokenIdsLogitsProcessor(SlotLogitsProcessor):
             self.allowed.write(slot, pack_token_ids(local, self.shard.size))
 
     def apply_slots(self, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        allowed = self.unpacker.unpack(self.allowed.device[slots])  # [num_rows, V] bool
-        return logits.masked_fill_(~allowed, float("-inf"))
+        return logits.masked_fill_(~self.mask(slots), float("-inf"))
+
+    def mask(self, slots: torch.Tensor) -> torch.Tensor:
+        """[num_rows, V] bool: the tokens each row's request allows."""
+        return self.unpacker.unpack(self.allowed.device[slots])
+
+    def allows(self, slots: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """[num_rows, C] bool: whether each row's request allows the ids [num_rows, C]."""
+        return bits_at(self.allowed.device[slots], ids)

@@ -161,5 +161,8 @@ class GrammarBitmask:
         bitmask: torch.Tensor,  # [num_rows, ceil(V/32)] int32, e.g. `bitmask_rows(num_rows)`
     ) -> torch.Tensor:
         """Tokens whose bit is clear become -inf."""
-        allowed = self.unpacker.unpack(bitmask)  # [num_rows, V] bool
-        return logits.masked_fill_(~allowed, float("-inf"))
+        return logits.masked_fill_(~self.mask(bitmask), float("-inf"))
+
+    def mask(self, bitmask: torch.Tensor) -> torch.Tensor:
+        """[num_rows, V] bool: the tokens `bitmask` [num_rows, ceil(V/32)] allows."""
+        return self.unpacker.unpack(bitmask)

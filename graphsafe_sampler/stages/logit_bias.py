@@ -56,3 +56,8 @@ class LogitBiasLogitsProcessor(SlotLogitsProcessor):
         # to aten on a copy of the whole tensor.
         rows = torch.arange(logits.shape[0], device=logits.device)[:, None]
         return logits.index_put_((rows, ids), logits[rows, ids] + values)
+
+    def entries(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """([num_rows, C] int64 ids, [num_rows, C] float32 biases) of each row's request,
+        unused entries repeating the first."""
+        return self.bias_ids.device[slots].long(), self.bias_values.device[slots]

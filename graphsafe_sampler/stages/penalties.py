@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from graphsafe_sampler.batch_state import BatchState
-from graphsafe_sampler.bitmask import num_words, pack_token_ids
+from graphsafe_sampler.bitmask import bits_at, num_words, pack_token_ids
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.kernels.constants import SATURATED
 from graphsafe_sampler.params import SamplingParams
@@ -198,18 +198,72 @@ class PenaltyState(SlotTables):
                 extra_tokens, inside = self.shard.local(extra_tokens)
                 ones = ones * inside
             counts = counts.to(torch.int32).scatter_add(1, extra_tokens, ones)
-        frequency = self.frequency.device[slots]  # [num_rows]
         logits = apply_penalties(
             logits,
             counts,
             self.unpacker.unpack(self.prompt_mask.device[slots]),
             self.repetition.device[slots],
-            frequency,
+            self.frequency.device[slots],
             self.presence.device[slots],
         )
-        # Saturated tokens were charged 255 outputs; charge the excess. Unused entries add 0
-        # to token 0. (An in-place index_put_ here, which spares inductor a copy of the
-        # tensor, measured slower: inductor then fused the Gumbel race into the search.)
-        tokens = self.overflow_token.device[slots, : self.capacity]  # [num_rows, E]
+        return self.charge_excess(logits, slots)
+
+    def penalize(
+        self,
+        logits: torch.Tensor,  # [num_rows, V] float32
+        slots: torch.Tensor,  # [num_rows] int64
+    ) -> torch.Tensor:
+        """`apply` before `charge_excess` (no extra tokens): the dense pass, a new tensor."""
+        return apply_penalties(
+            logits,
+            self.counts[slots],
+            self.unpacker.unpack(self.prompt_mask.device[slots]),
+            self.repetition.device[slots],
+            self.frequency.device[slots],
+            self.presence.device[slots],
+        )
+
+    def charge_excess(
+        self,
+        logits: torch.Tensor,  # [num_rows, V] float32, penalised with the byte counts
+        slots: torch.Tensor,  # [num_rows] int64
+        *,
+        in_place: bool = False,
+    ) -> torch.Tensor:
+        """Saturated tokens were charged 255 outputs: charge the excess (a new tensor, or
+        `logits` updated with `in_place`). Unused entries add 0 to token 0."""
+        frequency = self.frequency.device[slots]  # [num_rows]
+        tokens = self.overflow_token.device[slots, : self.capacity].long()  # [num_rows, E]
         excess = self.overflow_excess.device[slots, : self.capacity].to(torch.float32)
-        return logits.scatter_add(1, tokens.clamp(min=0).long(), -frequency[:, None] * excess)
+        charge = -frequency[:, None] * excess  # [num_rows, E]
+        if in_place:
+            # An index_put_ of logit + charge, which inductor lowers in place (a scatter_add_
+            # after another in-place op copied the whole tensor first). A token holds one
+            # entry; unused ones repeat the first entry (token 0 and a zero charge where
+            # none is used), so that every write to a token carries the same value.
+            unused = tokens < 0
+            tokens = torch.where(unused, tokens[:, :1].clamp(min=0), tokens)
+            charge = torch.where(unused, torch.where(unused[:, :1], -0.0, charge[:, :1]), charge)
+            rows = torch.arange(logits.shape[0], device=logits.device)[:, None]
+            return logits.index_put_((rows, tokens), logits[rows, tokens] + charge)
+        # (In `apply`, in place, which spares inductor a copy of the tensor, measured slower:
+        # inductor then fused the Gumbel race into the search.)
+        return logits.scatter_add(1, tokens.clamp(min=0), charge)
+
+    def penalize_at(
+        self,
+        values: torch.Tensor,  # [num_rows, C] float32: logits of the tokens `ids`
+        ids: torch.Tensor,  # [num_rows, C] int64 token ids in [0, V)
+        slots: torch.Tensor,  # [num_rows] int64
+    ) -> torch.Tensor:
+        """[num_rows, C] float32: what `apply` makes of these tokens' logits before
+        `charge_excess`, the same float operations in the same order, where only a few
+        tokens a row are asked for (the logit bias's, `mask_and_penalize`)."""
+        return apply_penalties(
+            values,
+            self.counts[slots[:, None], ids],
+            bits_at(self.prompt_mask.device[slots], ids),
+            self.repetition.device[slots],
+            self.frequency.device[slots],
+            self.presence.device[slots],
+        )
