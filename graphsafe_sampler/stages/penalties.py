@@ -198,25 +198,18 @@ class PenaltyState(SlotTables):
                 extra_tokens, inside = self.shard.local(extra_tokens)
                 ones = ones * inside
             counts = counts.to(torch.int32).scatter_add(1, extra_tokens, ones)
-        logits = apply_penalties(
-            logits,
-            counts,
-            self.unpacker.unpack(self.prompt_mask.device[slots]),
-            self.repetition.device[slots],
-            self.frequency.device[slots],
-            self.presence.device[slots],
-        )
-        return self.charge_excess(logits, slots)
+        return self.charge_excess(self.penalize(logits, slots, counts), slots)
 
     def penalize(
         self,
         logits: torch.Tensor,  # [num_rows, V] float32
         slots: torch.Tensor,  # [num_rows] int64
+        counts: torch.Tensor | None = None,  # [num_rows, V]; None: the slots' byte counts
     ) -> torch.Tensor:
-        """`apply` before `charge_excess` (no extra tokens): the dense pass, a new tensor."""
+        """`apply` before `charge_excess`: the dense pass, a new tensor."""
         return apply_penalties(
             logits,
-            self.counts[slots],
+            self.counts[slots] if counts is None else counts,
             self.unpacker.unpack(self.prompt_mask.device[slots]),
             self.repetition.device[slots],
             self.frequency.device[slots],
