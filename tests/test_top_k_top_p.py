@@ -456,13 +456,6 @@ def test_candidate_cut_asks_the_row_total_only_where_needed(gen: torch.Generator
     check_filtered(out[rows], logits[rows], top_k[rows], top_p[rows])
 
 
-def _with_conditional(conditional: bool):  # type: ignore[no-untyped-def]
-    def cut(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-        return top_k_top_p_cut(logits, top_k, top_p, conditional)
-
-    return cut
-
-
 def test_compiled_conditional_equals_branch_free(gen: torch.Generator) -> None:
     """Compiled on the CPU, the cut with the traced conditional (one compile: a cond op in
     the graph, not a branch baked in) equals the branch-free one bit for bit, both when the
@@ -478,7 +471,12 @@ def test_compiled_conditional_equals_branch_free(gen: torch.Generator) -> None:
         graphs.append(gm)  # Dynamo's graph, then aot_eager's compile of it
         return torch._dynamo.lookup_backend("aot_eager")(gm, inputs)
 
-    conditional = torch.compile(_with_conditional(True), backend=recording, fullgraph=True)
+    def with_conditional(
+        logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+    ) -> torch.Tensor:
+        return top_k_top_p_cut(logits, top_k, top_p, conditional=True)
+
+    conditional = torch.compile(with_conditional, backend=recording, fullgraph=True)
 
     def branch_free(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
         return top_k_top_p_cut(logits, top_k, top_p, conditional=False, sort=False)
