@@ -29,8 +29,10 @@ from graphsafe_sampler.stages.candidates import (
 )
 from graphsafe_sampler.stages.min_p import min_p_threshold
 from graphsafe_sampler.stages.top_k_top_p import (
+    _RADIX_SORT_MIN,
     apply_top_k_top_p,
     candidate_cut,
+    descending,
     filter_scaled,
     filter_top_k_top_p,
     scaled_logits,
@@ -348,6 +350,27 @@ def test_sorted_cut_equals_the_searches(make_logits, gen: torch.Generator) -> No
     rounding |= check_filtered(by_search, rest, top_k[2:], top_p[2:])
     same = [r for r in range(num_rows - 2) if r not in rounding]
     assert torch.equal(sort[2:][same], searches[2:][same])
+
+
+@pytest.mark.parametrize(
+    "vocab_size", [_RADIX_SORT_MIN // 2 - 1, _RADIX_SORT_MIN - 1, _RADIX_SORT_MIN + 4097]
+)
+def test_descending_equals_a_float_sort(vocab_size: int, gen: torch.Generator) -> None:
+    """`sorted_cut`'s sort of float32's integer image (all rows at once below half of
+    _RADIX_SORT_MIN tokens, else radix-sorted row by row, padded up to it where shorter)
+    gives torch's descending float sort:
+    ties, both zeros, +-inf and the extremes included (as values: -0.0 == 0.0)."""
+    logits = llm_logits(3, vocab_size, gen)
+    cols = torch.randperm(vocab_size, generator=gen)[:600].view(6, 100)
+    logits[0, cols[0]] = 0.0
+    logits[0, cols[1]] = -0.0
+    logits[1, cols[2]] = NEG_INF
+    logits[1, cols[3]] = float("inf")
+    logits[2, cols[4]] = torch.finfo(torch.float32).max
+    logits[2, cols[5]] = -torch.finfo(torch.float32).tiny
+    logits[2] = logits[2].round()  # ties everywhere
+    expected = logits.sort(dim=-1, descending=True).values
+    assert torch.equal(descending(logits), expected)
 
 
 # --- graph safety -------------------------------------------------------------------------

@@ -221,6 +221,29 @@ def _top_p_cut(
     return torch.where(p >= 1.0, floor, threshold)
 
 
+_RADIX_SORT_MIN = 32768
+"""aten's CPU sort takes a radix sort for a 1-D integer tensor of at least this many
+elements (its GRAIN_SIZE), where x86 builds have fbgemm's: a row of 151,936 in 1-3 ms
+against 10-13 ms for float32's comparison sort. Shorter rows from half of it are padded up
+to it, which still beats sorting them as float32 (docs/kernels.md, the PyTorch stage)."""
+
+
+def descending(values: torch.Tensor) -> torch.Tensor:
+    """[num_rows, V] float32 without NaN -> each row's values sorted descending (of equal
+    values, +0.0 before -0.0). Sorts float32's ordered image, bit-flipped so that ascending
+    is descending: on a CPU row by row where aten radix-sorts it, else all rows at once."""
+    num_rows, vocab_size = values.shape
+    keys = ~ordered_int(values)  # [num_rows, V] int32, ascending = the floats descending
+    if values.device.type != "cpu" or vocab_size < _RADIX_SORT_MIN // 2:
+        return ordered_value(~keys.sort(dim=-1).values)
+    if vocab_size < _RADIX_SORT_MIN:
+        # int32 max sorts last: ~ordered_int gives it only for a negative NaN
+        pad = keys.new_full((num_rows, _RADIX_SORT_MIN - vocab_size), torch.iinfo(torch.int32).max)
+        keys = torch.cat([keys, pad], dim=1)
+    rows = [row.sort(stable=True).values[:vocab_size] for row in keys.unbind(0)]
+    return ordered_value(~torch.stack(rows))
+
+
 def sorted_cut(
     logits: torch.Tensor,  # [num_rows, V] float32
     top_k: torch.Tensor,  # [num_rows] int; <= 0 or >= V is off
@@ -232,7 +255,7 @@ def sorted_cut(
     vocab_size = logits.shape[1]
     # NaN counts nowhere; as -inf it would count at t = -inf alone, where both agree
     clean = logits.nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
-    values = clean.sort(dim=-1, descending=True).values  # [num_rows, V]
+    values = descending(clean)  # [num_rows, V]
     k, p = top_k.to(torch.int64)[:, None], top_p.to(torch.float32)[:, None]
     kth = values.gather(1, (k - 1).clamp(0, vocab_size - 1))
     floor = torch.where((k <= 0) | (k >= vocab_size), float("-inf"), kth)
