@@ -244,32 +244,61 @@ def descending(values: torch.Tensor) -> torch.Tensor:
     return ordered_value(~torch.stack(rows))
 
 
-def sorted_cut(
+class SortedRows(NamedTuple):
+    """One sort of each row and what top-k and top-p read from it (`sort_rows`)."""
+
+    values: torch.Tensor  # [num_rows, V] float32 descending, NaN as -inf
+    floor: torch.Tensor  # [num_rows, 1] float32 top-k's cut (-inf where off)
+    row_max: torch.Tensor  # [num_rows, 1] float32, NaN where the row holds one
+    cumulative: torch.Tensor  # [num_rows, V] float32 running mass of the values >= floor
+
+    @property
+    def total(self) -> torch.Tensor:
+        """[num_rows, 1] float32: the mass of the tokens >= floor (`masked_total`'s terms,
+        summed in descending order)."""
+        return self.cumulative[:, -1:]
+
+
+def sort_rows(
     logits: torch.Tensor,  # [num_rows, V] float32
     top_k: torch.Tensor,  # [num_rows] int; <= 0 or >= V is off
-    top_p: torch.Tensor,  # [num_rows] float32; >= 1 is off
-) -> torch.Tensor:
-    """[num_rows, 1] float32: the searches' top-k then top-p cut from one sort of each row
-    (eagerly on a CPU 2-3x faster than their 64 passes, compiled slower): the same, within
-    rounding of a mass equal to the target (docs/kernels.md, the PyTorch stage)."""
+) -> SortedRows:
+    """Sorts each row once: top-k's cut is its k-th value, and the running mass of the
+    values at or above it (exp(value - row max), as top_p_threshold weighs) is top-p's
+    weight at each value and, at the end, its total."""
     vocab_size = logits.shape[1]
     # NaN counts nowhere; as -inf it would count at t = -inf alone, where both agree
     clean = logits.nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
     values = descending(clean)  # [num_rows, V]
-    k, p = top_k.to(torch.int64)[:, None], top_p.to(torch.float32)[:, None]
+    k = top_k.to(torch.int64)[:, None]
     kth = values.gather(1, (k - 1).clamp(0, vocab_size - 1))
     floor = torch.where((k <= 0) | (k >= vocab_size), float("-inf"), kth)
     row_max = logits.amax(-1, keepdim=True)  # top-p as top_p_threshold weighs: NaN stays
     shift = torch.where(torch.isfinite(row_max), row_max, 0.0)
-    target = p * torch.where(logits >= floor, torch.exp(logits - shift), 0.0).sum(-1, keepdim=True)
     mass = torch.where(values >= floor, torch.exp(values - shift), 0.0)
+    return SortedRows(values, floor, row_max, mass.cumsum(-1))
+
+
+def sorted_cut(
+    logits: torch.Tensor,  # [num_rows, V] float32
+    top_k: torch.Tensor,  # [num_rows] int; <= 0 or >= V is off
+    top_p: torch.Tensor,  # [num_rows] float32; >= 1 is off
+    rows: SortedRows | None = None,  # sort_rows(logits, top_k), if made already
+) -> torch.Tensor:
+    """[num_rows, 1] float32: the searches' top-k then top-p cut from one sort of each row
+    (eagerly on a CPU 2-3x faster than their 64 passes, compiled slower): the same, within
+    rounding of a mass equal to the target (docs/kernels.md, the PyTorch stage)."""
+    rows = sort_rows(logits, top_k) if rows is None else rows
+    vocab_size = logits.shape[1]
+    p = top_p.to(torch.float32)[:, None]
+    target = p * rows.total
     # the cumulative mass never falls: the first entry past the target is in the answer's run
-    short = (~(mass.cumsum(-1) >= target)).sum(-1, keepdim=True)  # [num_rows, 1]
-    reached = ordered_int(values.gather(1, short.clamp(max=vocab_size - 1)))
+    short = (~(rows.cumulative >= target)).sum(-1, keepdim=True)  # [num_rows, 1]
+    reached = ordered_int(rows.values.gather(1, short.clamp(max=vocab_size - 1)))
     # no value reaches the target: -inf; every t does (target <= 0): the largest t
     ordered = torch.where(short >= vocab_size, _ORDERED_NEG_INF, reached)
     ordered = torch.where(target <= 0, torch.iinfo(torch.int32).max, ordered)
-    return _top_p_cut(ordered, row_max, floor, p)
+    return _top_p_cut(ordered, rows.row_max, rows.floor, p)
 
 
 def masked_total(
@@ -291,6 +320,19 @@ def _every_row_total(
     logits: torch.Tensor, floor: torch.Tensor, shift: torch.Tensor, needed: torch.Tensor
 ) -> torch.Tensor:
     return masked_total(logits, floor, shift)
+
+
+def _sorted_total(rows: SortedRows) -> RowTotal:
+    """A `RowTotal` read off the sort: where a row can be settled (top-k off or within the
+    candidates, no NaN), its floor and shift are the candidates', so its total is the same
+    terms; the sort makes no second pass over the row."""
+
+    def row_total(
+        logits: torch.Tensor, floor: torch.Tensor, shift: torch.Tensor, needed: torch.Tensor
+    ) -> torch.Tensor:
+        return rows.total
+
+    return row_total
 
 
 def candidate_cut(
@@ -410,7 +452,12 @@ def top_k_top_p_cut(
         sort = on_cpu and not torch.compiler.is_compiling()
     # the scaled logits are remade from the operands wherever they are read, never written
     filtered = logits if scale is None else scaled_logits(logits, *scale)
-    row_total = _conditional_row_total(logits, scale) if conditional else _every_row_total
+    rows = sort_rows(filtered, top_k) if sort and not conditional else None
+    row_total: RowTotal = _every_row_total
+    if conditional:
+        row_total = _conditional_row_total(logits, scale)
+    elif rows is not None:
+        row_total = _sorted_total(rows)
     cut, settled = candidate_cut(filtered, top_k, top_p, candidates, across, vocab_size, row_total)
 
     def searched(*ops: torch.Tensor) -> torch.Tensor:
@@ -418,7 +465,7 @@ def top_k_top_p_cut(
         if scaling:
             logits = scaled_logits(logits, *scaling)
         if sort:
-            return torch.where(settled, cut, sorted_cut(logits, top_k, top_p))
+            return torch.where(settled, cut, sorted_cut(logits, top_k, top_p, rows))
         floor = top_k_threshold(logits, top_k, across, vocab_size)
         # split over ranks, the candidates' first is the row max: an exchange saved
         row_max = None if across is None or candidates is None else candidates.values[:, :1]
