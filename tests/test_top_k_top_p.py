@@ -340,7 +340,11 @@ def test_sorted_cut_equals_the_searches(make_logits, gen: torch.Generator) -> No
     searches = top_p_threshold(logits, top_p, top_k_threshold(logits, top_k))
     torch.testing.assert_close(sort[:2], searches[:2], rtol=0, atol=0, equal_nan=True)
     # and the stage takes it for the rows the candidates leave
-    stage = top_k_top_p_cut(logits, top_k, top_p, conditional=False, sort=True)
+    # given the candidates, the sort takes the row max from them (NaN first)
+    candidates = top_candidates(logits, min(CANDIDATES, vocab_size))
+    stage = top_k_top_p_cut(
+        logits, top_k, top_p, conditional=False, candidates=candidates, sort=True
+    )
     settled = candidate_cut(logits, top_k, top_p)[1]
     unsettled = ~settled[:, 0]
     torch.testing.assert_close(stage[unsettled], sort[unsettled], rtol=0, atol=0, equal_nan=True)

@@ -262,6 +262,7 @@ class SortedRows(NamedTuple):
 def sort_rows(
     logits: torch.Tensor,  # [num_rows, V] float32
     top_k: torch.Tensor,  # [num_rows] int; <= 0 or >= V is off
+    row_max: torch.Tensor | None = None,  # [num_rows, 1]: the candidates' first, if made
 ) -> SortedRows:
     """Sorts each row once: top-k's cut is its k-th value, and the running mass of the
     values at or above it (exp(value - row max), as top_p_threshold weighs) is top-p's
@@ -273,7 +274,8 @@ def sort_rows(
     k = top_k.to(torch.int64)[:, None]
     kth = values.gather(1, (k - 1).clamp(0, vocab_size - 1))
     floor = torch.where((k <= 0) | (k >= vocab_size), float("-inf"), kth)
-    row_max = logits.amax(-1, keepdim=True)  # top-p as top_p_threshold weighs: NaN stays
+    if row_max is None:
+        row_max = logits.amax(-1, keepdim=True)  # top-p as top_p_threshold weighs: NaN stays
     shift = torch.where(torch.isfinite(row_max), row_max, 0.0)
     mass = torch.where(values >= floor, torch.exp(values - shift), 0.0)
     return SortedRows(values, floor, row_max, mass.cumsum(-1))
@@ -452,7 +454,10 @@ def top_k_top_p_cut(
         sort = on_cpu and not torch.compiler.is_compiling()
     # the scaled logits are remade from the operands wherever they are read, never written
     filtered = logits if scale is None else scaled_logits(logits, *scale)
-    rows = sort_rows(filtered, top_k) if sort and not conditional else None
+    rows = None
+    if sort and not conditional:
+        # the candidates rank NaN first: their first is the row max, NaN where a row holds one
+        rows = sort_rows(filtered, top_k, None if candidates is None else candidates.values[:, :1])
     row_total: RowTotal = _every_row_total
     if conditional:
         row_total = _conditional_row_total(logits, scale)
