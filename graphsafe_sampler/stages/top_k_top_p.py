@@ -61,13 +61,18 @@ def ordered_int(values: torch.Tensor) -> torch.Tensor:
     `ordered = bits if bits >= 0 else bits ^ 0x7FFFFFFF`: a < b as floats exactly when
     ordered(a) < ordered(b) as int32 (-0.0 sits just below +0.0).
     """
-    bits = values.contiguous().view(torch.int32)
-    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return _flip_negatives(values.contiguous().view(torch.int32))
 
 
 def ordered_value(ordered: torch.Tensor) -> torch.Tensor:
     """int32 from `ordered_int` -> the float32 it came from."""
-    return torch.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).view(torch.float32)
+    return _flip_negatives(ordered).view(torch.float32)
+
+
+def _flip_negatives(bits: torch.Tensor) -> torch.Tensor:
+    # bits ^ 0x7FFFFFFF where negative: the arithmetic shift gives each sign its mask, so
+    # eagerly on a CPU this is ~8x faster than a where() (50 against 395 µs at 151,936)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
 
 
 def _largest_threshold(
