@@ -35,20 +35,21 @@ def bits_at(
 class BitmaskUnpacker:
     """Expands bitmask words to a `[rows, V]` bool mask on the device (graph-safe).
 
-    Each word is shifted by 0..31 and the `[rows, W, 32]` bits read as `[rows, 32 W]`: every
-    load is a word a group of 32 tokens shares, where a gather through a per-token word
-    index would load each token's word on its own (measured 3-6x slower on a CPU, eager and
-    compiled: perf/README.md).
+    Each word is masked with bits 0..31 and the `[rows, W, 32]` results read as
+    `[rows, 32 W]`: every load is a word a group of 32 tokens shares, where a gather through
+    a per-token word index would load each token's word on its own (measured 3-6x slower on
+    a CPU, eager and compiled: perf/README.md).
     """
 
     def __init__(self, vocab_size: int, device: torch.device) -> None:
         self.vocab_size = vocab_size
-        self.shifts = torch.arange(32, device=device, dtype=torch.int32)  # [32]
+        # bit 31, token 31 of a word, is the sign bit: int32's minimum
+        bits = [1 << i for i in range(31)] + [-(2**31)]
+        self.bits = torch.tensor(bits, dtype=torch.int32, device=device)  # [32]
 
     def unpack(self, words: torch.Tensor) -> torch.Tensor:
         """words: [rows, ceil(V/32)] int32 -> [rows, V] bool (True = allowed)."""
-        # An arithmetic shift of a negative word still leaves the wanted bit at position 0.
-        bits = (words[:, :, None] >> self.shifts) & 1  # [rows, W, 32]
+        bits = words[:, :, None] & self.bits  # [rows, W, 32]
         # `!= 0`, not `.bool()`: inductor's CPU code turns an int-to-bool cast into a
         # lane-by-lane mask through the stack, a compare into one vector instruction
         return bits.view(words.shape[0], -1)[:, : self.vocab_size] != 0
