@@ -24,7 +24,7 @@ from graphsafe_sampler.distributed import (
 )
 from graphsafe_sampler.examples.tensor_parallel import main
 from graphsafe_sampler.stages.grammar import shard_bitmask
-from graphsafe_sampler.stages.top_k_top_p import top_k_threshold, top_p_threshold
+from graphsafe_sampler.stages.threshold_search import top_k_threshold, top_p_threshold
 from graphsafe_sampler.testing.distributed import Comparison, compare_all, run_ranks
 from graphsafe_sampler.vocab_shard import VocabShard
 

@@ -10,11 +10,8 @@ import torch
 from graphsafe_sampler import rng
 from graphsafe_sampler.kernels.sampling import launch_sample_tokens, rng_noise, sample_tokens
 from graphsafe_sampler.params import GREEDY_TEMPERATURE
-from graphsafe_sampler.stages.top_k_top_p import (
-    apply_top_k_top_p,
-    top_k_threshold,
-    top_p_threshold,
-)
+from graphsafe_sampler.stages.threshold_search import top_k_threshold, top_p_threshold
+from graphsafe_sampler.stages.top_k_top_p import apply_top_k_top_p
 
 # Known answers shared with tests/test_rng.py: (seed, position, token id, salt) -> hash.
 KNOWN_HASHES = [

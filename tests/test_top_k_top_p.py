@@ -1,4 +1,4 @@
-"""top-k / top-p filtering (graphsafe_sampler.stages.top_k_top_p) against a float64 sort reference.
+"""top-k / top-p filtering (stages: top_k_top_p, threshold_search, sorted_cut) vs a float64 sort.
 
 Every test draws fresh inputs from a new seed, printed so that a failure can be replayed.
 top-k must match the reference exactly. top-p sums float32 masses where the reference sums
@@ -28,18 +28,15 @@ from graphsafe_sampler.stages.candidates import (
     top_candidates,
 )
 from graphsafe_sampler.stages.min_p import min_p_threshold
+from graphsafe_sampler.stages.sorted_cut import _RADIX_SORT_MIN, descending, sorted_cut
+from graphsafe_sampler.stages.threshold_search import top_k_threshold, top_p_threshold
 from graphsafe_sampler.stages.top_k_top_p import (
-    _RADIX_SORT_MIN,
     apply_top_k_top_p,
     candidate_cut,
-    descending,
     filter_scaled,
     filter_top_k_top_p,
     scaled_logits,
-    sorted_cut,
-    top_k_threshold,
     top_k_top_p_cut,
-    top_p_threshold,
 )
 from graphsafe_sampler.testing import SyncOpDetector
 

@@ -9,8 +9,8 @@ some (a `Sampler` holding one request per row supplies the slot tables):
                  prompt bitmask)                            the host lists every call
     bias         LogitBiasLogitsProcessor.apply_slots       LogitBias.apply (index lists)
     min_p        MinPLogitsProcessor.apply_slots (log space) apply_min_p (softmax + bool mask)
-    top_k,       stages/top_k_top_p.py                      apply_top_k_top_p (full sort;
-    top_p,       (radix threshold search, no sort)          top-k alone: topk)
+    top_k,       stages/top_k_top_p.py (candidates, then    apply_top_k_top_p (full sort;
+    top_p,       radix searches; eager CPU: one sort)       top-k alone: topk)
     top_k_top_p
     greedy       argmax                                     argmax
     sampling     SamplingState.race (rng.gumbel_noise)      softmax + a torch.Generator

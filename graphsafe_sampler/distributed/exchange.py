@@ -41,7 +41,7 @@ class ExchangeRecord:
 
 class RowExchange(abc.ABC):
     """All-gathers of `[num_rows, m]` row statistics among `world_size` ranks, with the
-    reductions the sampling step needs (an `AcrossShards` for `stages.top_k_top_p`).
+    reductions the sampling step needs (an `AcrossShards` for `stages.threshold_search`).
     `record`: None, or an `ExchangeRecord` each gather adds its buffer's bytes to."""
 
     def __init__(self, world_size: int, rank: int) -> None:

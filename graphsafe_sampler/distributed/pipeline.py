@@ -8,8 +8,8 @@ Steps 2-4 are token by token: each rank runs them on its own columns and state
   rank's argmax, then the best over ranks (lowest global id on ties); every rank's 128
   largest logits merged into the row's, whose first is the row max that min_p needs;
 - top-k/top-p (8): the total mass summed over ranks; rows the candidates do not settle take
-  the exact radix searches, each pass's weights summed over ranks (`stages.top_k_top_p`,
-  `across=`);
+  the exact radix searches, each pass's weights summed over ranks
+  (`stages.threshold_search`, `across=`);
 - the race (9): each rank's winner among its tokens, whose Gumbel noise is keyed by the
   global token id, then the best over ranks: the token a race over the row draws;
 - logprobs (10): the logsumexp from the ranks' own, the top K merged from theirs, the
@@ -39,7 +39,8 @@ from graphsafe_sampler.stages import Stages
 from graphsafe_sampler.stages.candidates import CANDIDATES, Candidates, top_candidates
 from graphsafe_sampler.stages.logprobs import row_logsumexp
 from graphsafe_sampler.stages.min_p import min_p_threshold
-from graphsafe_sampler.stages.top_k_top_p import ordered_int, ordered_value, top_k_top_p_cut
+from graphsafe_sampler.stages.threshold_search import ordered_int, ordered_value
+from graphsafe_sampler.stages.top_k_top_p import top_k_top_p_cut
 from graphsafe_sampler.vocab_shard import shard_range
 
 
