@@ -1,11 +1,13 @@
-"""Where a compiled decode step's time goes on a CPU: inductor's kernel profile.
+"""Where a decode step's time goes on a CPU: inductor's kernel profile, or aten's ops eagerly.
 
     .venv/bin/python perf/profile_step.py --rows 1 --vocab 151936 --steps 100
+    .venv/bin/python perf/profile_step.py --rows 1 --vocab 151936 --steps 40 --eager
 
 Builds the `graphsafe-sampler bench` step case (the churning batch, every feature on),
-compiles `Sampler.forward` with inductor's per-kernel profiling on, runs `--steps` profiled
-steps after a warm-up, and prints the kernels and ops by total CPU time, with the step's
-median wall time beside. A profile, not a benchmark: the records cost a few µs each.
+compiles `Sampler.forward` with inductor's per-kernel profiling on (`--eager`: runs it
+uncompiled), runs `--steps` profiled steps after a warm-up, and prints the kernels and ops
+by total CPU time, with the step's median wall time beside. A profile, not a benchmark:
+the records cost a few µs each.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=40, help="rows of the table")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--eager", action="store_true", help="profile the uncompiled step (aten's ops)"
+    )
+    parser.add_argument(
         "--loop",
         type=int,
         default=0,
@@ -49,8 +54,8 @@ def main() -> None:
     # per-kernel records (and a context guard a kernel): only for the profile
     inductor_config.cpp.enable_kernel_profile = not args.loop
     spec = CaseSpec("step", args.rows, args.vocab, torch.float32, torch.device("cpu"), args.seed)
-    print(f"compiling {args.rows} x {args.vocab} ...", flush=True)
-    bench = build_bench(spec, "sampler-compiled")
+    print(f"{'building' if args.eager else 'compiling'} {args.rows} x {args.vocab} ...", flush=True)
+    bench = build_bench(spec, "sampler-eager" if args.eager else "sampler-compiled")
     for _ in range(args.warmup):
         bench.run(*bench.setup())
     if args.loop:
