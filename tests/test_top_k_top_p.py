@@ -372,6 +372,7 @@ def test_descending_equals_a_float_sort(vocab_size: int, gen: torch.Generator) -
     logits[2] = logits[2].round()  # ties everywhere
     expected = logits.sort(dim=-1, descending=True).values
     assert torch.equal(descending(logits), expected)
+    assert descending(logits[:0]).shape == (0, vocab_size)  # no rows: no row to stack
 
 
 # --- graph safety -------------------------------------------------------------------------

@@ -30,7 +30,7 @@ def descending(values: torch.Tensor) -> torch.Tensor:
     is descending: on a CPU row by row where aten radix-sorts it, else all rows at once."""
     num_rows, vocab_size = values.shape
     keys = ~ordered_int(values)  # [num_rows, V] int32, ascending = the floats descending
-    if values.device.type != "cpu" or vocab_size < _RADIX_SORT_MIN // 2:
+    if values.device.type != "cpu" or vocab_size < _RADIX_SORT_MIN // 2 or num_rows == 0:
         return ordered_value(~keys.sort(dim=-1).values)
     if vocab_size < _RADIX_SORT_MIN:
         # int32 max sorts last: ~ordered_int gives it only for a negative NaN
@@ -84,8 +84,9 @@ def sorted_cut(
     rows: SortedRows | None = None,  # sort_rows(logits, top_k), if made already
 ) -> torch.Tensor:
     """[num_rows, 1] float32: the searches' top-k then top-p cut from one sort of each row
-    (eagerly on a CPU 2-3x faster than their 64 passes, compiled slower): the same, within
-    rounding of a mass equal to the target (docs/kernels.md, the PyTorch stage)."""
+    (eagerly on a CPU several times faster than their 64 passes, compiled slower): the
+    same, within rounding of a mass equal to the target (docs/kernels.md, the PyTorch
+    stage)."""
     rows = sort_rows(logits, top_k) if rows is None else rows
     vocab_size = logits.shape[1]
     p = top_p.to(torch.float32)[:, None]
