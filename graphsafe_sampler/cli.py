@@ -61,6 +61,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
 def _non_negative_float(text: str) -> float:
     try:
         value = float(text)
@@ -163,6 +173,16 @@ def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "'system' leaves glibc as it is, and each step page-faults its [rows, V] buffers in "
         "again (perf/README.md) (default: heap)",
     )
+    parser.add_argument(
+        "--evict",
+        type=_non_negative_int,
+        default=0,
+        metavar="MIB",
+        help="write a buffer of MIB MiB on the device before each round, so that a round "
+        "finds other data in the caches, as a decode step after the model's forward does, "
+        "instead of the last round's: at least twice the last-level cache (lscpu's L3; a "
+        "GPU's L2). Every provider alike; 0 is off (default: 0)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seeds logits, requests and churn")
     parser.add_argument(
         "--json",
@@ -222,6 +242,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         seed=args.seed,
         churn=args.churn,
+        evict_mib=args.evict,
     )
     if args.threads is not None:  # only once every argument is known to be good
         torch.set_num_threads(args.threads)
@@ -234,7 +255,8 @@ def _run_bench(args: argparse.Namespace) -> int:
         f"stages {' '.join(grid.stages)}; rows {' '.join(map(str, grid.rows))}; "
         f"vocab {' '.join(map(str, grid.vocabs))}; "
         f"{' '.join(str(d).removeprefix('torch.') for d in grid.dtypes)}; "
-        f"{grid.rounds} timed rounds each",
+        f"{grid.rounds} timed rounds each"
+        + (f", {grid.evict_mib} MiB written before each" if grid.evict_mib else ""),
         file=out,
         flush=True,
     )
@@ -297,7 +319,11 @@ def _run_compare(args: argparse.Namespace) -> int:
         print(
             f"{label}: {ctx.get('device_name')}, torch {ctx.get('torch')}, "
             f"commit {ctx.get('commit')}, {ctx.get('created')}"
+            + (f", --evict {ctx['evict_mib']}" if ctx.get("evict_mib") else "")
         )
+    if base.context.get("evict_mib", 0) != head.context.get("evict_mib", 0):
+        print("note: base and head ran with a different --evict; their ratios differ by more")
+        print("      than the change: cold caches slow a small step more than its peers")
     print(format_comparison(comparisons, args.threshold))
     return 1 if has_regression(comparisons) else 0
 

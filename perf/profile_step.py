@@ -2,6 +2,7 @@
 
     .venv/bin/python perf/profile_step.py --rows 1 --vocab 151936 --steps 100
     .venv/bin/python perf/profile_step.py --rows 1 --vocab 151936 --steps 40 --eager
+    .venv/bin/python perf/profile_step.py --rows 1 --vocab 151936 --steps 100 --evict 64
 
 Builds the `graphsafe-sampler bench` step case (the churning batch, every feature on),
 compiles `Sampler.forward` with inductor's per-kernel profiling on (`--eager`: runs it
@@ -22,6 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from graphsafe_sampler.bench.allocator import ALLOCATORS, use_allocator
 from graphsafe_sampler.bench.providers import CaseSpec, build_bench
+from graphsafe_sampler.bench.timing import eviction_buffer
 
 
 def main() -> None:
@@ -40,6 +42,15 @@ def main() -> None:
         type=int,
         default=0,
         help="instead of profiling, run this many plain steps (for `perf record -p PID`)",
+    )
+    parser.add_argument(
+        "--evict",
+        type=int,
+        default=0,
+        metavar="MIB",
+        help="write a buffer of MIB MiB before each step, as `graphsafe-sampler bench --evict` "
+        "does: the step's caches cold, as after a model's forward (its aten::neg_ is one "
+        "row of the table)",
     )
     parser.add_argument(
         "--allocator",
@@ -64,8 +75,11 @@ def main() -> None:
             bench.run(*bench.setup())
         return
     walls = []
+    evict = eviction_buffer(args.evict)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(args.steps):
+            if evict is not None:
+                evict.neg_()
             inputs = bench.setup()
             start = time.perf_counter()
             bench.run(*inputs)

@@ -82,6 +82,7 @@ def test_plot_without_matplotlib_says_how_to_get_it(
         pytest.param(["--rows", "0"], "expected an integer >= 1", id="rows-0"),
         pytest.param(["--providers", "sglang"], "invalid choice", id="provider"),
         pytest.param(["--churn", "-1"], "finite number >= 0", id="churn"),
+        pytest.param(["--evict", "-1"], "expected an integer >= 0", id="evict"),
     ],
 )
 def test_bench_bad_arguments(argv: list[str], match: str, capsys: pytest.CaptureFixture) -> None:
@@ -101,7 +102,9 @@ def test_bench_rejects_an_unavailable_device(capsys: pytest.CaptureFixture) -> N
 # ----------------------------------------------------------------- compare
 
 
-def write_run(path: Path, ours_us: float, floor_us: float = 10.0, extra: bool = False) -> str:
+def write_run(
+    path: Path, ours_us: float, floor_us: float = 10.0, extra: bool = False, evict_mib: int = 0
+) -> str:
     def case(provider: str, median: float) -> CaseResult:
         return CaseResult("step", provider, 8, 1000, "float32", median, median, median)
 
@@ -109,7 +112,8 @@ def write_run(path: Path, ours_us: float, floor_us: float = 10.0, extra: bool = 
     if extra:
         cases.append(case("sampler-eager", 99.0))
     fill_ratios(cases)
-    Results({"device_name": "test", "commit": "abc"}, cases).write(path)
+    context = {"device_name": "test", "commit": "abc", "evict_mib": evict_mib}
+    Results(context, cases).write(path)
     return str(path)
 
 
@@ -146,6 +150,26 @@ def test_compare_reports_missing_cases(tmp_path: Path, capsys: pytest.CaptureFix
     assert "only in head" in capsys.readouterr().out
     assert main(["compare", head, base]) == 0
     assert "only in base" in capsys.readouterr().out
+
+
+def test_compare_says_when_the_runs_evicted_the_caches_differently(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    base = write_run(tmp_path / "base.json", 50.0)
+    head = write_run(tmp_path / "head.json", 50.0, evict_mib=64)
+    assert main(["compare", base, head]) == 0
+    out = capsys.readouterr().out
+    assert "--evict 64" in out and "different --evict" in out
+    assert main(["compare", head, head]) == 0
+    assert "different --evict" not in capsys.readouterr().out
+
+
+def test_bench_evict_is_run_and_recorded(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out_json = tmp_path / "cold.json"
+    argv = ["bench", *TINY, "--providers", "clone", "--evict", "1", "--json", str(out_json)]
+    assert main(argv) == 0
+    assert "1 MiB written before each" in capsys.readouterr().out
+    assert Results.read(out_json).context["evict_mib"] == 1
 
 
 def test_compare_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -31,7 +31,7 @@ from graphsafe_sampler.bench.results import (
     logits_gbps,
     run_context,
 )
-from graphsafe_sampler.bench.timing import time_rounds
+from graphsafe_sampler.bench.timing import eviction_buffer, time_rounds
 
 FLOOR_ROUNDS_FACTOR = 5
 """The floor is cheap and the denominator of every ratio: it gets this many times the rounds."""
@@ -53,6 +53,7 @@ class GridSpec:
     warmup: int = 2
     seed: int = 0
     churn: float = 0.1
+    evict_mib: int = 0  # written before each round (`time_rounds(evict=...)`); 0: off
 
     def __post_init__(self) -> None:
         for name, values, allowed in (
@@ -73,6 +74,10 @@ class GridSpec:
             raise ValueError("dtypes must not be empty")
         if self.rounds < 1 or self.warmup < 0:
             raise ValueError(f"need rounds >= 1 and warmup >= 0, got {self.rounds}, {self.warmup}")
+        if isinstance(self.evict_mib, bool) or not isinstance(self.evict_mib, int):
+            raise TypeError(f"evict_mib must be an int, got {self.evict_mib!r}")
+        if self.evict_mib < 0:
+            raise ValueError(f"evict_mib must be >= 0, got {self.evict_mib}")
 
     def shapes(self) -> list[tuple[str, int, int, torch.dtype]]:
         return list(itertools.product(self.stages, self.rows, self.vocabs, self.dtypes))
@@ -103,6 +108,7 @@ def run_grid(
     total = sum((grid.warmup + grid.rounds_of(p)) * len(shapes) for p in grid.providers)
     cases: list[CaseResult] = []
     skipped: dict[str, None] = {}
+    evict = eviction_buffer(grid.evict_mib, grid.device)
     bar = _progress(total, progress, stream)
     try:
         for stage, rows, vocab, dtype in shapes:
@@ -135,6 +141,7 @@ def run_grid(
                     warmup=grid.warmup,
                     device=grid.device,
                     on_round=lambda: bar.update(1),
+                    evict=evict,
                 )
                 cases.append(
                     CaseResult(
@@ -162,6 +169,7 @@ def run_grid(
         seed=grid.seed,
         churn=grid.churn,
         backend=grid.backend,
+        evict_mib=grid.evict_mib,
     )
     return Results(context, cases), list(skipped)
 

@@ -4,6 +4,10 @@ Each round: `setup()` (untimed: stage the next batch update, copy fresh logits),
 timed `fn(*args)`. On CUDA the device is synchronised before the clock starts and before it
 stops, so a round is the call's full device time; on CPU every op is synchronous anyway.
 The median resists the spikes a shared host adds; p20/p80 say how wide the spread was.
+
+Rounds back to back keep a small step's code and data in the caches, where a decode step
+after the model's forward finds other data: `evict` (an `eviction_buffer`) is written before
+each round's setup, so that only what setup staged is fresh (perf/README.md, cold caches).
 """
 
 from __future__ import annotations
@@ -56,6 +60,17 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def eviction_buffer(mib: int, device: torch.device | str = "cpu") -> torch.Tensor | None:
+    """A `mib` MiB float32 buffer on `device` for `time_rounds(evict=...)`, its pages already
+    in place (written once); None for 0. To evict a cache it must be larger than it: at least
+    twice the last-level cache (a CPU's L3, `lscpu`; a GPU's L2)."""
+    if isinstance(mib, bool) or not isinstance(mib, int) or mib < 0:
+        raise ValueError(f"mib must be an int >= 0, got {mib!r}")
+    if mib == 0:
+        return None
+    return torch.ones(mib * 2**20 // 4, dtype=torch.float32, device=device)
+
+
 def time_rounds(
     fn: Callable[..., object],
     setup: Setup,
@@ -64,10 +79,13 @@ def time_rounds(
     warmup: int = 1,
     device: torch.device | str = "cpu",
     on_round: Callable[[], None] | None = None,
+    evict: torch.Tensor | None = None,
 ) -> Timing:
     """Time `fn(*setup())` for `rounds` rounds after `warmup` untimed ones.
 
     on_round: called after every round, warm-up included (a progress bar's update).
+    evict: written (read and negated, every line of it) before each round's setup, warm-up
+    included: an `eviction_buffer`, None to leave the caches as the last round left them.
     """
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -76,6 +94,8 @@ def time_rounds(
     device = torch.device(device)
     seconds = []
     for i in range(warmup + rounds):
+        if evict is not None:
+            evict.neg_()  # a load and a store of each line: no streaming store skips the cache
         args = setup()
         _sync(device)
         start = time.perf_counter()
