@@ -180,7 +180,8 @@ def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="write a buffer of MIB MiB on the device before each round, so that a round "
         "finds other data in the caches, as a decode step after the model's forward does, "
         "instead of the last round's: at least twice the last-level cache (lscpu's L3; a "
-        "GPU's L2). Every provider alike; 0 is off (default: 0)",
+        "GPU's L2, where only the device's caches are evicted, not the host's). Every "
+        "provider alike; 0 is off (default: 0)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seeds logits, requests and churn")
     parser.add_argument(
@@ -320,7 +321,7 @@ def _run_compare(args: argparse.Namespace) -> int:
             f"commit {ctx.get('commit')}, {ctx.get('created')}"
             + (f", --evict {ctx['evict_mib']}" if ctx.get("evict_mib") else "")
         )
-    if base.context.get("evict_mib", 0) != head.context.get("evict_mib", 0):
+    if (base.context.get("evict_mib") or 0) != (head.context.get("evict_mib") or 0):
         print("note: base and head ran with a different --evict; their ratios differ by more")
         print("      than the change: cold caches slow a small step more than its peers")
     print(format_comparison(comparisons, args.threshold))

@@ -48,9 +48,9 @@ def main() -> None:
         type=int,
         default=0,
         metavar="MIB",
-        help="write a buffer of MIB MiB before each step, as `graphsafe-sampler bench --evict` "
-        "does: the step's caches cold, as after a model's forward (its aten::neg_ is one "
-        "row of the table)",
+        help="write a buffer of MIB MiB before each step (with --loop too), as "
+        "`graphsafe-sampler bench --evict` does: the step's caches cold, as after a model's "
+        "forward (its aten::neg_ is one row of the table)",
     )
     parser.add_argument(
         "--allocator",
@@ -60,6 +60,8 @@ def main() -> None:
         "the bench's: without it a large shape's profile is mostly page faults)",
     )
     args = parser.parse_args()
+    if args.evict < 0:
+        parser.error(f"--evict must be >= 0, got {args.evict}")
     print(f"allocator: {use_allocator(args.allocator)}")
 
     # per-kernel records (and a context guard a kernel): only for the profile
@@ -69,13 +71,15 @@ def main() -> None:
     bench = build_bench(spec, "sampler-eager" if args.eager else "sampler-compiled")
     for _ in range(args.warmup):
         bench.run(*bench.setup())
+    evict = eviction_buffer(args.evict)
     if args.loop:
         print(f"looping {args.loop} steps", flush=True)
         for _ in range(args.loop):
+            if evict is not None:
+                evict.neg_()
             bench.run(*bench.setup())
         return
     walls = []
-    evict = eviction_buffer(args.evict)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(args.steps):
             if evict is not None:

@@ -162,6 +162,14 @@ def test_compare_says_when_the_runs_evicted_the_caches_differently(
     assert "--evict 64" in out and "different --evict" in out
     assert main(["compare", head, head]) == 0
     assert "different --evict" not in capsys.readouterr().out
+    # a run written before --evict existed has no such key: it evicted nothing
+    older = json.loads(Path(base).read_text())
+    del older["context"]["evict_mib"]
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    assert main(["compare", str(tmp_path / "older.json"), base]) == 0
+    assert "different --evict" not in capsys.readouterr().out
+    assert main(["compare", str(tmp_path / "older.json"), head]) == 0
+    assert "different --evict" in capsys.readouterr().out
 
 
 def test_bench_evict_is_run_and_recorded(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -15,6 +15,7 @@ import random
 import pytest
 import torch
 
+import graphsafe_sampler.stages.candidates as candidates_module
 from graphsafe_sampler.stages.candidates import (
     CANDIDATE_GROUP,
     CANDIDATE_TILE,
@@ -597,6 +598,22 @@ def test_top_candidates_are_topk_values(vocab_size: int, n: int, gen: torch.Gene
     for r in range(logits.shape[0]):
         ids = got.ids[r][above[r]].tolist()
         assert len(set(ids)) == len(ids)
+
+
+def test_top_candidates_tile_unless_eager_on_a_cpu_without_tiles(
+    monkeypatch: pytest.MonkeyPatch, gen: torch.Generator
+) -> None:
+    """`tiled=None`: eagerly on a CPU, with no tiles at hand, one topk over the row (the
+    tiles' small ops each cost a call there); under torch.compile, or told to, the tiles."""
+    made: list[int] = []
+    real = candidates_module.tile_max
+    monkeypatch.setattr(candidates_module, "tile_max", lambda x: made.append(1) or real(x))
+    logits = llm_logits(2, 8192, gen)
+    want = logits.topk(16, dim=-1).values
+    assert torch.equal(top_candidates(logits, 16).values, want) and made == []
+    assert torch.equal(top_candidates(logits, 16, tiled=True).values, want) and made == [1]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert torch.equal(top_candidates(logits, 16).values, want) and made == [1, 1]
 
 
 def test_covered_rows_keep_only_candidates(gen: torch.Generator) -> None:

@@ -64,8 +64,10 @@ def eviction_buffer(mib: int, device: torch.device | str = "cpu") -> torch.Tenso
     """A `mib` MiB float32 buffer on `device` for `time_rounds(evict=...)`, its pages already
     in place (written once); None for 0. To evict a cache it must be larger than it: at least
     twice the last-level cache (a CPU's L3, `lscpu`; a GPU's L2)."""
-    if isinstance(mib, bool) or not isinstance(mib, int) or mib < 0:
-        raise ValueError(f"mib must be an int >= 0, got {mib!r}")
+    if isinstance(mib, bool) or not isinstance(mib, int):
+        raise TypeError(f"mib must be an int, got {mib!r}")
+    if mib < 0:
+        raise ValueError(f"mib must be >= 0, got {mib}")
     if mib == 0:
         return None
     return torch.ones(mib * 2**20 // 4, dtype=torch.float32, device=device)
