@@ -31,7 +31,7 @@ from graphsafe_sampler.bench.results import (
     logits_gbps,
     run_context,
 )
-from graphsafe_sampler.bench.timing import eviction_buffer, time_rounds
+from graphsafe_sampler.bench.timing import check_mib, eviction_buffer, time_rounds
 
 FLOOR_ROUNDS_FACTOR = 5
 """The floor is cheap and the denominator of every ratio: it gets this many times the rounds."""
@@ -74,10 +74,7 @@ class GridSpec:
             raise ValueError("dtypes must not be empty")
         if self.rounds < 1 or self.warmup < 0:
             raise ValueError(f"need rounds >= 1 and warmup >= 0, got {self.rounds}, {self.warmup}")
-        if isinstance(self.evict_mib, bool) or not isinstance(self.evict_mib, int):
-            raise TypeError(f"evict_mib must be an int, got {self.evict_mib!r}")
-        if self.evict_mib < 0:
-            raise ValueError(f"evict_mib must be >= 0, got {self.evict_mib}")
+        check_mib(self.evict_mib, "evict_mib")
 
     def shapes(self) -> list[tuple[str, int, int, torch.dtype]]:
         return list(itertools.product(self.stages, self.rows, self.vocabs, self.dtypes))

@@ -60,14 +60,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def check_mib(mib: int, name: str = "mib") -> None:
+    """Raise unless `mib` is an eviction buffer's size: an int >= 0 (TypeError, ValueError)."""
+    if isinstance(mib, bool) or not isinstance(mib, int):
+        raise TypeError(f"{name} must be an int, got {mib!r}")
+    if mib < 0:
+        raise ValueError(f"{name} must be >= 0, got {mib}")
+
+
 def eviction_buffer(mib: int, device: torch.device | str = "cpu") -> torch.Tensor | None:
     """A `mib` MiB float32 buffer on `device` for `time_rounds(evict=...)`, its pages already
     in place (written once); None for 0. To evict a cache it must be larger than it: at least
     twice the last-level cache (a CPU's L3, `lscpu`; a GPU's L2)."""
-    if isinstance(mib, bool) or not isinstance(mib, int):
-        raise TypeError(f"mib must be an int, got {mib!r}")
-    if mib < 0:
-        raise ValueError(f"mib must be >= 0, got {mib}")
+    check_mib(mib)
     if mib == 0:
         return None
     return torch.ones(mib * 2**20 // 4, dtype=torch.float32, device=device)
