@@ -107,13 +107,13 @@ def check_raw_tiles(raw_tiles: torch.Tensor, num_rows: int, vocab_size: int) -> 
 
 @triton.jit
 def raw_tile_stats(x, in_tile):
-    """(max, sum(exp(x - max))) of a tile's raw logits `x` (float32) over `in_tile`: the max
-    +inf where the tile holds NaN (an upper bound every consumer reads), and a -inf max
-    shifts by 0, so that -inf - -inf never makes NaN. NaN or +inf make the sum NaN, as the
-    logsumexp of the row is then."""
-    top = tl.max(tl.where(x == x, tl.where(in_tile, x, float("-inf")), float("inf")), axis=0)
+    """(max, sum(exp(x - max))) of a tile's raw logits `x` (float32, any shape) over
+    `in_tile`: the max +inf where the tile holds NaN (an upper bound every consumer reads),
+    and a -inf max shifts by 0, so that -inf - -inf never makes NaN. NaN or +inf make the
+    sum NaN, as the logsumexp of the row is then."""
+    top = tl.max(tl.where(x == x, tl.where(in_tile, x, float("-inf")), float("inf")))
     shift = tl.where(top == float("-inf"), 0.0, top)
-    return top, tl.sum(tl.where(in_tile, tl.exp(x - shift), 0.0), axis=0)
+    return top, tl.sum(tl.where(in_tile, tl.exp(x - shift), 0.0))
 
 
 @triton.jit

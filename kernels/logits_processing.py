@@ -37,11 +37,13 @@ from .library import (
 
 
 @triton.jit
-def _bit_is_set(words_ptr, cols, in_row):
-    """Token t's bit in xgrammar's layout: bit t % 32 of int32 word t // 32."""
-    words = tl.load(words_ptr + cols // 32, mask=in_row, other=-1)
+def _bit_is_set(words_ptr, word, bit, word_used):
+    """Token t's bit in xgrammar's layout: bit `bit` = t % 32 of int32 word `word` = t // 32,
+    loaded where `word_used`. `word` may be a column [N / 32, 1] that a row `bit` [1, 32]
+    broadcasts against: each word is then loaded once, not once per token."""
+    words = tl.load(words_ptr + word, mask=word_used, other=-1)
     # an arithmetic shift of a negative word still leaves the wanted bit at position 0
-    return ((words >> (cols % 32)) & 1) != 0
+    return ((words >> bit) & 1) != 0
 
 
 @triton.jit
@@ -130,6 +132,9 @@ def _ban_bad_words(
 def _penalise_and_scale(
     x,  # [N] float32 logits of tokens `cols`, after the bias
     cols,  # [N] int32 token ids
+    word,  # [N] (or [N / 32, 1]) int32: cols // 32, the tokens' words in the bitmasks
+    bit,  # [N] (or [1, 32]) int32: cols % 32, their bits there
+    word_used,  # [N] (or [N / 32, 1]) bool, or True: which words to load
     in_row,  # [N] bool
     row,
     allowed_row,  # the slot's allowed bitmask
@@ -153,9 +158,9 @@ def _penalise_and_scale(
     """Steps 3-6 on the tokens `cols`; a saturated token (byte 255, frequency on) is left
     without its temperature, which step 7 applies after its excess."""
     # 3-4. bitmasks
-    keep = _bit_is_set(allowed_row, cols, in_row)
+    keep = _bit_is_set(allowed_row, word, bit, word_used)
     if HAS_GRAMMAR:
-        keep &= _bit_is_set(grammar_row, cols, in_row)
+        keep &= _bit_is_set(grammar_row, word, bit, word_used)
     x = tl.where(keep, x, float("-inf"))
     # 5. penalties with the byte count (a saturated token is charged 255 here)
     saturated = cols < 0  # all False, shaped as cols
@@ -169,7 +174,7 @@ def _penalise_and_scale(
                 drafted = tl.load(drafts_ptr + row.to(tl.int64) * num_drafts + j)
                 count += (cols == drafted).to(tl.int32)
         in_output = count > 0
-        seen = in_output | _bit_is_set(prompt_row, cols, in_row)
+        seen = in_output | _bit_is_set(prompt_row, word, bit, word_used)
         penalised = tl.where(x > 0.0, tl.math.div_rn(x, repetition), x * repetition)
         x = tl.where(seen, penalised, x)
         x = x - frequency * count.to(tl.float32)
@@ -269,19 +274,31 @@ def _process_logits_kernel(
     tile_row = tile_max_ptr + row.to(tl.int64) * tl.cdiv(vocab_size, BLOCK_SIZE)
     raw_row = raw_tiles_ptr + row.to(tl.int64) * tl.cdiv(vocab_size, BLOCK_SIZE) * 2
 
-    # 3-6. the dense pass: every token read once from the source, written once
+    # 3-6. the dense pass: every token read once from the source, written once. A tile is
+    # [BLOCK_SIZE / 32, 32], a bitmask word a row, so that a thread loads each word it needs
+    # once, and its bit positions are the same in every tile (tiles start on multiples of
+    # BLOCK_SIZE: of 32, or within one word when smaller)
+    WORD_COLS: tl.constexpr = min(32, BLOCK_SIZE)
+    tile_row_ids = tl.arange(0, BLOCK_SIZE // WORD_COLS)[:, None]
+    tile_col_ids = tl.arange(0, WORD_COLS)[None, :]
     for start in tl.range(begin, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
-        cols = start + tl.arange(0, BLOCK_SIZE)
+        cols = start + tile_row_ids * WORD_COLS + tile_col_ids  # [BLOCK_SIZE / 32, 32]
         in_row = cols < end
+        # [BLOCK_SIZE / 32, 1], clamped rather than masked: the tokens past the row's end
+        # are left out by `in_row` anyway, and a mask took more registers (a spill)
+        word = tl.minimum(start // 32 + tile_row_ids, num_words - 1)
+        bit = tile_col_ids  # [1, 32]
+        if BLOCK_SIZE < 32:
+            bit += start % 32
         x = tl.load(source_row + cols, mask=in_row, other=0.0).to(tl.float32)
         if HAS_RAW_TILES:
             raw_max, raw_sum = raw_tile_stats(x, in_row)
             tl.store(raw_row + (start // BLOCK_SIZE) * 2, raw_max)
             tl.store(raw_row + (start // BLOCK_SIZE) * 2 + 1, raw_sum)
         x = _penalise_and_scale(
-            x, cols, in_row, row, allowed_row, grammar_row, prompt_row, counts_row, drafts_ptr,
-            preceding, num_drafts, penalties_on, repetition, frequency, presence, fix_excess,
-            scale_on, temperature, SATURATED, HAS_GRAMMAR, HAS_DRAFTS,
+            x, cols, word, bit, True, in_row, row, allowed_row, grammar_row, prompt_row,
+            counts_row, drafts_ptr, preceding, num_drafts, penalties_on, repetition, frequency,
+            presence, fix_excess, scale_on, temperature, SATURATED, HAS_GRAMMAR, HAS_DRAFTS,
         )  # fmt: skip
         tl.store(row_ptr + cols, x, mask=in_row)
         if HAS_TILE_MAX:
@@ -302,9 +319,10 @@ def _process_logits_kernel(
         used &= (token >= begin) & (token < end)
         x = tl.load(source_row + token, mask=used, other=0.0).to(tl.float32) + value
         x = _penalise_and_scale(
-            x, token, used, row, allowed_row, grammar_row, prompt_row, counts_row, drafts_ptr,
-            preceding, num_drafts, penalties_on, repetition, frequency,
-            presence, fix_excess, scale_on, temperature, SATURATED, HAS_GRAMMAR, HAS_DRAFTS,
+            x, token, token // 32, token % 32, used, used, row, allowed_row, grammar_row,
+            prompt_row, counts_row, drafts_ptr, preceding, num_drafts, penalties_on, repetition,
+            frequency, presence, fix_excess, scale_on, temperature, SATURATED, HAS_GRAMMAR,
+            HAS_DRAFTS,
         )  # fmt: skip
         tl.store(row_ptr + token, x, mask=used)
         if HAS_TILE_MAX:

@@ -14,7 +14,7 @@ from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.batch_update import BatchUpdate
 from graphsafe_sampler.bitmask import BitmaskUnpacker, num_words, pack_token_ids
 from graphsafe_sampler.config import SamplerConfig
-from graphsafe_sampler.kernels.logits_processing import process_logits
+from graphsafe_sampler.kernels.logits_processing import launch_process_logits, process_logits
 from graphsafe_sampler.params import GREEDY_TEMPERATURE, SamplingParams
 from graphsafe_sampler.stages.penalties import SATURATED, PenaltyState
 
@@ -238,10 +238,14 @@ def _kernel(
     state: State,
     grammar: torch.Tensor | None,
     splits: int = 1,
+    block_size: int | None = None,
 ) -> torch.Tensor:
     got = torch.full_like(logits, float("nan"))  # every element must be written
     args = (*state.kernel_args(), grammar, *state.penalty_args())
-    process_logits(logits, got, slots, *args, splits=splits)
+    if block_size is None:
+        process_logits(logits, got, slots, *args, splits=splits)
+    else:  # the launcher: the op takes the library's tile
+        launch_process_logits(logits, got, slots, *args, splits=splits, block_size=block_size)
     return got
 
 
@@ -318,6 +322,24 @@ def test_split_rows_match_torch_backend(splits: int, kernel_device: torch.device
     logits = (torch.randn(rows, vocab, generator=gen) * 4).to(kernel_device)
     grammar = _random_grammar(rows, vocab, gen, kernel_device)
     got = _kernel(logits, slots, state, grammar, splits)
+    assert torch.equal(got, _torch_backend(logits, slots, state, grammar))
+
+
+@pytest.mark.parametrize(("block_size", "splits"), [(16, 3), (64, 2)], ids=["B16-S3", "B64-S2"])
+def test_small_tiles_match_torch_backend(
+    block_size: int, splits: int, kernel_device: torch.device
+) -> None:
+    """The dense pass takes a tile as [BLOCK_SIZE / 32, 32], one bitmask word a row. Tiles
+    narrower than a word (16) start in its middle every other tile, and a vocabulary that is
+    not a whole number of words (1,023) ends inside one: bit for bit the PyTorch backend,
+    with the allowed, grammar and prompt bitmasks all in play."""
+    gen = _gen()
+    rows, vocab = 3, 1023
+    state = _random_state(rows + 1, vocab, gen, device=kernel_device)
+    slots = torch.tensor([0, 2, 1], device=kernel_device)
+    logits = (torch.randn(rows, vocab, generator=gen) * 4).to(kernel_device)
+    grammar = _random_grammar(rows, vocab, gen, kernel_device)
+    got = _kernel(logits, slots, state, grammar, splits, block_size)
     assert torch.equal(got, _torch_backend(logits, slots, state, grammar))
 
 
