@@ -38,9 +38,8 @@ from .library import (
 
 @triton.jit
 def _bit_is_set(words_ptr, word, bit, word_used):
-    """Token t's bit in xgrammar's layout: bit `bit` = t % 32 of int32 word `word` = t // 32,
-    loaded where `word_used`. `word` may be a column [N / 32, 1] that a row `bit` [1, 32]
-    broadcasts against: each word is then loaded once, not once per token."""
+    """Bit `bit` = t % 32 of int32 word `word` = t // 32 (xgrammar's layout), where `word_used`;
+    a column `word` [N / 32, 1] against a row `bit` [1, 32] loads each word once."""
     words = tl.load(words_ptr + word, mask=word_used, other=-1)
     # an arithmetic shift of a negative word still leaves the wanted bit at position 0
     return ((words >> bit) & 1) != 0
@@ -274,18 +273,15 @@ def _process_logits_kernel(
     tile_row = tile_max_ptr + row.to(tl.int64) * tl.cdiv(vocab_size, BLOCK_SIZE)
     raw_row = raw_tiles_ptr + row.to(tl.int64) * tl.cdiv(vocab_size, BLOCK_SIZE) * 2
 
-    # 3-6. the dense pass: every token read once from the source, written once. A tile is
-    # [BLOCK_SIZE / 32, 32], a bitmask word a row, so that a thread loads each word it needs
-    # once, and its bit positions are the same in every tile (tiles start on multiples of
-    # BLOCK_SIZE: of 32, or within one word when smaller)
+    # 3-6. the dense pass: every token read once, written once; a tile is [BLOCK_SIZE / 32,
+    # 32], a bitmask word a row (each word loaded once, loop-invariant bit positions)
     WORD_COLS: tl.constexpr = min(32, BLOCK_SIZE)
     tile_row_ids = tl.arange(0, BLOCK_SIZE // WORD_COLS)[:, None]
     tile_col_ids = tl.arange(0, WORD_COLS)[None, :]
     for start in tl.range(begin, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
         cols = start + tile_row_ids * WORD_COLS + tile_col_ids  # [BLOCK_SIZE / 32, 32]
         in_row = cols < end
-        # [BLOCK_SIZE / 32, 1], clamped rather than masked: the tokens past the row's end
-        # are left out by `in_row` anyway, and a mask took more registers (a spill)
+        # clamped, not masked (a mask spilled): tokens past the end are out of `in_row`
         word = tl.minimum(start // 32 + tile_row_ids, num_words - 1)
         bit = tile_col_ids  # [1, 32]
         if BLOCK_SIZE < 32:
@@ -320,9 +316,9 @@ def _process_logits_kernel(
         x = tl.load(source_row + token, mask=used, other=0.0).to(tl.float32) + value
         x = _penalise_and_scale(
             x, token, token // 32, token % 32, used, used, row, allowed_row, grammar_row,
-            prompt_row, counts_row, drafts_ptr, preceding, num_drafts, penalties_on, repetition,
-            frequency, presence, fix_excess, scale_on, temperature, SATURATED, HAS_GRAMMAR,
-            HAS_DRAFTS,
+            prompt_row,
+            counts_row, drafts_ptr, preceding, num_drafts, penalties_on, repetition, frequency,
+            presence, fix_excess, scale_on, temperature, SATURATED, HAS_GRAMMAR, HAS_DRAFTS,
         )  # fmt: skip
         tl.store(row_ptr + token, x, mask=used)
         if HAS_TILE_MAX:
@@ -432,25 +428,10 @@ def launch_process_logits(
     num_bad = bad_tokens.shape[1] if bad_tokens is not None else 0
     splits, chunk = split_chunks(vocab_size, splits, block_size)
     _process_logits_kernel[(num_rows, splits)](
-        source,
-        source.stride(0),
-        logits,
-        logits.stride(0),
-        slots,
-        bias_ids,
-        bias_values,
-        min_tokens,
-        num_generated,
-        stop_ids,
-        allowed,
+        source, source.stride(0), logits, logits.stride(0), slots, bias_ids, bias_values,
+        min_tokens, num_generated, stop_ids, allowed,
         grammar if grammar is not None else allowed,  # unread without HAS_GRAMMAR
-        counts,
-        overflow_token,
-        overflow_excess,
-        prompt_mask,
-        repetition,
-        frequency,
-        presence,
+        counts, overflow_token, overflow_excess, prompt_mask, repetition, frequency, presence,
         temperature,
         drafts if drafts is not None else slots,  # unread without HAS_DRAFTS
         num_preceding if num_preceding is not None else slots,
@@ -484,7 +465,7 @@ def launch_process_logits(
         # 8 warps: 64 registers a thread and no spill with every feature (4 warps: 96 and a
         # spill, once the bad-words scan joined the kernel)
         num_warps=8,
-    )
+    )  # fmt: skip
 
 
 @inplace_op("process_logits", mutates_args=("logits", "tile_max", "raw_tiles"))
