@@ -37,10 +37,11 @@ from .library import (
 
 
 @triton.jit
-def _bit_is_set(words_ptr, word, bit, word_used):
-    """Bit `bit` = t % 32 of int32 word `word` = t // 32 (xgrammar's layout), where `word_used`;
-    a column `word` [N / 32, 1] against a row `bit` [1, 32] loads each word once."""
-    words = tl.load(words_ptr + word, mask=word_used, other=-1)
+def _bit_is_set(words_ptr, word, bit):
+    """Bit `bit` = t % 32 of int32 word `word` = t // 32 (xgrammar's layout); a column `word`
+    [N / 32, 1] against a row `bit` [1, 32] loads each word once. Unmasked: callers pass
+    words of the row (a token id, a masked-off one included, is always in [0, V))."""
+    words = tl.load(words_ptr + word)
     # an arithmetic shift of a negative word still leaves the wanted bit at position 0
     return ((words >> bit) & 1) != 0
 
@@ -133,7 +134,6 @@ def _penalise_and_scale(
     cols,  # [N] int32 token ids
     word,  # [N] (or [N / 32, 1]) int32: cols // 32, the tokens' words in the bitmasks
     bit,  # [N] (or [1, 32]) int32: cols % 32, their bits there
-    word_used,  # [N] (or [N / 32, 1]) bool, or True: which words to load
     in_row,  # [N] bool
     row,
     allowed_row,  # the slot's allowed bitmask
@@ -157,9 +157,9 @@ def _penalise_and_scale(
     """Steps 3-6 on the tokens `cols`; a saturated token (byte 255, frequency on) is left
     without its temperature, which step 7 applies after its excess."""
     # 3-4. bitmasks
-    keep = _bit_is_set(allowed_row, word, bit, word_used)
+    keep = _bit_is_set(allowed_row, word, bit)
     if HAS_GRAMMAR:
-        keep &= _bit_is_set(grammar_row, word, bit, word_used)
+        keep &= _bit_is_set(grammar_row, word, bit)
     x = tl.where(keep, x, float("-inf"))
     # 5. penalties with the byte count (a saturated token is charged 255 here)
     saturated = cols < 0  # all False, shaped as cols
@@ -173,7 +173,7 @@ def _penalise_and_scale(
                 drafted = tl.load(drafts_ptr + row.to(tl.int64) * num_drafts + j)
                 count += (cols == drafted).to(tl.int32)
         in_output = count > 0
-        seen = in_output | _bit_is_set(prompt_row, word, bit, word_used)
+        seen = in_output | _bit_is_set(prompt_row, word, bit)
         penalised = tl.where(x > 0.0, tl.math.div_rn(x, repetition), x * repetition)
         x = tl.where(seen, penalised, x)
         x = x - frequency * count.to(tl.float32)
@@ -292,7 +292,7 @@ def _process_logits_kernel(
             tl.store(raw_row + (start // BLOCK_SIZE) * 2, raw_max)
             tl.store(raw_row + (start // BLOCK_SIZE) * 2 + 1, raw_sum)
         x = _penalise_and_scale(
-            x, cols, word, bit, True, in_row, row, allowed_row, grammar_row, prompt_row,
+            x, cols, word, bit, in_row, row, allowed_row, grammar_row, prompt_row,
             counts_row, drafts_ptr, preceding, num_drafts, penalties_on, repetition, frequency,
             presence, fix_excess, scale_on, temperature, SATURATED, HAS_GRAMMAR, HAS_DRAFTS,
         )  # fmt: skip
@@ -315,8 +315,7 @@ def _process_logits_kernel(
         used &= (token >= begin) & (token < end)
         x = tl.load(source_row + token, mask=used, other=0.0).to(tl.float32) + value
         x = _penalise_and_scale(
-            x, token, token // 32, token % 32, used, used, row, allowed_row, grammar_row,
-            prompt_row,
+            x, token, token // 32, token % 32, used, row, allowed_row, grammar_row, prompt_row,
             counts_row, drafts_ptr, preceding, num_drafts, penalties_on, repetition, frequency,
             presence, fix_excess, scale_on, temperature, SATURATED, HAS_GRAMMAR, HAS_DRAFTS,
         )  # fmt: skip
@@ -387,7 +386,7 @@ def _process_logits_kernel(
 
 process_splits = SplitPolicy(ctas_per_sm=3)
 """Programs per row for `process_logits` (`library.SplitPolicy`: at least one tile each;
-3 CTAs an SM: 67-75 registers with bad words, in the cubin Triton builds with its flags)."""
+3 CTAs an SM: 72-80 registers with bad words, in the cubin Triton builds with its flags)."""
 
 
 def launch_process_logits(
