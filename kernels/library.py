@@ -160,12 +160,14 @@ def row_splits(
     max_splits: int | None = None,
     ctas_per_sm: int = 2,
     block_size: int = 1024,
+    min_splits: int = 1,
 ) -> int:
     """Programs per row for a kernel that splits its rows over the vocabulary (a row of
     151,936 is 149 tiles, which one program would walk alone): the count s whose waves times
     walk are the shortest, ceil(num_rows * s / (num_sms * ctas_per_sm)) * (ceil(tiles / s)
     + PROGRAM_OVERHEAD_TILES), the fewest programs among equals; at least `min_tiles` tiles
-    each, at most `max_splits` (a merge kernel reads them all in one program). ctas_per_sm:
+    each, at most `max_splits` (a merge kernel reads them all in one program), at least
+    `min_splits` where the row has the tiles for them. ctas_per_sm:
     the kernel's occupancy on sm_90 (tests/test_kernel_model.py holds each kernel's figure
     to its compiled registers). num_sms: the device's (default: asked of CUDA); off CUDA
     without it, 1 (the interpreter runs programs one after another)."""
@@ -180,29 +182,51 @@ def row_splits(
     slots = num_sms * ctas_per_sm
     costs = [
         (triton.cdiv(num_rows * s, slots) * (triton.cdiv(tiles, s) + PROGRAM_OVERHEAD_TILES), s)
-        for s in range(1, most + 1)
+        for s in range(min(min_splits, most), most + 1)
     ]
     return min(costs)[1]
+
+
+REGISTERS_PER_SM = 65_536
+"""sm_90's register file, per SM (and the most one CTA may hold)."""
+
+
+def register_cap(num_warps: int, ctas_per_sm: int) -> int:
+    """The most registers a thread may hold for `ctas_per_sm` CTAs of `num_warps` warps to
+    fit an SM's register file at once: what a launch passes as Triton's `maxnreg` (ptxas'
+    `.maxnreg`) to hold its occupancy by construction. A multiple of 8: sm_90 allocates a
+    warp's registers in units of 256."""
+    return REGISTERS_PER_SM // (ctas_per_sm * num_warps * 32) // 8 * 8
 
 
 @dataclass(frozen=True)
 class SplitPolicy:
     """How a kernel that splits its rows over the vocabulary picks its programs per row:
-    `row_splits` with the kernel's occupancy on sm_90 (`ctas_per_sm`: the fewest CTAs per SM
-    of its compiled variants, since a vocabulary not a multiple of 16 compiles without
-    divisibility hints, to more registers; tests/test_kernel_model.py holds it to the
-    compiled kernel), the fewest tiles a program walks and the most programs a row gets
-    (where a merge reads them all in one program). Called as
-    `policy(num_rows, vocab_size, device, num_sms=None)`; 1 off CUDA without num_sms."""
+    `row_splits` with the kernel's occupancy on sm_90 (`ctas_per_sm`), the fewest tiles a
+    program walks, the most programs a row gets (where a merge reads them all in one
+    program) and the fewest. Called as `policy(num_rows, vocab_size, device,
+    num_sms=None)`; 1 off CUDA without num_sms.
+
+    The occupancy is the kernel's own: a kernel launched with `maxnreg=policy.max_registers
+    (num_warps)` has it by construction (ptxas fits every variant into the cap, and
+    tests/cuda_compile.py fails any that spills to do so); for the others it is the fewest
+    CTAs per SM of the compiled variants (tests/test_kernel_model.py holds it to them).
+    Without a cap the registers ptxas picks move with the specialization: a vocabulary not a
+    multiple of 16 compiles without divisibility hints, to other counts."""
 
     ctas_per_sm: int
     min_tiles: int = 1
     max_splits: int | None = None
+    min_splits: int = 1
 
     def __call__(
         self, num_rows: int, vocab_size: int, device: torch.device, num_sms: int | None = None
     ) -> int:
         return row_splits(
             num_rows, vocab_size, device, num_sms, self.min_tiles, self.max_splits,
-            self.ctas_per_sm,
+            self.ctas_per_sm, min_splits=self.min_splits,
         )  # fmt: skip
+
+    def max_registers(self, num_warps: int) -> int:
+        """The register cap (`maxnreg`) that gives `ctas_per_sm` CTAs of `num_warps` warps."""
+        return register_cap(num_warps, self.ctas_per_sm)

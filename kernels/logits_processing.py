@@ -384,9 +384,10 @@ def _process_logits_kernel(
                 _forget_tiles(tile_row, token, used, BLOCK_SIZE)
 
 
-process_splits = SplitPolicy(ctas_per_sm=3)
-"""Programs per row for `process_logits` (`library.SplitPolicy`: at least one tile each;
-3 CTAs an SM: 72-80 registers with bad words, in the cubin Triton builds with its flags)."""
+process_splits = SplitPolicy(ctas_per_sm=4)
+"""Programs per row for `process_logits` (`library.SplitPolicy`: at least one tile each).
+4 CTAs an SM by construction: the launch caps registers at 64 (`max_registers`); uncapped,
+ptxas took 72-80 without divisibility hints (3 CTAs) and 58 with them."""
 
 
 def launch_process_logits(
@@ -461,9 +462,10 @@ def launch_process_logits(
         BAD_BLOCK=min(triton.next_power_of_2(max(num_bad, 1)), bad_block),
         # why: x - f * count must round twice, as torch's separate multiply and subtract do
         enable_fp_fusion=False,
-        # 8 warps: 64 registers a thread and no spill with every feature (4 warps: 96 and a
-        # spill, once the bad-words scan joined the kernel)
+        # 8 warps capped at 64 registers: 4 CTAs an SM and no spill with every feature (4
+        # warps: 96 registers and a spill, once the bad-words scan joined the kernel)
         num_warps=8,
+        maxnreg=process_splits.max_registers(8),
     )  # fmt: skip
 
 

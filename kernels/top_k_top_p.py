@@ -251,7 +251,7 @@ def _top_k_top_p_kernel(
     COUNT_READS: tl.constexpr,
     CANDIDATES: tl.constexpr,  # the merged buffer: a power of two
     PARTIAL: tl.constexpr,  # each chunk's list; SPLIT_BLOCK * PARTIAL >= CANDIDATES
-    SPLIT_BLOCK: tl.constexpr,  # a power of two >= splits
+    SPLIT_BLOCK: tl.constexpr,  # a power of two >= splits (its padding masked)
     STATS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
@@ -386,8 +386,10 @@ interpreter the default is 0: numpy runs the bitonic network op by op, about a s
 so the Sampler suites run the search alone there and the buffer has its own kernel tests."""
 
 
-MIN_PARTIAL = 32
-"""The shortest list a chunk keeps when the buffer is shared out over many chunks."""
+CHUNK_PARTIAL = 32
+"""The list each chunk keeps when stage 1 splits a row (at most the buffer). Short enough for
+stage 1 to compile under `top_k_top_p_splits`' register cap (lists of 64 and 128 spill
+under it), and 64 chunks' lists, 2,048 values, are the widest union the cut kernel merges."""
 
 MAX_SPLITS = 64
 """At most this many chunks a row: the cut kernel merges their lists in one program."""
@@ -402,17 +404,20 @@ def default_candidates() -> int:
 
 
 def partial_size(candidates: int, splits: int) -> int:
-    """Each chunk's list for `splits` chunks a row: the buffer shared out, at least
-    MIN_PARTIAL (a row's k largest may crowd one chunk) and at most the buffer; 2 (a shape,
-    unused) without a buffer."""
+    """Each chunk's list: the whole buffer for one chunk a row, CHUNK_PARTIAL (at most the
+    buffer) for more; 2 (a shape, unused) without a buffer."""
     if not candidates:
         return 2
-    return min(candidates, max(candidates // triton.next_power_of_2(splits), MIN_PARTIAL))
+    return candidates if splits == 1 else min(candidates, CHUNK_PARTIAL)
 
 
-top_k_top_p_splits = SplitPolicy(3, MIN_SPLIT_TILES, MAX_SPLITS)
+top_k_top_p_splits = SplitPolicy(4, MIN_SPLIT_TILES, MAX_SPLITS, min_splits=3)
 """Programs per row for stage 1 (`library.SplitPolicy`: at least MIN_SPLIT_TILES tiles each,
-at most MAX_SPLITS, since the cut kernel merges their lists in one program)."""
+at most MAX_SPLITS, since the cut kernel merges their lists in one program). 4 CTAs an SM by
+construction: a split row's lists hold CHUNK_PARTIAL, and the launch caps registers at 64
+(uncapped, ptxas took 92 with divisibility hints, 2 CTAs). At least 3 chunks where the row
+has the tiles: one chunk's list of 128 takes about 100 registers, and 2 chunks' lists hold
+64 candidates, which settle fewer rows than 3 or more."""
 
 
 def launch_top_k_top_p(
@@ -458,6 +463,7 @@ def launch_top_k_top_p(
         HAS_MIN_P=min_p is not None, HAS_TILE_MAX=tile_max is not None, PARTIAL=partial,
         STATS=STATS, TILES_BLOCK=triton.next_power_of_2(num_tiles), BLOCK_SIZE=block_size,
         num_warps=num_warps,
+        maxnreg=top_k_top_p_splits.max_registers(num_warps) if partial <= CHUNK_PARTIAL else None,
     )  # fmt: skip
     _top_k_top_p_kernel[(num_rows,)](
         logits,
@@ -480,7 +486,8 @@ def launch_top_k_top_p(
         # is never taken)
         CANDIDATES=max(candidates, partial),
         PARTIAL=partial,
-        SPLIT_BLOCK=triton.next_power_of_2(splits),
+        # padded to hold the buffer: 2 chunks' lists of 32 are fewer than 128 candidates
+        SPLIT_BLOCK=max(triton.next_power_of_2(splits), candidates // partial),
         STATS=STATS,
         BLOCK_SIZE=block_size,
         num_warps=num_warps,

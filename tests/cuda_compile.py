@@ -115,7 +115,9 @@ class Recorder:
     def run(self, kernel: JITFunction, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
         params = kernel.params
         bound = dict(zip([p.name for p in params], args, strict=False))
-        options = {k: kwargs.pop(k) for k in ("num_warps", "enable_fp_fusion") if k in kwargs}
+        options = {
+            k: kwargs.pop(k) for k in ("num_warps", "enable_fp_fusion", "maxnreg") if k in kwargs
+        }
         bound.update(kwargs)  # constexprs passed by name
         signature: dict[str, str] = {}
         constexprs: dict[str, Any] = {}
@@ -235,23 +237,18 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
     calls.append(("top_k_top_p reads= candidates=16 block=64", counted))
 
     # stage 1 split over the vocabulary as at B = 1 on a GPU: the cut kernel merges 64 lists
-    # of 32 (the widest union it takes)
+    # of 32 (the widest union it takes); and over 3, as at B = 256. `wide` is bound now: the
+    # sampling calls below rebind the name
     wide = _t(rows, 151_936)
+    for splits in (64, 3):
 
-    def split() -> None:
-        top_k_top_p.launch_top_k_top_p(
-            wide,
-            slots,
-            _i32(slots_n),
-            _t(slots_n),
-            _t(rows),
-            False,
-            _t(slots_n),
-            splits=64,
-            tile_max=_t(rows, 149),
-        )
+        def split(splits: int = splits, wide: torch.Tensor = wide) -> None:
+            top_k_top_p.launch_top_k_top_p(
+                wide, slots, _i32(slots_n), _t(slots_n), _t(rows), False, _t(slots_n),
+                splits=splits, tile_max=_t(rows, 149),
+            )  # fmt: skip
 
-    calls.append(("top_k_top_p min_p=True splits=64 tile_max=True", split))
+        calls.append((f"top_k_top_p min_p=True splits={splits} tile_max=True", split))
 
     from graphsafe_sampler.kernels.constants import SALT_BONUS, SALT_RECOVER, SALT_SAMPLE
 

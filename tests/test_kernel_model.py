@@ -59,6 +59,38 @@ def test_ctas_per_sm_hand_computed() -> None:
     assert machine.ctas_per_sm(1, 16, 0) == 32
 
 
+def test_register_cap_gives_its_occupancy_and_no_more() -> None:
+    """`library.register_cap`, the `maxnreg` a split kernel launches with, fits its CTAs an SM
+    in the register file (by the model's allocation rule) and is the largest that does."""
+    from graphsafe_sampler.kernels.library import register_cap
+
+    assert register_cap(8, 4) == 64 and register_cap(8, 3) == 80 and register_cap(4, 7) == 72
+    for warps, ctas in itertools.product((4, 8), range(1, 9)):
+        cap = register_cap(warps, ctas)
+        assert machine.ctas_per_sm(warps, cap, 0) >= ctas, (warps, ctas, cap)
+        assert machine.ctas_per_sm(warps, cap + 8, 0) < ctas, (warps, ctas, cap)
+
+
+def test_row_splits_hand_computed() -> None:
+    """The split policies on an H200's 132 SMs at V = 151,936 (149 tiles): the count whose
+    waves times walk (plus 8 tiles a program) is the shortest."""
+    from graphsafe_sampler.kernels.library import SplitPolicy, row_splits
+
+    cuda = torch.device("cuda")  # never touched: num_sms is given
+    # B = 256 at 4 CTAs (528 slots): 2 chunks fill one wave, 1 x (75 + 8) = 83; 3 need two
+    # waves, 2 x (50 + 8) = 116; at 3 CTAs (396 slots) 2 chunks need two waves, 2 x 83
+    assert row_splits(256, 151_936, cuda, 132, ctas_per_sm=4) == 2
+    assert row_splits(256, 151_936, cuda, 132, ctas_per_sm=3) == 3
+    # at least 3 chunks: 4 (1,024 programs, two waves of 38 + 8) beats 3 (two waves of 58)
+    assert SplitPolicy(4, 2, 64, min_splits=3)(256, 151_936, cuda, 132) == 4
+    # B = 1: every tile its own program; at 2 tiles or more each, 50 chunks of 3 tiles walk
+    # as long as 64 (the fewest programs among equals); a row too short for the minimum
+    assert row_splits(1, 151_936, cuda, 132, ctas_per_sm=4) == 149
+    assert SplitPolicy(4, 2, 64)(1, 151_936, cuda, 132) == 50
+    assert SplitPolicy(4, 2, 64, min_splits=3)(512, 4_099, cuda, 132) == 2  # 5 tiles
+    assert row_splits(8, 151_936, torch.device("cpu")) == 1  # the interpreter: one by one
+
+
 def test_launch_time_hand_computed() -> None:
     gpu = machine.Gpu(clock_ghz=2.0)  # 3.84 TB/s achievable, 800 ns, 2 µs a launch, 132 SMs
     # 264 programs at 2 CTAs an SM: one wave, 2 resident share 4 issue slots -> 2 each; a

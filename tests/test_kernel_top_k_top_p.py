@@ -474,15 +474,16 @@ def _assert_same_cuts(
 def test_split_rows_merge_their_lists(
     monkeypatch: pytest.MonkeyPatch, kernel_device: torch.device
 ) -> None:
-    """Stage 1 split over 4 chunks a row, each keeping a list of 4 (MIN_PARTIAL lowered from
-    32, so that a chunk can hold more of a row's k largest than its list): the cut equals
+    """Stage 1 split over 4 chunks a row (and 2), each keeping a list of 4 (CHUNK_PARTIAL
+    lowered from 32, so that a chunk can hold more of a row's k largest than its list): the
+    cut equals
     the search's (top-k exactly, top-p within float32 rounding, the chunks' masses summed in
     another order), the lists and floors change only which rows are searched, and a row
     whose k largest fit the lists is read once."""
     from graphsafe_sampler.bench.logits import llm_like_logits
     from graphsafe_sampler.kernels import top_k_top_p
 
-    monkeypatch.setattr(top_k_top_p, "MIN_PARTIAL", 4)
+    monkeypatch.setattr(top_k_top_p, "CHUNK_PARTIAL", 4)
     assert top_k_top_p.partial_size(16, 4) == 4
     gen = _gen()
     rows, vocab, candidates = 4, 320, 16
@@ -503,6 +504,9 @@ def test_split_rows_merge_their_lists(
     assert int(reads[2]) > 1  # 10 tied largest in one chunk's list of 4: searched
     assert bool((reads <= search_reads).all())
     print(f"reads {reads.tolist()} (search alone {search_reads.tolist()})")
+    # 2 chunks' lists of 4 hold fewer than the 16 candidates: the cut kernel pads the union
+    got, _, _ = _launch(*args, candidates, 64, splits=2)
+    _assert_same_cuts(args[0], got, want, top_k, top_p)
 
 
 def test_tile_maxima_skip_the_tiles_below_every_cut(kernel_device: torch.device) -> None:

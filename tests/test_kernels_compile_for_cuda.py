@@ -78,6 +78,16 @@ def test_every_kernel_variant_compiles_for_sm90(report: dict[str, Any]) -> None:
     # process_logits is bit-identical to torch's separate multiply and add: no fma in its PTX
     process = [r for r in results if r["kernel"] == "_process_logits_kernel"]
     assert len(process) == 8 and all(r["fma_in_ptx"] is False for r in process)
+    # the register caps (`maxnreg`) that give the split kernels their occupancy by
+    # construction: processing always, stage 1 wherever it keeps lists of CHUNK_PARTIAL;
+    # ptxas keeps each variant within its cap (and no variant spills, above)
+    from graphsafe_sampler.kernels.top_k_top_p import CHUNK_PARTIAL
+
+    assert all(r["options"].get("maxnreg") == 64 for r in process)
+    capped = [r for r in stage1 if r["constexprs"]["PARTIAL"] <= CHUNK_PARTIAL]
+    assert capped and all(r["options"].get("maxnreg") for r in capped)
+    assert all(r["registers"] <= r["options"]["maxnreg"] for r in results
+               if r["options"].get("maxnreg"))  # fmt: skip
 
 
 def _line_of(lines: list[str], start: int, statement: str) -> int:
