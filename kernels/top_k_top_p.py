@@ -149,11 +149,16 @@ def _candidates_kernel(
         log_min_p = tl.log(tl.maximum(min_p, 1e-38))  # unused when min_p is 0
         chunk_max = tl.full((), float("-inf"), tl.float32)
         chunk_min = tl.full((), float("inf"), tl.float32)
-        nan_count = tl.zeros((), tl.int32)
         total = tl.zeros((), tl.float32)
         best = tl.full((PARTIAL,), float("-inf"), tl.float32)
+        list_floor = tl.full((), float("-inf"), tl.float32)  # best's floor-rank value
         entries = tl.zeros((), tl.int32)
         complete = tl.full((), float("-inf"), tl.float32)
+        nan_count = tl.zeros((), tl.int32)
+        # kept per thread and reduced once after the walk, not per tile (a min and a max are
+        # exact in any order): the smallest logit and the largest left out of the list
+        low = tl.full((BLOCK_SIZE,), float("inf"), tl.float32)
+        left_out = tl.full((BLOCK_SIZE,), float("-inf"), tl.float32)
         begin = part * chunk
         end = tl.minimum(begin + chunk, vocab_size)
         tile_row = tile_max_ptr + row.to(tl.int64) * num_tiles
@@ -179,8 +184,7 @@ def _candidates_kernel(
             if visit:
                 valid = x == x
                 tile_max = tl.max(tl.where(valid, x, float("-inf")), axis=0)
-                tile_min = tl.min(tl.where(valid, x, float("inf")), axis=0)
-                chunk_min = tl.minimum(chunk_min, tile_min)
+                low = tl.minimum(low, tl.where(valid, x, float("inf")))
                 nan_count += tl.sum((~valid & in_chunk).to(tl.int32), axis=0)
                 new_max = tl.maximum(chunk_max, tile_max)
                 if use_buffer:
@@ -193,15 +197,14 @@ def _candidates_kernel(
                         total += tl.sum(tl.where(valid, tl.exp(x - base), 0.0), axis=0)
                     # the list's floor-rank value, max + ln(min_p) now (below min_p's cut at
                     # the end); not skip_below, which a logit of the k largest may equal
-                    floor = tl.max(tl.where(ranks == floor_rank, best, float("-inf")), axis=0)
+                    floor = list_floor
                     if HAS_MIN_P:  # noqa: SIM102 (a constexpr guard)
                         if min_p != 0.0:
                             floor = tl.maximum(floor, new_max + log_min_p)
                     # the tile's logits at or below the floor, or below the tile maxima's
                     # floor (which a logit of the k largest may equal), stay out of the list
                     hit = valid & (x > floor) & (x >= skip_below)
-                    kept_out = tl.where(valid & ~hit, x, float("-inf"))
-                    complete = tl.maximum(complete, tl.max(kept_out, axis=0))
+                    left_out = tl.maximum(left_out, tl.where(valid & ~hit, x, float("-inf")))
                     if (tile_max > floor) & (tile_max >= skip_below):
                         hits = tl.sum(hit.to(tl.int32), axis=0)
                         # one logit above the floor (the usual merge once the list has
@@ -214,11 +217,16 @@ def _candidates_kernel(
                         # sorted by one bitonic merge (log2(PARTIAL) rounds)
                         union = tl.maximum(best, tl.flip(top, 0))
                         best = tl.bitonic_merge(union, descending=True)
+                        list_floor = tl.max(
+                            tl.where(ranks == floor_rank, best, float("-inf")), axis=0
+                        )
                         # what fell off lies at or below the last
                         if entries + hits > PARTIAL:
                             complete = tl.maximum(complete, tl.min(best, axis=0))
                         entries = tl.minimum(entries + hits, PARTIAL)
                 chunk_max = new_max
+        chunk_min = tl.minimum(chunk_min, tl.min(low, axis=0))
+        complete = tl.maximum(complete, tl.max(left_out, axis=0))
         at = stats_ptr + (row.to(tl.int64) * tl.num_programs(1) + part) * STATS
         tl.store(at + 0, chunk_max)
         tl.store(at + 1, chunk_min)
