@@ -106,6 +106,15 @@ def check_raw_tiles(raw_tiles: torch.Tensor, num_rows: int, vocab_size: int) -> 
 
 
 @triton.jit
+def forget_tiles(tile_row, token, mask, BLOCK_SIZE: tl.constexpr):
+    """Mark the tiles holding `token` (where `mask`) unknown in the row's tile-max table: a
+    phase after the dense pass changed one of their logits. +inf: every consumer reads the
+    tile, and no floor is taken from it. (Reading those tiles again for their max would
+    chain a load's latency per tile a program.)"""
+    tl.store(tile_row + token // BLOCK_SIZE, tl.full(token.shape, float("inf"), tl.float32), mask)
+
+
+@triton.jit
 def raw_tile_stats(x, in_tile):
     """(max, sum(exp(x - max))) of a tile's raw logits `x` (float32, any shape) over
     `in_tile`: the max +inf where the tile holds NaN (an upper bound every consumer reads),

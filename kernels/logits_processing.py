@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .bad_words import ban_bad_words
 from .constants import GREEDY_TEMPERATURE, SATURATED
 from .library import (
     PIPELINE_STAGES,
@@ -30,6 +31,7 @@ from .library import (
     check_rows,
     check_table,
     check_tile_max,
+    forget_tiles,
     inplace_op,
     raw_tile_stats,
     split_chunks,
@@ -44,88 +46,6 @@ def _bit_is_set(words_ptr, word, bit):
     words = tl.load(words_ptr + word)
     # an arithmetic shift of a negative word still leaves the wanted bit at position 0
     return ((words >> bit) & 1) != 0
-
-
-@triton.jit
-def _forget_tiles(tile_row, token, mask, BLOCK_SIZE: tl.constexpr):
-    """Mark the tiles holding `token` (where `mask`) unknown in the row's tile-max table: a
-    phase after the dense pass changed one of their logits. +inf: every consumer reads the
-    tile, and no floor is taken from it. (Reading those tiles again for their max would
-    chain a load's latency per tile a program.)"""
-    tl.store(tile_row + token // BLOCK_SIZE, tl.full(token.shape, float("inf"), tl.float32), mask)
-
-
-@triton.jit
-def _segment_min(word_a, vote_a, word_b, vote_b):
-    """Scan operator: the running minimum of the votes within a run of equal word ids."""
-    return word_b, tl.where(word_a == word_b, tl.minimum(vote_a, vote_b), vote_b)
-
-
-@triton.jit
-def _ban_bad_words(
-    row_ptr,  # this row's logits
-    row,
-    slot,
-    generated,  # int32: the slot's committed outputs
-    preceding,  # int32: this row's drafts before it (0 without drafts)
-    bad_tokens_ptr,  # [num_slots, T] int32
-    bad_back_ptr,  # [num_slots, T] int32: outputs back; 0 = the token to ban; -1 = unused
-    bad_word_ptr,  # [num_slots, T] int32: the word of each entry
-    window_ptr,  # [num_slots, L] int32: output g at g % L
-    drafts_ptr,  # [num_rows, D] int64 (HAS_DRAFTS)
-    tile_row,  # this row's tile maxima (HAS_TILE_MAX)
-    begin,  # the program's columns: [begin, end)
-    end,
-    num_bad,  # T
-    window_len,  # L
-    num_drafts,  # D
-    HAS_DRAFTS: tl.constexpr,
-    HAS_TILE_MAX: tl.constexpr,
-    BAD_BLOCK: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-):
-    """Store -inf on each word's last token where the outputs before this row end with the
-    word's prefix (the bad-words stage's rule and layout: a word's entries are contiguous,
-    used entries first), for the tokens in [begin, end). A scan of the entries' votes per
-    run of equal word ids gives, at a word's last entry, whether every entry of its word
-    matched; a word spanning two blocks carries the previous block's last run."""
-    table = slot.to(tl.int64) * num_bad
-    carry_word = -1
-    carry_vote = 1
-    for start in range(0, num_bad, BAD_BLOCK):
-        # used entries come first: a block that starts unused has none
-        if tl.load(bad_back_ptr + table + start) >= 0:
-            entry = start + tl.arange(0, BAD_BLOCK)
-            used = entry < num_bad
-            back = tl.load(bad_back_ptr + table + entry, mask=used, other=-1)
-            token = tl.load(bad_tokens_ptr + table + entry, mask=used, other=0)
-            word = tl.load(bad_word_ptr + table + entry, mask=used, other=-1)
-            # the output `back` steps before the position sampled now (committed outputs,
-            # then this row's preceding drafts); a floor modulo, as torch's %
-            index = generated + preceding - tl.maximum(back, 1)
-            ring = index % window_len
-            ring = tl.where(ring < 0, ring + window_len, ring)
-            seen = tl.load(window_ptr + slot.to(tl.int64) * window_len + ring, mask=used, other=-1)
-            if HAS_DRAFTS:
-                column = tl.minimum(tl.maximum(index - generated, 0), num_drafts - 1)
-                drafted = tl.load(
-                    drafts_ptr + row.to(tl.int64) * num_drafts + column, mask=used, other=-1
-                ).to(tl.int32)
-                seen = tl.where(index >= generated, drafted, seen)
-                exists = index >= 0
-            else:
-                exists = generated >= back
-            # 1 where an entry lets its word match: not a prefix token, or it is seen there
-            vote = ((back < 1) | ((seen == token) & exists)).to(tl.int32)
-            _, matched = tl.associative_scan((word, vote), 0, _segment_min)
-            matched = tl.where(word == carry_word, tl.minimum(matched, carry_vote), matched)
-            last = entry == start + BAD_BLOCK - 1
-            carry_word = tl.sum(tl.where(last, word, 0))
-            carry_vote = tl.sum(tl.where(last, matched, 0))
-            ban = used & (back == 0) & (matched == 1) & (token >= begin) & (token < end)
-            tl.store(row_ptr + token, tl.full((BAD_BLOCK,), float("-inf"), tl.float32), ban)
-            if HAS_TILE_MAX:
-                _forget_tiles(tile_row, token, ban, BLOCK_SIZE)
 
 
 @triton.jit
@@ -321,7 +241,7 @@ def _process_logits_kernel(
         )  # fmt: skip
         tl.store(row_ptr + token, x, mask=used)
         if HAS_TILE_MAX:
-            _forget_tiles(tile_row, token, used, BLOCK_SIZE)
+            forget_tiles(tile_row, token, used, BLOCK_SIZE)
 
     # step 7 reads what other threads of this program stored above
     tl.debug_barrier()
@@ -343,7 +263,7 @@ def _process_logits_kernel(
                     value = tl.math.div_rn(value, temperature)
                 tl.store(row_ptr + listed, value)
                 if HAS_TILE_MAX:
-                    _forget_tiles(tile_row, listed, listed >= begin, BLOCK_SIZE)
+                    forget_tiles(tile_row, listed, listed >= begin, BLOCK_SIZE)
             index += 1
             listed = tl.load(
                 overflow_token_ptr + table_row + index, mask=index < num_overflow, other=-1
@@ -360,7 +280,7 @@ def _process_logits_kernel(
                 x = tl.load(row_ptr + cols, mask=at_255, other=0.0)
                 tl.store(row_ptr + cols, tl.math.div_rn(x, temperature), mask=at_255)
                 if HAS_TILE_MAX:
-                    _forget_tiles(tile_row, start, start >= begin, BLOCK_SIZE)
+                    forget_tiles(tile_row, start, start >= begin, BLOCK_SIZE)
     # a stop id or a banned token may be stored above by another thread: -inf lands last
     tl.debug_barrier()
 
@@ -368,7 +288,7 @@ def _process_logits_kernel(
     # (a masked or penalised -inf stays -inf through steps 3-7, so -inf last is the same)
     generated = tl.load(num_generated_ptr + slot)
     if HAS_BAD_WORDS:
-        _ban_bad_words(
+        ban_bad_words(
             row_ptr, row, slot, generated, preceding, bad_tokens_ptr, bad_back_ptr, bad_word_ptr,
             window_ptr, drafts_ptr, tile_row, begin, end, num_bad, window_len, num_drafts,
             HAS_DRAFTS, HAS_TILE_MAX, BAD_BLOCK, BLOCK_SIZE,
@@ -381,7 +301,7 @@ def _process_logits_kernel(
             used &= (token >= begin) & (token < end)
             tl.store(row_ptr + token, tl.full((SPARSE_BLOCK,), float("-inf"), tl.float32), used)
             if HAS_TILE_MAX:
-                _forget_tiles(tile_row, token, used, BLOCK_SIZE)
+                forget_tiles(tile_row, token, used, BLOCK_SIZE)
 
 
 process_splits = SplitPolicy(ctas_per_sm=4)

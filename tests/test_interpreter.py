@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphsafe_sampler.kernels.logits_processing import _segment_min
+from graphsafe_sampler.kernels.bad_words import _segment_min
 from graphsafe_sampler.kernels.top_k_top_p import _minimum
 from graphsafe_sampler.testing import scan_in_log_steps, share_interpreter_patches
 

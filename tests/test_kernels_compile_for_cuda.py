@@ -114,7 +114,7 @@ def test_process_logits_orders_its_phases(report: dict[str, Any]) -> None:
     )
     dense = _line_of(lines, start, "tl.store(row_ptr + cols, x, mask=in_row)")
     # the bad words' -inf, stored from the helper it inlines: the call's line in the kernel
-    bad_words = _line_of(lines, start, "_ban_bad_words(")
+    bad_words = _line_of(lines, start, "ban_bad_words(")
     process = [r for r in report["results"] if r["kernel"] == "_process_logits_kernel"]
     assert len(process) == 8
     for r in process:
