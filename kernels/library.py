@@ -115,6 +115,34 @@ def forget_tiles(tile_row, token, mask, BLOCK_SIZE: tl.constexpr):
 
 
 @triton.jit
+def hoisted_reciprocal(d):
+    """For a row's divisor d (a scalar): (RN(1/d), in_range), `divide_by`'s reciprocal and
+    whether d lies in [2**-20, 2**20], where `divide_by` is proven exact."""
+    in_range = (d >= 9.5367431640625e-07) & (d <= 1048576.0)  # 2**-20, 2**20
+    return tl.math.div_rn(1.0, d), in_range
+
+
+@triton.jit
+def divide_by(x, d, d_inv):
+    """(x / d, outside) for d in [2**-20, 2**20] with d_inv = RN(1/d) computed once: the
+    division rounded to nearest, as IEEE division rounds it, by one multiply and two fused
+    multiply-adds (the known-divisor case of Markstein's theorem: q = RN(x d_inv) lies
+    within an ulp of x / d, the residual q d - x is exact, and q - RN(residual d_inv) is
+    x / d rounded), for x = ±0 (the residual's sign keeps -0.0), NaN, and 2**-100 <= |x|
+    <= 2**104: there the residual is exact and x / d is normal, far from overflow. `outside`
+    marks every other x (±inf included, which give NaN here), for the caller to divide
+    again with `tl.math.div_rn`. About 7 SASS instructions an element, the check included,
+    where div_rn inlines about 17 (a reciprocal, its refinement, and a range check)."""
+    q = x * d_inv
+    residual = tl.fma(q, d, -x)
+    magnitude = tl.abs(x)
+    outside = ((magnitude < 7.888609052210118e-31) & (x != 0.0)) | (
+        magnitude > 2.028240960365167e31
+    )
+    return tl.fma(-residual, d_inv, q), outside
+
+
+@triton.jit
 def raw_tile_stats(x, in_tile):
     """(max, sum(exp(x - max))) of a tile's raw logits `x` (float32, any shape) over
     `in_tile`: the max +inf where the tile holds NaN (an upper bound every consumer reads),

@@ -7,8 +7,10 @@ first); the few sparse tokens are then fixed up: the biased ones recomputed from
 value plus the bias, the saturated ones (penalty count byte 255, the excess in the slot's
 overflow table) given their excess and then their temperature, and last min_tokens' stop ids
 and the bad words' banned tokens set to -inf (which every other step keeps at -inf), so no
-tile compares its tokens against a sparse table. All arithmetic is float32 with IEEE
-division and no fused multiply-add, so the row equals the PyTorch backend's bit for bit.
+tile compares its tokens against a sparse table. All arithmetic is float32, rounded as IEEE
+division rounds, and no fused multiply-add but the division's own (`library.divide_by`, by
+a reciprocal computed once a row; a chunk it cannot vouch for is made again with div_rn),
+so the row equals the PyTorch backend's bit for bit.
 Custom processors are not here. The phases and their order, why the excess step may skip the
 dense pass's temperature, the exactness and the traffic per row: docs/kernels.md, logits
 processing.
@@ -31,7 +33,9 @@ from .library import (
     check_rows,
     check_table,
     check_tile_max,
+    divide_by,
     forget_tiles,
+    hoisted_reciprocal,
     inplace_op,
     raw_tile_stats,
     split_chunks,
@@ -64,25 +68,30 @@ def _penalise_and_scale(
     preceding,
     num_drafts,
     penalties_on,
-    repetition,
+    repetition,  # (d, RN(1/d)): the divisor and `library.hoisted_reciprocal`'s reciprocal
     frequency,
     presence,
     fix_excess,
     scale_on,
-    temperature,
+    temperature,  # (d, RN(1/d)), as repetition
     SATURATED: tl.constexpr,
     HAS_GRAMMAR: tl.constexpr,
     HAS_DRAFTS: tl.constexpr,
+    EXACT: tl.constexpr,  # IEEE division (div_rn); else `library.divide_by`
 ):
-    """Steps 3-6 on the tokens `cols`; a saturated token (byte 255, frequency on) is left
-    without its temperature, which step 7 applies after its excess."""
+    """Steps 3-6 on the tokens `cols` -> (logits, outside): a saturated token (byte 255,
+    frequency on) is left without its temperature, which step 7 applies after its excess.
+    `outside` marks the tokens whose quotient `divide_by` may not round as IEEE division
+    (never with EXACT): the caller computes them again with EXACT."""
     # 3-4. bitmasks
     keep = _bit_is_set(allowed_row, word, bit)
     if HAS_GRAMMAR:
         keep &= _bit_is_set(grammar_row, word, bit)
-    x = tl.where(keep, x, float("-inf"))
+    if EXACT:  # masked first: `keep` is not held over the penalties (the same values)
+        x = tl.where(keep, x, float("-inf"))
+    outside = cols < 0  # all False, shaped as cols
     # 5. penalties with the byte count (a saturated token is charged 255 here)
-    saturated = cols < 0  # all False, shaped as cols
+    saturated = cols < 0
     if penalties_on:
         byte = tl.load(counts_row + cols, mask=in_row, other=0).to(tl.int32)
         count = byte
@@ -94,7 +103,8 @@ def _penalise_and_scale(
                 count += (cols == drafted).to(tl.int32)
         in_output = count > 0
         seen = in_output | _bit_is_set(prompt_row, word, bit)
-        penalised = tl.where(x > 0.0, tl.math.div_rn(x, repetition), x * repetition)
+        quotient, outside = _divide(x, repetition, EXACT)
+        penalised = tl.where(x > 0.0, quotient, x * repetition[0])
         x = tl.where(seen, penalised, x)
         x = x - frequency * count.to(tl.float32)
         x = x - presence * in_output.to(tl.float32)
@@ -102,8 +112,71 @@ def _penalise_and_scale(
         saturated = tl.where(fix_excess, byte == SATURATED, False)
     # 6. temperature, except where step 7 still subtracts the excess first
     if scale_on:
-        x = tl.where(saturated, x, tl.math.div_rn(x, temperature))
-    return x
+        quotient, scaled_outside = _divide(x, temperature, EXACT)
+        x = tl.where(saturated, x, quotient)
+        outside |= scaled_outside
+    # the masks last, so that no -inf of theirs reaches a fast division (`outside`): a
+    # masked token is -inf either way, since -inf stays -inf through every step (penalties
+    # > 0)
+    if not EXACT:
+        x = tl.where(keep, x, float("-inf"))
+    return x, outside
+
+
+@triton.jit
+def _divide(x, divisor, EXACT: tl.constexpr):
+    """(x / d, outside) for divisor = (d, RN(1/d)): `library.divide_by`, or with EXACT IEEE
+    division."""
+    if EXACT:
+        return tl.math.div_rn(x, divisor[0]), tl.zeros(x.shape, tl.int1)
+    else:
+        return divide_by(x, divisor[0], divisor[1])
+
+
+@triton.jit
+def _dense_tile(
+    start, end, num_words, source_row, row_ptr, tile_row, raw_row, row, allowed_row,
+    grammar_row, prompt_row, counts_row, drafts_ptr, preceding, num_drafts, penalties_on,
+    repetition, frequency, presence, fix_excess, scale_on, temperature,
+    SATURATED: tl.constexpr, HAS_GRAMMAR: tl.constexpr, HAS_DRAFTS: tl.constexpr,
+    HAS_TILE_MAX: tl.constexpr, HAS_RAW_TILES: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    EXACT: tl.constexpr,
+):  # fmt: skip
+    """Steps 3-6 on the tile at `start`, read once and written once, with its raw and
+    processed statistics -> whether the tile must be made again with EXACT (a token
+    `outside` the divisions' range, or, with HAS_TILE_MAX, a NaN or +inf logit). The tile
+    is [BLOCK_SIZE / 32, 32], a bitmask word a row: each word loaded once, and the bit
+    positions loop-invariant."""
+    WORD_COLS: tl.constexpr = min(32, BLOCK_SIZE)
+    tile_row_ids = tl.arange(0, BLOCK_SIZE // WORD_COLS)[:, None]
+    tile_col_ids = tl.arange(0, WORD_COLS)[None, :]
+    cols = start + tile_row_ids * WORD_COLS + tile_col_ids  # [BLOCK_SIZE / 32, 32]
+    in_row = cols < end
+    # clamped, not masked (a mask spilled): tokens past the end are out of `in_row`
+    word = tl.minimum(start // 32 + tile_row_ids, num_words - 1)
+    bit = tile_col_ids  # [1, 32]
+    if BLOCK_SIZE < 32:
+        bit += start % 32
+    x = tl.load(source_row + cols, mask=in_row, other=0.0).to(tl.float32)
+    if HAS_RAW_TILES:
+        raw_max, raw_sum = raw_tile_stats(x, in_row)
+        tl.store(raw_row + (start // BLOCK_SIZE) * 2, raw_max)
+        tl.store(raw_row + (start // BLOCK_SIZE) * 2 + 1, raw_sum)
+    x, outside = _penalise_and_scale(
+        x, cols, word, bit, in_row, row, allowed_row, grammar_row, prompt_row, counts_row,
+        drafts_ptr, preceding, num_drafts, penalties_on, repetition, frequency, presence,
+        fix_excess, scale_on, temperature, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, EXACT,
+    )  # fmt: skip
+    tl.store(row_ptr + cols, x, mask=in_row)
+    if HAS_TILE_MAX:
+        # the tile's largest logit, +inf where it holds NaN (a tile every consumer reads)
+        # or a token outside (made again, with the table's entry)
+        top = tl.where((x == x) & ~outside, x, float("inf"))
+        top = tl.max(tl.where(in_row, top, float("-inf")))
+        tl.store(tile_row + start // BLOCK_SIZE, top)
+        return top == float("inf")
+    else:
+        return tl.max(outside.to(tl.int32)) > 0
 
 
 @triton.jit
@@ -193,34 +266,37 @@ def _process_logits_kernel(
     tile_row = tile_max_ptr + row.to(tl.int64) * tl.cdiv(vocab_size, BLOCK_SIZE)
     raw_row = raw_tiles_ptr + row.to(tl.int64) * tl.cdiv(vocab_size, BLOCK_SIZE) * 2
 
-    # 3-6. the dense pass: every token read once, written once; a tile is [BLOCK_SIZE / 32,
-    # 32], a bitmask word a row (each word loaded once, loop-invariant bit positions)
-    WORD_COLS: tl.constexpr = min(32, BLOCK_SIZE)
-    tile_row_ids = tl.arange(0, BLOCK_SIZE // WORD_COLS)[:, None]
-    tile_col_ids = tl.arange(0, WORD_COLS)[None, :]
+    # the divisors with their reciprocals, for the dense pass's divisions (see _divide); a
+    # divisor outside divide_by's range has the whole chunk made with IEEE division
+    repetition_inv, repetition_in_range = hoisted_reciprocal(repetition)
+    temperature_inv, temperature_in_range = hoisted_reciprocal(temperature)
+    repetition_divisor = (repetition, repetition_inv)
+    temperature_divisor = (temperature, temperature_inv)
+
+    # 3-6. the dense pass: every token read once, written once. If a tile held a quotient
+    # the hoisted reciprocals may round apart from IEEE division (or NaN or +inf), the
+    # program makes its chunk again with IEEE division: never, for an LLM's logits
+    redo = (penalties_on & ~repetition_in_range) | (scale_on & ~temperature_in_range)
     for start in tl.range(begin, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
-        cols = start + tile_row_ids * WORD_COLS + tile_col_ids  # [BLOCK_SIZE / 32, 32]
-        in_row = cols < end
-        # clamped, not masked (a mask spilled): tokens past the end are out of `in_row`
-        word = tl.minimum(start // 32 + tile_row_ids, num_words - 1)
-        bit = tile_col_ids  # [1, 32]
-        if BLOCK_SIZE < 32:
-            bit += start % 32
-        x = tl.load(source_row + cols, mask=in_row, other=0.0).to(tl.float32)
-        if HAS_RAW_TILES:
-            raw_max, raw_sum = raw_tile_stats(x, in_row)
-            tl.store(raw_row + (start // BLOCK_SIZE) * 2, raw_max)
-            tl.store(raw_row + (start // BLOCK_SIZE) * 2 + 1, raw_sum)
-        x = _penalise_and_scale(
-            x, cols, word, bit, in_row, row, allowed_row, grammar_row, prompt_row,
-            counts_row, drafts_ptr, preceding, num_drafts, penalties_on, repetition, frequency,
-            presence, fix_excess, scale_on, temperature, SATURATED, HAS_GRAMMAR, HAS_DRAFTS,
+        redo |= _dense_tile(
+            start, end, num_words, source_row, row_ptr, tile_row, raw_row, row, allowed_row,
+            grammar_row, prompt_row, counts_row, drafts_ptr, preceding, num_drafts,
+            penalties_on, repetition_divisor, frequency, presence, fix_excess, scale_on,
+            temperature_divisor, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX,
+            HAS_RAW_TILES, BLOCK_SIZE, HAS_DRAFTS,
         )  # fmt: skip
-        tl.store(row_ptr + cols, x, mask=in_row)
-        if HAS_TILE_MAX:
-            # the tile's largest logit, +inf where it holds NaN (a tile every consumer reads)
-            top = tl.where(x == x, x, float("inf"))
-            tl.store(tile_row + start // BLOCK_SIZE, tl.max(tl.where(in_row, top, float("-inf"))))
+    # with drafts (the rejection sampler's rows) the first pass is already IEEE division:
+    # the drafts' counts and the range checks together spilled under the register cap
+    if redo & (not HAS_DRAFTS):
+        tl.debug_barrier()  # the tile maxima: a first pass's entry must not land after
+        for start in tl.range(begin, end, BLOCK_SIZE):
+            _dense_tile(
+                start, end, num_words, source_row, row_ptr, tile_row, raw_row, row,
+                allowed_row, grammar_row, prompt_row, counts_row, drafts_ptr, preceding,
+                num_drafts, penalties_on, repetition_divisor, frequency, presence, fix_excess,
+                scale_on, temperature_divisor, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX,
+                HAS_RAW_TILES, BLOCK_SIZE, True,
+            )  # fmt: skip
     # the biased tokens are rewritten below, by other threads than the dense pass's
     tl.debug_barrier()
 
@@ -234,10 +310,11 @@ def _process_logits_kernel(
         token = tl.load(bias_ids_ptr + slot * num_bias + entry, mask=used, other=0)
         used &= (token >= begin) & (token < end)
         x = tl.load(source_row + token, mask=used, other=0.0).to(tl.float32) + value
-        x = _penalise_and_scale(
+        x, _ = _penalise_and_scale(
             x, token, token // 32, token % 32, used, row, allowed_row, grammar_row, prompt_row,
-            counts_row, drafts_ptr, preceding, num_drafts, penalties_on, repetition, frequency,
-            presence, fix_excess, scale_on, temperature, SATURATED, HAS_GRAMMAR, HAS_DRAFTS,
+            counts_row, drafts_ptr, preceding, num_drafts, penalties_on, repetition_divisor,
+            frequency, presence, fix_excess, scale_on, temperature_divisor, SATURATED,
+            HAS_GRAMMAR, HAS_DRAFTS, True,
         )  # fmt: skip
         tl.store(row_ptr + token, x, mask=used)
         if HAS_TILE_MAX:

@@ -14,7 +14,8 @@ each call into a signature (tensor dtypes, int widths) plus its constexprs and l
 options (num_warps, enable_fp_fusion), which `triton.compile` takes with a CUDA target.
 
 It also checks that a kernel launched with `enable_fp_fusion=False` has no fused multiply-add
-in its PTX (its bit-identity with the PyTorch stages depends on it), and that no variant
+in its PTX but those its source writes (`tl.fma`: its bit-identity with the PyTorch stages
+depends on it), and that no variant
 spills registers (`ptxas -v`: a spill is local-memory traffic in every loop iteration).
 Each variant's `store_phases` (the source lines of its global stores, grouped between the
 barriers of its TTGIR) let the test check that a kernel orders the stores that its threads
@@ -35,6 +36,7 @@ import argparse
 import contextlib
 import io
 import json
+import linecache
 import os
 import re
 import sys
@@ -89,6 +91,9 @@ class Compiled:
     error: str = ""
     constexprs: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    # with enable_fp_fusion=False: the PTX's fused multiply-adds by source line
+    # ("file:line: code"), and whether one of them is on a line that wrote no `tl.fma`
+    fma_lines: list[str] = field(default_factory=list)
     fma_in_ptx: bool | None = None
     registers: int | None = None
     spill_bytes: int | None = None  # spill stores a thread, from `ptxas -v`
@@ -446,6 +451,20 @@ def store_phases(ttgir: str) -> list[list[int]]:
     return phases
 
 
+def fma_lines(ptx: str) -> list[str]:
+    """The source lines ("file:line: code") of the float32 fused multiply-adds in `ptx`, by
+    the `.loc` before each (its `.file` table names the file)."""
+    files = dict(re.findall(r'^\s*\.file\s+(\d+)\s+"([^"]+)"', ptx, re.M))
+    found, here = set(), ("", 0)
+    for text in ptx.splitlines():
+        if loc := re.match(r"\s*\.loc\s+(\d+)\s+(\d+)", text):
+            here = (files.get(loc.group(1), ""), int(loc.group(2)))
+        elif "fma.rn.f32" in text and here[0]:
+            code = linecache.getline(here[0], here[1]).strip()
+            found.add(f"{os.path.basename(here[0])}:{here[1]}: {code}")
+    return sorted(found)
+
+
 def compile_launch(launch: Launch, arch: int) -> Compiled:
     kernel = launch.kernel
     names = kernel.arg_names
@@ -463,7 +482,8 @@ def compile_launch(launch: Launch, arch: int) -> Compiled:
         result.registers, result.spill_bytes = ptxas_usage(log)
         result.store_phases = store_phases(compiled.asm["ttgir"])
         if options.get("enable_fp_fusion") is False:
-            result.fma_in_ptx = "fma.rn.f32" in compiled.asm["ptx"]
+            result.fma_lines = fma_lines(compiled.asm["ptx"])
+            result.fma_in_ptx = any("tl.fma(" not in line for line in result.fma_lines)
     except Exception as exc:  # reported, not raised: every variant gets compiled
         result.error = f"{type(exc).__name__}: {exc}"[-3000:]
     result.seconds = round(time.perf_counter() - start, 2)

@@ -9,11 +9,14 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from graphsafe_sampler.batch_state import BatchState
 from graphsafe_sampler.batch_update import BatchUpdate
 from graphsafe_sampler.bitmask import BitmaskUnpacker, num_words, pack_token_ids
 from graphsafe_sampler.config import SamplerConfig
+from graphsafe_sampler.kernels.library import divide_by, hoisted_reciprocal
 from graphsafe_sampler.kernels.logits_processing import launch_process_logits, process_logits
 from graphsafe_sampler.params import GREEDY_TEMPERATURE, SamplingParams
 from graphsafe_sampler.stages.penalties import SATURATED, PenaltyState
@@ -308,6 +311,84 @@ def test_matches_torch_backend(
     grammar = _random_grammar(rows, vocab, gen, kernel_device) if with_grammar else None
     got = _kernel(logits, slots, state, grammar)
     assert torch.equal(got, _torch_backend(logits, slots, state, grammar))
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit (so -0.0 is not 0.0), any NaN matching any NaN."""
+    a, b = a.cpu(), b.cpu()
+    nan = torch.isnan(a)
+    return torch.equal(nan, torch.isnan(b)) and torch.equal(
+        a[~nan].view(torch.int32), b[~nan].view(torch.int32)
+    )
+
+
+@triton.jit
+def _divide_kernel(x_ptr, q_ptr, outside_ptr, d, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets, mask=offsets < n)
+    d_inv, _ = hoisted_reciprocal(d)
+    q, outside = divide_by(x, d, d_inv)
+    tl.store(q_ptr + offsets, q, mask=offsets < n)
+    tl.store(outside_ptr + offsets, outside.to(tl.int8), mask=offsets < n)
+
+
+def test_divide_by_rounds_as_ieee_division_in_its_range(kernel_device: torch.device) -> None:
+    """`library.divide_by`, the dense pass's division by a hoisted reciprocal: bit for bit
+    torch's float32 x / d (its sign of zero included) wherever it does not mark x
+    `outside`, and it marks only what lies outside its proven range (2**-100 <= |x| <=
+    2**104, ±0, NaN). Every mantissa of one binade (a quotient's rounding depends on the
+    mantissas only, in range), for divisors at the range's ends, the usual temperatures and
+    penalties and random ones, then random bit patterns over every float."""
+    gen = _gen()
+    mantissas = torch.arange(2**23, dtype=torch.int32) | 0x3F800000  # [1, 2)
+    binade = mantissas.view(torch.float32)
+    patterns = torch.randint(-(2**31), 2**31, (2**20,), generator=gen, dtype=torch.int64)
+    specials = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-45, -1e-40,
+                             2.0**-100, -(2.0**104), 2.0**-101, 2.0**105, 3e38])  # fmt: skip
+    anywhere = torch.cat([patterns.to(torch.int32).view(torch.float32), specials])
+    drawn = (torch.rand(4, generator=gen) * 4 + 0.01).tolist()
+    for d in [2.0**-20, 2.0**20, 1e-5, 0.7, 1.3, 1.9999999, 1 / 3, *drawn]:
+        for x in (binade * -3.0, anywhere):
+            d32 = float(torch.tensor(d, dtype=torch.float32))
+            x = x.to(kernel_device)
+            q = torch.empty_like(x)
+            outside = torch.empty(x.shape, dtype=torch.int8, device=kernel_device)
+            _divide_kernel[(triton.cdiv(x.numel(), 2**18),)](x, q, outside, d32, x.numel(),
+                                                             BLOCK=2**18)  # fmt: skip
+            x, q, outside = x.cpu(), q.cpu(), outside.cpu().bool()
+            magnitude = x.abs()
+            in_range = ((magnitude >= 2.0**-100) & (magnitude <= 2.0**104)) | (x == 0)
+            assert torch.equal(outside, ~in_range & ~torch.isnan(x)), d
+            want = x / torch.tensor(d32)
+            assert _same_bits(q[~outside], want[~outside]), d
+
+
+def test_divisions_outside_the_fast_range_match_torch_backend(
+    kernel_device: torch.device,
+) -> None:
+    """A tile holding a quotient outside the hoisted reciprocal's range (huge, tiny and
+    subnormal logits, ±inf, NaN; ±0 inside it), and rows whose temperature or repetition
+    penalty lies outside [2**-20, 2**20], are made again with IEEE division: bit for bit
+    the PyTorch backend, -0.0 included, in every other tile too."""
+    gen = _gen()
+    rows, vocab = 4, 4099
+    state = _random_state(rows + 1, vocab, gen, device=kernel_device)
+    slots = torch.tensor([0, 2, 1, 3], device=kernel_device)
+    state.temperature[torch.tensor([0, 2, 1, 3])] = torch.tensor(
+        [0.7, 3e6, 1.3, 0.25], device=state.temperature.device
+    )
+    repetition = state.penalties.repetition.device
+    repetition[3] = 2e-7  # row 3: outside the range, if its penalties are on
+    logits = (torch.randn(rows, vocab, generator=gen) * 4).to(kernel_device)
+    planted = torch.tensor([3e38, -3e38, 1e36, 1e-35, -1e-38, 1e-44, 0.0, -0.0,
+                            float("inf"), float("-inf"), float("nan")])  # fmt: skip
+    for r in range(rows):
+        columns = torch.randperm(vocab, generator=gen)[: planted.numel()]
+        logits[r, columns.to(kernel_device)] = planted.to(kernel_device)
+    logits[0, 3000:3010] = -0.0  # a tile of zeros alone, in the fast range
+    grammar = _random_grammar(rows, vocab, gen, kernel_device)
+    got = _kernel(logits, slots, state, grammar)
+    assert _same_bits(got, _torch_backend(logits, slots, state, grammar))
 
 
 @pytest.mark.parametrize("splits", [2, 5])

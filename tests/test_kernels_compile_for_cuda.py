@@ -76,8 +76,13 @@ def test_every_kernel_variant_compiles_for_sm90(report: dict[str, Any]) -> None:
         (r["label"], r["registers"]) for r in stage1
     ]
     # process_logits is bit-identical to torch's separate multiply and add: no fma in its PTX
+    # but the fast division's own (`library.divide_by`), and that one outside the drafts'
+    # variants (their dense pass divides as IEEE division does, in one pass)
     process = [r for r in results if r["kernel"] == "_process_logits_kernel"]
     assert len(process) == 8 and all(r["fma_in_ptx"] is False for r in process)
+    for r in process:
+        assert all(line.startswith("library.py:") for line in r["fma_lines"]), r["fma_lines"]
+        assert bool(r["fma_lines"]) == ("drafts=False" in r["label"]), r["label"]
     # the register caps (`maxnreg`) that give the split kernels their occupancy by
     # construction: processing always, stage 1 wherever it keeps lists of CHUNK_PARTIAL;
     # ptxas keeps each variant within its cap (and no variant spills, above)
@@ -112,7 +117,10 @@ def test_process_logits_orders_its_phases(report: dict[str, Any]) -> None:
         start,
         'tl.store(row_ptr + token, tl.full((SPARSE_BLOCK,), float("-inf"), tl.float32), used)',
     )
-    dense = _line_of(lines, start, "tl.store(row_ptr + cols, x, mask=in_row)")
+    # the dense pass's stores, from the tile helper it inlines: the calls' lines in the
+    # kernel (its first pass, and the pass with IEEE division)
+    dense = _line_of(lines, start, "redo |= _dense_tile(")
+    again = _line_of(lines, start, "_dense_tile(")
     # the bad words' -inf, stored from the helper it inlines: the call's line in the kernel
     bad_words = _line_of(lines, start, "ban_bad_words(")
     process = [r for r in report["results"] if r["kernel"] == "_process_logits_kernel"]
@@ -124,5 +132,7 @@ def test_process_logits_orders_its_phases(report: dict[str, Any]) -> None:
         where += f"excess {excess}, min_tokens {min_tokens}, bad words {bad_words}"
         assert {dense, bias, excess, min_tokens} <= phase.keys(), where
         assert phase[dense] < phase[bias] < phase[excess] < phase[min_tokens], where
+        if "drafts=False" in r["label"]:
+            assert phase[again] == phase[dense], where
         if "bad_words=True" in r["label"]:
             assert phase[excess] < phase[bad_words], where

@@ -187,7 +187,10 @@ def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         },
         walks={
             tile_loop(k._process_logits_kernel, 0): ones,
-            tile_loop(k._process_logits_kernel, 1): full,
+            # the pass again with IEEE division: a tile held a quotient outside the hoisted
+            # reciprocal's range, NaN or +inf, never in an LLM-like row
+            tile_loop(k._process_logits_kernel, 1): 0 * ones,
+            tile_loop(k._process_logits_kernel, 2): full,
         },
     )
 
