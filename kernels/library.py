@@ -26,6 +26,11 @@ PIPELINE_STAGES = tl.constexpr(3)
 tiles are in flight (`cp.async`) while one is computed, instead of each tile waiting out the
 memory's latency alone. Costs a shared-memory buffer of 2 tiles a program."""
 
+LISTED_STAGES = tl.constexpr(2)
+"""Stages of the pipeline on a walk over a tile list (`tiles_to_visit`): each tile's address
+is itself a load, so the list's entries are loaded a stage before the tiles; 3 stages held
+one more register a thread and spilled top-k/top-p stage 1 under its 64-register cap."""
+
 
 def _no_output(*args: Any, **kwargs: Any) -> None:
     return None
@@ -151,6 +156,26 @@ def raw_tile_stats(x, in_tile):
     top = tl.max(tl.where(x == x, tl.where(in_tile, x, float("-inf")), float("inf")))
     shift = tl.where(top == float("-inf"), 0.0, top)
     return top, tl.sum(tl.where(in_tile, tl.exp(x - shift), 0.0))
+
+
+@triton.jit
+def tiles_to_visit(tile_row, stride, first, last, floor, visits_row, TILES_BLOCK: tl.constexpr):
+    """The chunk's tiles [first, last) whose max (tile t's at tile_row[t * stride]) reaches
+    `floor` (entries +inf, unknown, always; every tile when the floor is -inf or NaN),
+    written in column order to visits_row[0:n] -> n. A walk over the list reads no other
+    tile and pays nothing for them, where a walk over every tile that skipped some paid a
+    masked load and the loop's bookkeeping for each (about 75 SASS instructions a tile a
+    thread at 8 warps). A barrier orders the stores before the walk's loads of them.
+    TILES_BLOCK: a power of two >= last - first."""
+    tiles = first + tl.arange(0, TILES_BLOCK)
+    in_chunk = tiles < last
+    bounds = tl.load(tile_row + tiles * stride, mask=in_chunk, other=float("-inf"))
+    # the mask's own comparison, which a NaN floor never makes true
+    keep = in_chunk & ~(bounds < floor)
+    position = tl.cumsum(keep.to(tl.int32), axis=0) - 1
+    tl.store(visits_row + position, tiles, mask=keep)
+    tl.debug_barrier()
+    return tl.sum(keep.to(tl.int32), axis=0)
 
 
 @triton.jit

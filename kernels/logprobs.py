@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from .library import (
-    PIPELINE_STAGES,
+    LISTED_STAGES,
     SplitPolicy,
     check_raw_tiles,
     check_rows,
@@ -26,6 +26,7 @@ from .library import (
     split_chunks,
     split_count,
     tile_count,
+    tiles_to_visit,
 )
 
 _NO_TOKEN = 2**31 - 1  # the id of an empty top-K slot: loses every tie
@@ -58,12 +59,16 @@ def _top_k_update(top_v, top_i, x, cols, in_tile, lanes, K: tl.constexpr, NO_TOK
 
 
 @triton.jit
-def _from_tiles(tile_row, num_tiles, first, last, K: tl.constexpr, TILES_BLOCK: tl.constexpr):
+def _from_tiles(
+    tile_row, num_tiles, first, last, sampled, K: tl.constexpr, TILES_BLOCK: tl.constexpr
+):
     """From processing's raw-tile table (each tile's max, +inf where it holds NaN, and sum
-    of exp against it): the running max and sum of the tiles [first, last), as the online
-    pass would end with them (up to the float32 order of the sum), and the floor of the
-    row's top K (`kth_known`: every one of the K largest lies in a tile whose max reaches
-    it; +inf at K = 0)."""
+    of exp against it), for the tiles [first, last): the running max and sum, as the online
+    pass would end with them (up to the float32 order of the sum); the lowest max a tile
+    must reach to be read, the floor of the row's top K (`kth_known`: every one of the K
+    largest lies in a tile whose max reaches it; +inf at K = 0) or the sampled value if
+    lower; and the largest max below the sampled value among the tiles left unread (each
+    one's value nearest below it)."""
     tiles = tl.arange(0, TILES_BLOCK)
     bounds = tl.load(tile_row + tiles * 2, mask=tiles < num_tiles, other=float("-inf"))
     mine = (tiles >= first) & (tiles < last)
@@ -76,7 +81,11 @@ def _from_tiles(tile_row, num_tiles, first, last, K: tl.constexpr, TILES_BLOCK: 
     floor = tl.full((), float("inf"), tl.float32)
     if K > 0:
         floor = kth_known(bounds, tiles, K)
-    return run_max, run_sum, floor
+    # read: max >= floor or max >= sampled (a NaN sampled value reads only those at the floor)
+    lowest = tl.where(sampled < floor, sampled, floor)
+    unread = mine & (bounds < lowest) & (bounds < sampled)
+    below = tl.max(tl.where(unread, bounds, float("-inf")), axis=0)
+    return run_max, run_sum, lowest, below
 
 
 @triton.jit
@@ -144,6 +153,7 @@ def _logprobs_kernel(
     part_v_ptr,  # [num_rows, splits, K_BLOCK] float32, written (SPLIT): the chunk's top K
     part_i_ptr,  # [num_rows, splits, K_BLOCK] int32, written (SPLIT): their ids
     tiles_ptr,  # [num_rows, ceil(V / BLOCK_SIZE), 2] float32 (HAS_TILES): the raw tiles
+    visits_ptr,  # [num_rows, ceil(V / BLOCK_SIZE)] int32 scratch (HAS_TILES): tiles read
     vocab_size,
     chunk,  # columns a program reads: whole tiles (the row, without SPLIT)
     K: tl.constexpr,
@@ -205,40 +215,40 @@ def _logprobs_kernel(
     end = tl.minimum(begin + chunk, vocab_size)
     num_tiles = tl.cdiv(vocab_size, BLOCK_SIZE)
     tile_row = tiles_ptr + row.to(tl.int64) * num_tiles * 2
-    floor = tl.full((), float("-inf"), tl.float32)
+    # only the listed tiles are read (`library.tiles_to_visit`); without the table, all
+    first = begin // BLOCK_SIZE
+    visits = tl.cdiv(end, BLOCK_SIZE) - first
+    listed = row * num_tiles + first  # int32: B x tiles < 2**31
     if HAS_TILES:
-        first, last = begin // BLOCK_SIZE, tl.cdiv(end, BLOCK_SIZE)
-        run_max, run_sum, floor = _from_tiles(tile_row, num_tiles, first, last, K, TILES_BLOCK)
-    for start in tl.range(begin, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
+        run_max, run_sum, lowest, below = _from_tiles(
+            tile_row, num_tiles, first, first + visits, sampled, K, TILES_BLOCK
+        )
+        visits = tiles_to_visit(
+            tile_row, 2, first, first + visits, lowest, visits_ptr + listed, TILES_BLOCK
+        )
+    for visit in tl.range(0, visits, num_stages=LISTED_STAGES):
+        start = (first + visit) * BLOCK_SIZE
+        if HAS_TILES:
+            start = tl.load(visits_ptr + listed + visit) * BLOCK_SIZE
         cols = start + tl.arange(0, BLOCK_SIZE)
         in_row = cols < end
-        # without the tiles `visit` stays a constant and its `if` static
-        visit = True
-        load_mask = in_row
-        if HAS_TILES:
-            bound = tl.load(tile_row + (start // BLOCK_SIZE) * 2)
-            visit = (bound >= floor) | (bound >= sampled)
-            load_mask = tl.where(visit, in_row, False)
-            # a tile left unread lies below the sampled value: its max is its nearest one
-            below = tl.maximum(below, tl.where(~visit & (bound < sampled), bound, float("-inf")))
-        x = tl.load(row_ptr + cols, mask=load_mask, other=float("-inf")).to(tl.float32)
-        if visit:
-            tile_max = tl.max(x, axis=0)
-            if not HAS_TILES:
-                # logsumexp, online; a -inf max shifts by 0 so that -inf - -inf is never NaN
-                new_max = tl.maximum(run_max, tile_max)
-                shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-                run_sum = run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(x - shift), axis=0)
-                run_max = new_max
-            # rank: tokens at or above the sampled value, and the nearest one below it
-            count_ge += tl.sum((in_row & (x >= sampled)).to(tl.int32), axis=0)
-            below = tl.maximum(below, tl.max(tl.where(x < sampled, x, float("-inf")), axis=0))
-            # top K: a tile changes it only with a value above the K-th, or one equal to an
-            # empty K-th slot's -inf (earlier tiles' ids are lower, so they win equal values)
-            if (tile_max > kth_v) | ((tile_max == kth_v) & (kth_i == NO_TOKEN)):
-                top_v, top_i = _top_k_update(top_v, top_i, x, cols, in_row, lanes, K, NO_TOKEN)
-                kth_v = tl.max(tl.where(lanes == K - 1, top_v, float("-inf")), axis=0)
-                kth_i = tl.min(tl.where(lanes == K - 1, top_i, NO_TOKEN), axis=0)
+        x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf")).to(tl.float32)
+        tile_max = tl.max(x, axis=0)
+        if not HAS_TILES:
+            # logsumexp, online; a -inf max shifts by 0 so that -inf - -inf is never NaN
+            new_max = tl.maximum(run_max, tile_max)
+            shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+            run_sum = run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(x - shift), axis=0)
+            run_max = new_max
+        # rank: tokens at or above the sampled value, and the nearest one below it
+        count_ge += tl.sum((in_row & (x >= sampled)).to(tl.int32), axis=0)
+        below = tl.maximum(below, tl.max(tl.where(x < sampled, x, float("-inf")), axis=0))
+        # top K: a tile changes it only with a value above the K-th, or one equal to an
+        # empty K-th slot's -inf (earlier tiles' ids are lower, so they win equal values)
+        if (tile_max > kth_v) | ((tile_max == kth_v) & (kth_i == NO_TOKEN)):
+            top_v, top_i = _top_k_update(top_v, top_i, x, cols, in_row, lanes, K, NO_TOKEN)
+            kth_v = tl.max(tl.where(lanes == K - 1, top_v, float("-inf")), axis=0)
+            kth_i = tl.min(tl.where(lanes == K - 1, top_i, NO_TOKEN), axis=0)
     if SPLIT:
         at = row.to(tl.int64) * tl.num_programs(1) + part
         tl.store(stats_ptr + at * 4 + 0, run_max)
@@ -337,6 +347,7 @@ def launch_logprobs(
     # [num_rows, >= splits, 4] float32, [.., K_BLOCK] float32 and int32 scratch (splits > 1)
     partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     tiles: torch.Tensor | None = None,  # [num_rows, ceil(V / block_size), 2] float32
+    visits: torch.Tensor | None = None,  # [num_rows, ceil(V / block_size)] int32 (tiles)
 ) -> None:
     """Launch `_logprobs_kernel` over rows x splits, then (splits > 1)
     `_logprobs_combine_kernel` over the rows; outputs must be contiguous. Allocates nothing,
@@ -351,12 +362,17 @@ def launch_logprobs(
         if partials is None:
             raise ValueError(f"{splits} splits need the partials' scratch")
         stats, part_v, part_i = partials
+    num_tiles = tile_count(vocab_size, block_size)
+    if tiles is not None:
+        if visits is None:
+            raise ValueError("the raw tiles need the visits scratch")
+        check_table("visits", visits, torch.int32, (num_rows, num_tiles))
     common = dict(K=k, K_BLOCK=k_block, SUBTRACT_LSE=subtract_lse, BLOCK_SIZE=block_size)
     _logprobs_kernel[(num_rows, splits)](
         source, source.stride(0), tokens, token_ids, logprobs, ranks, lse, stats, part_v,
-        part_i, tiles if tiles is not None else lse, vocab_size, chunk, SPLIT=split,
-        HAS_TILES=tiles is not None,
-        TILES_BLOCK=triton.next_power_of_2(tile_count(vocab_size, block_size)),
+        part_i, tiles if tiles is not None else lse, visits if tiles is not None else ranks,
+        vocab_size, chunk, SPLIT=split, HAS_TILES=tiles is not None,
+        TILES_BLOCK=triton.next_power_of_2(num_tiles),
         NO_TOKEN=_NO_TOKEN, **common,
     )  # fmt: skip
     if split:
@@ -418,6 +434,9 @@ def compute_logprobs(
     if tiles is not None:
         check_raw_tiles(tiles, num_rows, vocab_size)
     splits = split_count(vocab_size, splits)
+    visits = None
+    if tiles is not None:  # the tiles each program reads
+        visits = torch.empty(tiles.shape[:2], dtype=torch.int32, device=source.device)
     partials = None
     if splits > 1:  # the chunks' statistics and top Ks, merged by the second kernel
         lanes, device = logprobs_k_block(k), source.device
@@ -438,4 +457,5 @@ def compute_logprobs(
         splits,
         partials,
         tiles,
+        visits,
     )

@@ -18,15 +18,18 @@ import triton.language as tl
 
 from .constants import GREEDY_TEMPERATURE, SALT_SAMPLE
 from .library import (
-    PIPELINE_STAGES,
+    LISTED_STAGES,
     TILE,
     SplitPolicy,
     check_logits,
     check_rows,
+    check_table,
     check_tile_max,
     inplace_op,
     split_chunks,
     split_count,
+    tile_count,
+    tiles_to_visit,
 )
 
 _INT32_MAX = 2**31 - 1
@@ -124,6 +127,7 @@ def _sample_kernel(
     partial_index_ptr,  # [num_rows, splits] int32 (SPLIT): its lowest index
     partial_nan_ptr,  # [num_rows, splits] int32 (SPLIT): its first NaN, or INT32_MAX
     tile_max_ptr,  # [num_rows, ceil(V / BLOCK_SIZE)] float32 (HAS_TILE_MAX): upper bounds
+    visits_ptr,  # [num_rows, ceil(V / BLOCK_SIZE)] int32 scratch (HAS_TILE_MAX): tiles read
     vocab_size,
     chunk,  # columns a program scans, a multiple of BLOCK_SIZE (the row when not SPLIT)
     SALT: tl.constexpr,
@@ -132,6 +136,7 @@ def _sample_kernel(
     HAS_TILE_MAX: tl.constexpr,
     BY_SLOT: tl.constexpr,
     SPLIT: tl.constexpr,
+    TILES_BLOCK: tl.constexpr,  # a power of two >= 2 and a chunk's tiles (HAS_TILE_MAX)
     BLOCK_SIZE: tl.constexpr,
 ):
     """Per row r with slot s = slots[r]: greedy rows (temperature[s] < GREEDY_BELOW) take
@@ -144,7 +149,8 @@ def _sample_kernel(
     best so far: the rest cannot win (fl(x + g) <= fl(x + GUMBEL_MAX) <= best), so the
     token is the same, and a row cut by top-k/top-p hashes only the tiles holding a
     survivor. With the tile maxima (HAS_TILE_MAX, upper bounds of each tile's logits), a
-    tile whose bound lies below the cut is not even read: every token of it counts as -inf.
+    tile whose bound lies below the cut is not even read: every token of it counts as -inf,
+    and the walk goes over the others only (`library.tiles_to_visit`).
 
     Program (row, split) scans columns [split * chunk, (split + 1) * chunk). With SPLIT, it
     writes its chunk's best value (NaN left out), lowest index and first NaN for
@@ -174,54 +180,59 @@ def _sample_kernel(
     best = tl.full((), float("-inf"), tl.float32)
     best_index = begin
     first_nan = tl.full((), 2147483647, tl.int32)
-    tile_row = tile_max_ptr + row.to(tl.int64) * tl.cdiv(vocab_size, BLOCK_SIZE)
-    for start in tl.range(begin, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
+    num_tiles = tl.cdiv(vocab_size, BLOCK_SIZE)
+    tile_row = tile_max_ptr + row.to(tl.int64) * num_tiles
+    # a tile wholly below the cut is all -inf: it changes neither the best nor the NaN, so
+    # the walk reads only the others, listed in column order (the list's comparison is the
+    # mask's own, which a NaN cut never makes true); without the maxima, every tile
+    first = begin // BLOCK_SIZE
+    visits = tl.cdiv(end, BLOCK_SIZE) - first
+    listed = row * num_tiles + first  # int32: B x tiles < 2**31
+    if HAS_TILE_MAX:
+        visits = tiles_to_visit(
+            tile_row, 1, first, first + visits, threshold, visits_ptr + listed, TILES_BLOCK
+        )
+    for visit in tl.range(0, visits, num_stages=LISTED_STAGES):
+        start = (first + visit) * BLOCK_SIZE
+        if HAS_TILE_MAX:
+            start = tl.load(visits_ptr + listed + visit) * BLOCK_SIZE
         cols = start + tl.arange(0, BLOCK_SIZE)
         in_row = cols < end
-        # a tile wholly below the cut is all -inf: it changes neither the best nor the NaN
-        # (written as the mask's own comparison, which a NaN cut never makes true); without
-        # the maxima `visit` stays a constant and its `if` static
-        visit = True
-        load_mask = in_row
-        if HAS_TILE_MAX:
-            visit = ~(tl.load(tile_row + start // BLOCK_SIZE) < threshold)
-            load_mask = tl.where(visit, in_row, False)
-        x = tl.load(row_ptr + cols, mask=load_mask, other=float("-inf"))
-        if visit:
-            # x < threshold is False for NaN: a NaN stays, as under masked_fill
-            x = tl.where(x < threshold, float("-inf"), x)
-            # torch.argmax treats NaN as the maximum: remember the first one, and leave NaN out
-            # of the best (it decides alone); the noise keeps NaN NaN and nothing else NaN
-            is_nan = x != x
-            first_nan = tl.minimum(first_nan, tl.min(tl.where(is_nan, cols, 2147483647), axis=0))
-            x = tl.where(is_nan, float("-inf"), x)
-            if is_random:
-                # a tile whose largest logit plus the largest noise cannot beat the best (a tie
-                # keeps the earlier best) is not hashed: a tile wholly below the cut, or far
-                # below the best, costs its load and two reductions
-                if tl.max(x, axis=0) + GUMBEL_MAX > best:
-                    alive = x > float("-inf")
-                    if tl.sum(alive.to(tl.int32), axis=0) <= FEW_SURVIVORS:
-                        # a tile a cut leaves one or two tokens (top-k's usual tile): their
-                        # noise alone, in column order, instead of the whole tile's
-                        noisy = tl.full((BLOCK_SIZE,), float("-inf"), tl.float32)
-                        for _ in tl.static_range(FEW_SURVIVORS):
-                            col = tl.min(tl.where(alive, cols, 2147483647), axis=0)
-                            at = cols == col
-                            value = tl.max(tl.where(at, x, float("-inf")), axis=0)
-                            value += _gumbel(_token_hash(col, offset, mult))
-                            noisy = tl.where(at, value, noisy)
-                            alive &= ~at
-                        x = noisy
-                    else:
-                        x = x + _gumbel(_token_hash(cols, offset, mult))
+        x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf"))
+        # x < threshold is False for NaN: a NaN stays, as under masked_fill
+        x = tl.where(x < threshold, float("-inf"), x)
+        # torch.argmax treats NaN as the maximum: remember the first one, and leave NaN out
+        # of the best (it decides alone); the noise keeps NaN NaN and nothing else NaN
+        is_nan = x != x
+        first_nan = tl.minimum(first_nan, tl.min(tl.where(is_nan, cols, 2147483647), axis=0))
+        x = tl.where(is_nan, float("-inf"), x)
+        if is_random:
+            # a tile whose largest logit plus the largest noise cannot beat the best (a tie
+            # keeps the earlier best) is not hashed: a tile wholly below the cut, or far
+            # below the best, costs its load and two reductions
+            if tl.max(x, axis=0) + GUMBEL_MAX > best:
+                alive = x > float("-inf")
+                if tl.sum(alive.to(tl.int32), axis=0) <= FEW_SURVIVORS:
+                    # a tile a cut leaves one or two tokens (top-k's usual tile): their
+                    # noise alone, in column order, instead of the whole tile's
+                    noisy = tl.full((BLOCK_SIZE,), float("-inf"), tl.float32)
+                    for _ in tl.static_range(FEW_SURVIVORS):
+                        col = tl.min(tl.where(alive, cols, 2147483647), axis=0)
+                        at = cols == col
+                        value = tl.max(tl.where(at, x, float("-inf")), axis=0)
+                        value += _gumbel(_token_hash(col, offset, mult))
+                        noisy = tl.where(at, value, noisy)
+                        alive &= ~at
+                    x = noisy
                 else:
-                    x = tl.full((BLOCK_SIZE,), float("-inf"), tl.float32)
-            tile_max = tl.max(x, axis=0)
-            tile_index = tl.min(tl.where((x == tile_max) & in_row, cols, 2147483647), axis=0)
-            better = tile_max > best
-            best_index = tl.where(better, tile_index, best_index)
-            best = tl.where(better, tile_max, best)
+                    x = x + _gumbel(_token_hash(cols, offset, mult))
+            else:
+                x = tl.full((BLOCK_SIZE,), float("-inf"), tl.float32)
+        tile_max = tl.max(x, axis=0)
+        tile_index = tl.min(tl.where((x == tile_max) & in_row, cols, 2147483647), axis=0)
+        better = tile_max > best
+        best_index = tl.where(better, tile_index, best_index)
+        best = tl.where(better, tile_max, best)
     if SPLIT:
         at = row.to(tl.int64) * tl.num_programs(1) + split
         tl.store(partial_best_ptr + at, best)
@@ -297,6 +308,8 @@ def launch_sample_tokens(
     block_size: int = TILE,
     # [num_rows, ceil(V / block_size)] float32: upper bounds of each tile's logits
     tile_max: torch.Tensor | None = None,
+    # [num_rows, ceil(V / block_size)] int32 scratch, needed with tile_max and threshold
+    visits: torch.Tensor | None = None,
 ) -> None:
     """Launch `_sample_kernel` over rows x splits, then (splits > 1) `_combine_kernel` over
     the rows; allocates nothing, returns None."""
@@ -310,6 +323,11 @@ def launch_sample_tokens(
         if partials is None:
             raise ValueError(f"{splits} splits need the partials' scratch")
         scratch = [t.view(-1)[: num_rows * splits] for t in partials]
+    listing = tile_max is not None and threshold is not None
+    if listing:
+        if visits is None:
+            raise ValueError("the tile maxima need the visits scratch")
+        check_table("visits", visits, torch.int32, (num_rows, tile_count(vocab_size, block_size)))
     _sample_kernel[(num_rows, splits)](
         logits,
         logits.stride(0),
@@ -322,15 +340,19 @@ def launch_sample_tokens(
         num_generated if num_generated is not None else slots,
         tokens,
         *scratch,
-        tile_max if tile_max is not None else logits,  # unread without HAS_TILE_MAX
+        tile_max if listing else logits,  # unread without HAS_TILE_MAX
+        visits if listing else tokens,
         vocab_size,
         chunk,
         SALT=salt,
         GREEDY_BELOW=GREEDY_TEMPERATURE,
         HAS_THRESHOLD=threshold is not None,
-        HAS_TILE_MAX=tile_max is not None and threshold is not None,
+        HAS_TILE_MAX=listing,
         BY_SLOT=positions is None,
         SPLIT=split,
+        # at least 2: over one lane the compiler proves the walk runs at most once and drops
+        # its loop, which perf/kernel_model.py (it times tile loops) would no longer see
+        TILES_BLOCK=max(2, triton.next_power_of_2(triton.cdiv(chunk, block_size))),
         BLOCK_SIZE=block_size,
     )
     if split:
@@ -425,9 +447,12 @@ def sample_tokens(
             torch.empty(shape, dtype=torch.int32, device=device),
             torch.empty(shape, dtype=torch.int32, device=device),
         )
+    visits = None
+    if tile_max is not None and threshold is not None:  # the tiles each program reads
+        visits = torch.empty_like(tile_max, dtype=torch.int32)
     launch_sample_tokens(
         logits, slots, temperature, seeds, positions, tokens, threshold, salt, prompt_len,
-        num_generated, splits, partials, tile_max=tile_max,
+        num_generated, splits, partials, tile_max=tile_max, visits=visits,
     )  # fmt: skip
 
 

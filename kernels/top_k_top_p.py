@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from .library import (
-    PIPELINE_STAGES,
+    LISTED_STAGES,
     TILE,
     SplitPolicy,
     check_logits,
@@ -32,6 +32,7 @@ from .library import (
     kth_known,
     split_chunks,
     tile_count,
+    tiles_to_visit,
 )
 from .radix_select import _float_to_key, _key_to_float, _largest_key_reaching
 
@@ -108,6 +109,7 @@ def _candidates_kernel(
     stats_ptr,  # [num_rows, splits, STATS] float32, written for filtered rows
     lists_ptr,  # [num_rows, splits, PARTIAL] float32, written when the row uses the buffer
     tile_max_ptr,  # [num_rows, num_tiles] float32 (HAS_TILE_MAX): exact, or +inf unknown
+    visits_ptr,  # [num_rows, num_tiles] int32 scratch (HAS_TILE_MAX): the tiles to read
     vocab_size,
     chunk,  # columns a program reads: whole tiles
     buffer_size,  # CANDIDATES, or 0: no buffer (search only)
@@ -130,8 +132,9 @@ def _candidates_kernel(
     With the tile maxima (HAS_TILE_MAX) a top-k row takes a floor before its walk
     (`_tile_floor`) and skips, unread, each tile whose max lies below it: its logits are
     below every cut, so they count as left out (`complete`) at its max, and the chunk's
-    min becomes at most that max, still below every logit a cut may keep. Rows without
-    top-k read every tile: top-p alone needs the whole row's mass."""
+    min becomes at most that max, still below every logit a cut may keep. The walk goes
+    over the tiles `library.tiles_to_visit` lists, so a skipped tile costs nothing in it.
+    Rows without top-k read every tile: top-p alone needs the whole row's mass."""
     row = tl.program_id(0)
     part = tl.program_id(1)
     k, top_p, min_p = _row_filters(
@@ -148,7 +151,6 @@ def _candidates_kernel(
         floor_rank = tl.where(k_on, tl.minimum(k, PARTIAL), PARTIAL) - 1
         log_min_p = tl.log(tl.maximum(min_p, 1e-38))  # unused when min_p is 0
         chunk_max = tl.full((), float("-inf"), tl.float32)
-        chunk_min = tl.full((), float("inf"), tl.float32)
         total = tl.zeros((), tl.float32)
         best = tl.full((PARTIAL,), float("-inf"), tl.float32)
         list_floor = tl.full((), float("-inf"), tl.float32)  # best's floor-rank value
@@ -169,63 +171,67 @@ def _candidates_kernel(
                     tile_row, num_tiles, begin // BLOCK_SIZE, tl.cdiv(end, BLOCK_SIZE), k, min_p,
                     log_min_p, HAS_MIN_P, TILES_BLOCK,
                 )  # fmt: skip
-        for start in tl.range(begin, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
+                # held in `low` over the walk: as a scalar of its own it spilled
+                low = tl.minimum(low, chunk_min)
+        # the walk reads only the tiles at or above the floor, listed in column order
+        # (`tiles_to_visit`); without the maxima, every tile of the chunk
+        first = begin // BLOCK_SIZE
+        visits = tl.cdiv(end, BLOCK_SIZE) - first
+        # an int32 offset, not a 64-bit pointer, held over the walk (B x tiles < 2**31)
+        listed = row * num_tiles + first
+        if HAS_TILE_MAX:
+            visits = tiles_to_visit(
+                tile_row, 1, first, first + visits, skip_below, visits_ptr + listed, TILES_BLOCK
+            )
+        for visit in tl.range(0, visits, num_stages=LISTED_STAGES):
+            start = (first + visit) * BLOCK_SIZE
+            if HAS_TILE_MAX:
+                start = tl.load(visits_ptr + listed + visit) * BLOCK_SIZE
             cols = start + tl.arange(0, BLOCK_SIZE)
             in_chunk = cols < end
-            # without the maxima every tile is read: `visit` stays a constant, its `if` static
-            visit = True
-            bound = skip_below
-            load_mask = in_chunk
-            if HAS_TILE_MAX:
-                bound = tl.load(tile_row + start // BLOCK_SIZE)
-                visit = bound >= skip_below
-                load_mask = tl.where(visit, in_chunk, False)
-            x = tl.load(row_ptr + cols, mask=load_mask, other=float("nan"))
-            if visit:
-                valid = x == x
-                tile_max = tl.max(tl.where(valid, x, float("-inf")), axis=0)
-                low = tl.minimum(low, tl.where(valid, x, float("inf")))
-                nan_count += tl.sum((~valid & in_chunk).to(tl.int32), axis=0)
-                new_max = tl.maximum(chunk_max, tile_max)
-                if use_buffer:
-                    # only top-p weighs masses (top-k alone skips the exp per logit)
-                    if p_on:
-                        # masses against the new running max; an all -inf prefix has none
-                        # (its exp(-inf - -inf) would be nan), so the base is then 0
-                        base = tl.where(new_max > float("-inf"), new_max, 0.0)
-                        total = total * tl.exp(chunk_max - base)
-                        total += tl.sum(tl.where(valid, tl.exp(x - base), 0.0), axis=0)
-                    # the list's floor-rank value, max + ln(min_p) now (below min_p's cut at
-                    # the end); not skip_below, which a logit of the k largest may equal
-                    floor = list_floor
-                    if HAS_MIN_P:  # noqa: SIM102 (a constexpr guard)
-                        if min_p != 0.0:
-                            floor = tl.maximum(floor, new_max + log_min_p)
-                    # the tile's logits at or below the floor, or below the tile maxima's
-                    # floor (which a logit of the k largest may equal), stay out of the list
-                    hit = valid & (x > floor) & (x >= skip_below)
-                    left_out = tl.maximum(left_out, tl.where(valid & ~hit, x, float("-inf")))
-                    if (tile_max > floor) & (tile_max >= skip_below):
-                        hits = tl.sum(hit.to(tl.int32), axis=0)
-                        # one logit above the floor (the usual merge once the list has
-                        # filled): the tile's max alone; more: the tile's top-k network
-                        top = tl.where(ranks == 0, tile_max, float("-inf"))
-                        if hits > 1:
-                            top = tl.topk(tl.where(hit, x, float("-inf")), PARTIAL)
-                        # the list (descending) against the tile's top (ascending): the larger
-                        # of each pair are the union's PARTIAL largest, a bitonic sequence,
-                        # sorted by one bitonic merge (log2(PARTIAL) rounds)
-                        union = tl.maximum(best, tl.flip(top, 0))
-                        best = tl.bitonic_merge(union, descending=True)
-                        list_floor = tl.max(
-                            tl.where(ranks == floor_rank, best, float("-inf")), axis=0
-                        )
-                        # what fell off lies at or below the last
-                        if entries + hits > PARTIAL:
-                            complete = tl.maximum(complete, tl.min(best, axis=0))
-                        entries = tl.minimum(entries + hits, PARTIAL)
-                chunk_max = new_max
-        chunk_min = tl.minimum(chunk_min, tl.min(low, axis=0))
+            x = tl.load(row_ptr + cols, mask=in_chunk, other=float("nan"))
+            valid = x == x
+            tile_max = tl.max(tl.where(valid, x, float("-inf")), axis=0)
+            low = tl.minimum(low, tl.where(valid, x, float("inf")))
+            nan_count += tl.sum((~valid & in_chunk).to(tl.int32), axis=0)
+            new_max = tl.maximum(chunk_max, tile_max)
+            if use_buffer:
+                # only top-p weighs masses (top-k alone skips the exp per logit)
+                if p_on:
+                    # masses against the new running max; an all -inf prefix has none
+                    # (its exp(-inf - -inf) would be nan), so the base is then 0
+                    base = tl.where(new_max > float("-inf"), new_max, 0.0)
+                    total = total * tl.exp(chunk_max - base)
+                    total += tl.sum(tl.where(valid, tl.exp(x - base), 0.0), axis=0)
+                # the list's floor-rank value, max + ln(min_p) now (below min_p's cut at
+                # the end); not skip_below, which a logit of the k largest may equal
+                floor = list_floor
+                if HAS_MIN_P:  # noqa: SIM102 (a constexpr guard)
+                    if min_p != 0.0:
+                        floor = tl.maximum(floor, new_max + log_min_p)
+                # the tile's logits at or below the floor, or below the tile maxima's
+                # floor (which a logit of the k largest may equal), stay out of the list
+                hit = valid & (x > floor) & (x >= skip_below)
+                left_out = tl.maximum(left_out, tl.where(valid & ~hit, x, float("-inf")))
+                if (tile_max > floor) & (tile_max >= skip_below):
+                    hits = tl.sum(hit.to(tl.int32), axis=0)
+                    # one logit above the floor (the usual merge once the list has
+                    # filled): the tile's max alone; more: the tile's top-k network
+                    top = tl.where(ranks == 0, tile_max, float("-inf"))
+                    if hits > 1:
+                        top = tl.topk(tl.where(hit, x, float("-inf")), PARTIAL)
+                    # the list (descending) against the tile's top (ascending): the larger
+                    # of each pair are the union's PARTIAL largest, a bitonic sequence,
+                    # sorted by one bitonic merge (log2(PARTIAL) rounds)
+                    union = tl.maximum(best, tl.flip(top, 0))
+                    best = tl.bitonic_merge(union, descending=True)
+                    list_floor = tl.max(tl.where(ranks == floor_rank, best, float("-inf")), axis=0)
+                    # what fell off lies at or below the last
+                    if entries + hits > PARTIAL:
+                        complete = tl.maximum(complete, tl.min(best, axis=0))
+                    entries = tl.minimum(entries + hits, PARTIAL)
+            chunk_max = new_max
+        chunk_min = tl.min(low, axis=0)
         complete = tl.maximum(complete, tl.max(left_out, axis=0))
         at = stats_ptr + (row.to(tl.int64) * tl.num_programs(1) + part) * STATS
         tl.store(at + 0, chunk_max)
@@ -459,14 +465,18 @@ def launch_top_k_top_p(
     device = logits.device
     stats = torch.empty((num_rows, splits, STATS), dtype=torch.float32, device=device)
     lists = torch.empty((num_rows, splits, partial), dtype=torch.float32, device=device)
+    num_tiles = tile_count(vocab_size, block_size)
+    visits = None
+    if tile_max is not None:
+        visits = torch.empty((num_rows, num_tiles), dtype=torch.int32, device=device)
     min_p_table = min_p if min_p is not None else top_p  # unread without HAS_MIN_P
     # why 8 warps at 1,024-element tiles: tests/cuda_compile.py checks every variant for
     # spills (the bitonic networks and the search's [BLOCK, 16] compare)
     num_warps = 8 if block_size >= 512 else 4
-    num_tiles = tile_count(vocab_size, block_size)
     _candidates_kernel[(num_rows, splits)](
         logits, logits.stride(0), slots, top_k, top_p, min_p_table, stats, lists,
         tile_max if tile_max is not None else stats,  # unread without HAS_TILE_MAX
+        visits if visits is not None else stats,
         vocab_size, chunk, candidates, num_tiles,
         HAS_MIN_P=min_p is not None, HAS_TILE_MAX=tile_max is not None, PARTIAL=partial,
         STATS=STATS, TILES_BLOCK=triton.next_power_of_2(num_tiles), BLOCK_SIZE=block_size,

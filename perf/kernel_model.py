@@ -27,7 +27,7 @@ Per launch (µs), the formula:
     waves   = ceil(programs / (SMs × CTAs per SM))
     serial  = Σ over the program's tile loops: walks × tiles × (latency + I × warps / share /
               clock); a pipelined loop (its SASS copies loads with LDGSTS): latency + walks ×
-              tiles × max(I × warps / share / clock, latency / (PIPELINE_STAGES - 1))
+              tiles × max(I × warps / share / clock, latency / (S - 1)), S its num_stages
     tiles   = ceil(V / BLOCK_SIZE), or ceil(chunk / BLOCK_SIZE) for a kernel that splits its
               rows over programs; I = the loop body's SASS instructions (per thread per
               iteration); share = min(warps, issue rate / CTAs resident on an SM), in warp-
@@ -113,6 +113,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -151,6 +152,19 @@ def pipeline_stages() -> int:
     return int(PIPELINE_STAGES.value)
 
 
+def loop_stages(source: str) -> int:
+    """A tile loop's pipeline depth, from its line's `num_stages=`: a literal or a constant
+    of kernels/library.py (PIPELINE_STAGES, LISTED_STAGES); PIPELINE_STAGES if it names
+    none."""
+    from graphsafe_sampler.kernels import library
+
+    found = re.search(r"num_stages=(\w+)", source)
+    if found is None:
+        return pipeline_stages()
+    name = found.group(1)
+    return int(name) if name.isdigit() else int(getattr(library, name).value)
+
+
 DEFAULT_ROWS = (1, 64, 256)
 DEFAULT_VOCAB = 151_936
 DEFAULT_CASES = ("all", "top_k_top_p")
@@ -167,9 +181,10 @@ def assumptions(gpu: Gpu = H200) -> dict[str, Any]:
         "branches_in_loops": "all taken (static SASS count: an upper bound)",
         "caches": "none: every byte is an HBM byte",
         "loads": (
-            "a loop whose SASS copies its loads asynchronously (LDGSTS) is pipelined "
-            f"{stages} stages deep: after the first tile, each tile costs the larger of its "
-            f"compute and latency / {stages - 1}; any other loop waits one latency a tile"
+            "a loop whose SASS copies its loads asynchronously (LDGSTS) is pipelined S "
+            f"stages deep (its num_stages, {stages} unless it names another): after the "
+            "first tile, each tile costs the larger of its compute and latency / (S - 1); "
+            "any other loop waits one latency a tile"
         ),
     }
 
@@ -280,8 +295,8 @@ def _launch_entry(
     loops = []
     # the slowest program's branch fractions: the largest over the rows
     taken = {where: float(fraction.max()) for where, fraction in work.taken.items()}
-    # (file, line) -> the largest expected body there, and whether the loop is pipelined
-    tile_loops: dict[tuple[str, int], tuple[float, bool]] = {}
+    # (file, line) -> the largest expected body there, and its pipeline stages (1: none)
+    tile_loops: dict[tuple[str, int], tuple[float, int]] = {}
     for loop in variant.loops:
         walks = work.walks.get((loop.file, loop.line))
         expected = loop.instructions_with(taken)
@@ -293,13 +308,13 @@ def _launch_entry(
         loops.append(entry)
         if loop.tile_loop and entry.walks_per_row:
             key = (loop.file, loop.line)
-            largest, pipelined = tile_loops.get(key, (0.0, True))
-            tile_loops[key] = (max(largest, expected), pipelined and loop.pipelined)
+            stages = loop_stages(loop.source) if loop.pipelined else 1
+            largest, fewest = tile_loops.get(key, (0.0, stages))
+            tile_loops[key] = (max(largest, expected), min(fewest, stages))
     # the slowest program sets the wave's end: the most walks of any row, loop by loop
-    stages = pipeline_stages()
     serial = [
-        (float(work.walks[key].max()) * tiles, instructions, stages if pipelined else 1)
-        for key, (instructions, pipelined) in tile_loops.items()
+        (float(work.walks[key].max()) * tiles, instructions, stages)
+        for key, (instructions, stages) in tile_loops.items()
     ]
     ctas = ctas_per_sm(variant.num_warps, variant.registers, variant.shared_bytes, gpu)
     timing = launch_time(read + written, programs, ctas, variant.num_warps, serial, gpu)

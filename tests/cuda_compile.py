@@ -98,6 +98,7 @@ class Compiled:
     registers: int | None = None
     spill_bytes: int | None = None  # spill stores a thread, from `ptxas -v`
     store_phases: list[list[int]] = field(default_factory=list)  # see `store_phases`
+    fenced_stores: list[int] = field(default_factory=list)  # see `fenced_stores`
 
 
 def _scalar_type(value: object) -> str:
@@ -281,6 +282,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
                     _t(rows) if threshold else None, SALT_SAMPLE, _i64(slots_n), _i32(slots_n),
                     splits, (_t(rows, splits), _i32(rows, splits), _i32(rows, splits)),
                     tile_max=_t(rows, 4) if tiles else None,
+                    visits=_i32(rows, 4) if tiles else None,
                 )  # fmt: skip
 
             label = f"sample_tokens threshold={threshold} by_slot splits={splits} tile_max={tiles}"
@@ -307,6 +309,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
             logprobs.launch_logprobs(
                 _t(rows, vocab, dtype=dtype), _i64(rows), _i32(rows, 6), _t(rows, 6),
                 _i32(rows), _t(rows), subtract_lse, tiles=_t(rows, 1, 2) if raw else None,
+                visits=_i32(rows, 1) if raw else None,
             )  # fmt: skip
 
         label = f"compute_logprobs {dtype} subtract_lse={subtract_lse} raw_tiles={raw}"
@@ -320,6 +323,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
             logprobs.launch_logprobs(
                 _t(rows, 151_936), _i64(rows), _i32(rows, 21), _t(rows, 21), _i32(rows),
                 _t(rows), True, 1024, 64, partials, _t(rows, 149, 2) if raw else None,
+                _i32(rows, 149) if raw else None,
             )  # fmt: skip
 
         calls.append(
@@ -451,6 +455,29 @@ def store_phases(ttgir: str) -> list[list[int]]:
     return phases
 
 
+def fenced_stores(ttgir: str) -> list[int]:
+    """The source lines of the `tt.store`s that a barrier ordering global memory follows
+    before the program's next load (`tt.load` or an asynchronous copy), in text order at any
+    nesting: a store the same program reads back (a tile list, `library.tiles_to_visit`)
+    must be one, or another thread may load the entry before it lands. The pipeliner puts a
+    walk's first loads before its loop, so they count as next."""
+    aliases = dict(re.findall(r"^(#loc\d*) = loc\((.*)\)$", ttgir, re.MULTILINE))
+    fenced: list[int] = []
+    pending: list[int] = []  # stores since the last barrier or load
+    for line in ttgir.splitlines():
+        op = line.strip()
+        if op.startswith("tt.store "):
+            at = re.search(r" loc\((.*)\)$", op)
+            pending.append((_source_line(at.group(1), aliases) if at else None) or 0)
+        elif barrier := re.match(r"ttg\.barrier (\S+)", op):
+            if {"all", "global_write"} & set(barrier.group(1).split("|")):
+                fenced += pending
+                pending = []
+        elif re.search(r"= (tt\.load|ttg\.async_copy_global_to_local) ", op):
+            pending = []
+    return sorted(set(fenced))
+
+
 def fma_lines(ptx: str) -> list[str]:
     """The source lines ("file:line: code") of the float32 fused multiply-adds in `ptx`, by
     the `.loc` before each (its `.file` table names the file)."""
@@ -481,6 +508,7 @@ def compile_launch(launch: Launch, arch: int) -> Compiled:
         result.ok = True
         result.registers, result.spill_bytes = ptxas_usage(log)
         result.store_phases = store_phases(compiled.asm["ttgir"])
+        result.fenced_stores = fenced_stores(compiled.asm["ttgir"])
         if options.get("enable_fp_fusion") is False:
             result.fma_lines = fma_lines(compiled.asm["ptx"])
             result.fma_in_ptx = any("tl.fma(" not in line for line in result.fma_lines)

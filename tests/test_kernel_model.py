@@ -174,6 +174,30 @@ def test_find_loops_takes_back_edges_only(tmp_path: Path) -> None:
     copied = SASS.replace("IADD3 R1, R1, 0x1, RZ", "LDGSTS.E.BYPASS.128 [R2], desc[UR4][R4.64]")
     (loop,) = sass.find_loops(copied.format(src=src), num_warps=4, block_size=1024)
     assert loop.tile_loop and loop.pipelined
+    # so is a walk over a tile list (`library.tiles_to_visit`), one listed tile an iteration;
+    # a loop over anything else is not a tile loop (new files: linecache keeps old lines)
+    for name, line, tiles in (
+        ("listed.py", "for visit in tl.range(0, visits, num_stages=LISTED_STAGES):", True),
+        ("sparse.py", "for start in range(0, num_bias, SPARSE_BLOCK):", False),
+    ):
+        other = tmp_path / name
+        other.write_text(line + "\n", encoding="utf-8")
+        (loop,) = sass.find_loops(copied.format(src=other), num_warps=4, block_size=1024)
+        assert (loop.tile_loop, loop.pipelined) == (tiles, True), name
+
+
+def test_loop_stages_read_from_the_loop_line() -> None:
+    """A pipelined loop's depth is its own `num_stages=`: a literal or a constant of
+    kernels/library.py, PIPELINE_STAGES where the line names none."""
+    from graphsafe_sampler.kernels.library import LISTED_STAGES, PIPELINE_STAGES
+
+    model = load_perf_script("kernel_model")
+    listed = "for visit in tl.range(0, visits, num_stages=LISTED_STAGES):"
+    assert model.loop_stages(listed) == LISTED_STAGES.value == 2
+    whole = "for start in tl.range(begin, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):"
+    assert model.loop_stages(whole) == PIPELINE_STAGES.value == 3
+    assert model.loop_stages("for start in tl.range(0, n, 8, num_stages=4):") == 4
+    assert model.loop_stages("for start in tl.range(0, n, 8):") == 3
 
 
 def test_find_loops_reads_the_source_beside_the_kernel(tmp_path: Path) -> None:

@@ -306,17 +306,25 @@ def test_tiles_below_the_cut_are_not_read(splits: int, kernel_device: torch.devi
     )
     moved = [t.to(kernel_device) for t in (logits, slots, temperature, seeds, positions)]
     cut, tile_max = cut.to(kernel_device), tile_max.to(kernel_device)
+    visits = torch.full(tile_max.shape, -1, dtype=torch.int32, device=kernel_device)
 
     def tokens(x: torch.Tensor, table: torch.Tensor | None) -> list[int]:
         out = torch.full((rows,), -1, dtype=torch.int32, device=kernel_device)
         launch_sample_tokens(
             x, *moved[1:], out, cut, splits=splits, partials=scratch, block_size=block,
-            tile_max=table,
+            tile_max=table, visits=visits,
         )  # fmt: skip
         return out.tolist()
 
     want = tokens(moved[0], None)
     assert tokens(moved[0], tile_max) == want
+    # the walk lists its tiles in the caller's scratch, [rows, tiles] int32
+    for wrong in (None, visits[:, :-1], visits.to(torch.int64)):
+        with pytest.raises((ValueError, TypeError), match="visits"):
+            launch_sample_tokens(
+                moved[0], *moved[1:], torch.empty(rows, dtype=torch.int32), cut, splits=splits,
+                partials=scratch, block_size=block, tile_max=tile_max, visits=wrong,
+            )  # fmt: skip
     assert want[4] == 77  # the first NaN
     # rows 0 (greedy) and 1 (random): a tile wholly below the cut, its bound kept
     lied = moved[0].clone()

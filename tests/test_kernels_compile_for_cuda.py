@@ -102,6 +102,33 @@ def _line_of(lines: list[str], start: int, statement: str) -> int:
     return found[0]
 
 
+def test_tile_lists_land_before_the_walk_reads_them(report: dict[str, Any]) -> None:
+    """Every kernel that walks a tile list (`library.tiles_to_visit`) stores the list with
+    its threads, then loads each entry with whichever thread the pipeline gives it: a
+    barrier must order the stores before the first load, or a walk may read a stale entry
+    and skip a tile the interpreter's single thread always read."""
+    from graphsafe_sampler.kernels import logprobs, sampling, top_k_top_p
+
+    listing = {
+        "_candidates_kernel": (top_k_top_p._candidates_kernel, "HAS_TILE_MAX"),
+        "_sample_kernel": (sampling._sample_kernel, "HAS_TILE_MAX"),
+        "_logprobs_kernel": (logprobs._logprobs_kernel, "HAS_TILES"),
+    }
+    seen = set()
+    for r in report["results"]:
+        if r["kernel"] not in listing:
+            continue
+        kernel, flag = listing[r["kernel"]]
+        if not r["constexprs"][flag]:
+            continue
+        lines, start = inspect.getsourcelines(kernel.fn)
+        call = [start + i for i, line in enumerate(lines) if "= tiles_to_visit(" in line]
+        assert len(call) == 1, r["kernel"]
+        assert call[0] in r["fenced_stores"], (r["label"], r["fenced_stores"])
+        seen.add(r["kernel"])
+    assert seen == set(listing)
+
+
 def test_process_logits_orders_its_phases(report: dict[str, Any]) -> None:
     """The dense pass writes every token, the biased ones are rewritten, the saturated ones
     read back and rewritten (step 7), and stop ids and banned words set to -inf, each phase

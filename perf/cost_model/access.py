@@ -286,13 +286,10 @@ def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             "tile_max_ptr": rows["filtered"] * math.ceil(vocab / a["chunk"]),
         },
         writes={"stats_ptr": rows["filtered"], "lists_ptr": rows["buffered"]},
-        walks={tile_loop(k._candidates_kernel, 0): rows["filtered"]},
+        # with the maxima the walk's iterations are the listed tiles only, a share `visited`
+        # of the chunk's: the branch fractions below are of those
+        walks={tile_loop(k._candidates_kernel, 0): rows["filtered"] * visited},
         taken={
-            **(
-                {source_line(k._candidates_kernel, "if visit:"): visited}
-                if c["HAS_TILE_MAX"]
-                else {}
-            ),
             source_line(
                 k._candidates_kernel, "if (tile_max > floor) & (tile_max >= skip_below):"
             ): rows["buffered"] * record_tiles(floor_rank, read_tiles),
@@ -355,11 +352,9 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     partials = ("partial_best_ptr", "partial_index_ptr", "partial_nan_ptr")
     taken = {source_line(k._sample_kernel, "if tl.max(x, axis=0) + GUMBEL_MAX > best:"): hashed}
     if c["HAS_TILE_MAX"]:
+        # the walk's iterations are the listed tiles, a share `visited` of the chunk's
         hash_line = source_line(k._sample_kernel, "if tl.max(x, axis=0) + GUMBEL_MAX > best:")
-        taken = {
-            source_line(k._sample_kernel, "if visit:"): visited,
-            hash_line: torch.clamp(hashed / visited, max=1.0),
-        }
+        taken = {hash_line: torch.clamp(hashed / visited, max=1.0)}
     # a hashed tile of a top-k row holds a few of its k survivors (k spread over the row's
     # tiles): at most FEW_SURVIVORS of them hash one by one; other rows hash whole tiles
     few = torch.zeros_like(ones)
@@ -385,7 +380,7 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         },
         # split rows: each program writes its chunk's answer, one row of partials a row
         writes={"tokens_ptr": ones * (1 - split), **dict.fromkeys(partials, ones * split)},
-        walks={tile_loop(k._sample_kernel, 0): ones},
+        walks={tile_loop(k._sample_kernel, 0): visited},
         taken=taken,
     )
 
@@ -423,8 +418,6 @@ def _logprobs_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     # tiles the program reads
     read_tiles = torch.clamp(visited * chunk_tiles, min=1.0)
     taken = {merge: torch.stack([record_tiles(c["K"], math.ceil(float(t))) for t in read_tiles])}
-    if c["HAS_TILES"]:
-        taken[source_line(k._logprobs_kernel, "if visit:")] = visited
     return Work(
         reads={
             "source_ptr": visited + 1 / vocab,
@@ -436,7 +429,8 @@ def _logprobs_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             **dict.fromkeys(written, ones * (1 - split)),
             **dict.fromkeys(partials, ones * split),
         },
-        walks={tile_loop(k._logprobs_kernel, 0): ones, tile_loop(k._finish_row, 0): 0 * ones},
+        # the walk's iterations are the listed tiles, a share `visited` of the chunk's
+        walks={tile_loop(k._logprobs_kernel, 0): visited, tile_loop(k._finish_row, 0): 0 * ones},
         taken=taken,
     )
 

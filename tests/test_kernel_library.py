@@ -1,0 +1,80 @@
+"""kernels/library.py's shared Triton helpers on their own (the arithmetic ones, divide_by and
+hoisted_reciprocal, are tested beside processing, their one user): `tiles_to_visit`, the
+tile list every consumer of the tile maxima walks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from graphsafe_sampler.kernels.library import tiles_to_visit
+
+
+def _gen() -> torch.Generator:
+    seed = torch.seed() % 2**31
+    print(f"generator seed {seed}")  # shown on failure: rerun with it
+    return torch.Generator().manual_seed(seed)
+
+
+@triton.jit
+def _list_kernel(
+    table_ptr, floors_ptr, visits_ptr, counts_ptr, num_tiles, chunk_tiles, stride,
+    TILES_BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Program (row, part) lists the tiles [part * chunk_tiles, ...) of its row."""
+    row = tl.program_id(0)
+    first = tl.program_id(1) * chunk_tiles
+    last = tl.minimum(first + chunk_tiles, num_tiles)
+    listed = row * num_tiles + first
+    count = tiles_to_visit(
+        table_ptr + row * num_tiles * stride, stride, first, last, tl.load(floors_ptr + row),
+        visits_ptr + listed, TILES_BLOCK,
+    )  # fmt: skip
+    tl.store(counts_ptr + row * tl.num_programs(1) + tl.program_id(1), count)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("chunk_tiles", [1, 5, 13])
+def test_tiles_to_visit_lists_the_tiles_at_or_above_the_floor(
+    stride: int, chunk_tiles: int, kernel_device: torch.device
+) -> None:
+    """Each chunk's tiles whose max is not below the row's floor, in column order, and
+    nothing else written: unknown (+inf) tiles always; every tile at a -inf or NaN floor
+    (the mask's own comparison); at a +inf floor only the unknown ones; a tile equal to the
+    floor listed. With stride 2 (the raw-tile table: max, sum) the sums, planted above every
+    floor, are never read as maxima."""
+    gen = _gen()
+    rows, num_tiles = 6, 13
+    maxima = torch.randn(rows, num_tiles, generator=gen) * 4
+    maxima[torch.rand(rows, num_tiles, generator=gen) < 0.2] = float("inf")
+    maxima[1, 3] = float("-inf")  # an all -inf tile
+    floors = maxima.nan_to_num(posinf=0.0).quantile(0.6, dim=1)
+    floors[2] = float("-inf")
+    floors[3] = float("nan")
+    floors[4] = float("inf")
+    floors[5] = maxima[5, 7] = 1.5  # a tile at the floor exactly
+    table = maxima
+    if stride == 2:
+        table = torch.stack([maxima, torch.full_like(maxima, 1e30)], dim=-1)
+    parts = triton.cdiv(num_tiles, chunk_tiles)
+    visits = torch.full((rows, num_tiles), -7, dtype=torch.int32)
+    counts = torch.full((rows, parts), -7, dtype=torch.int32)
+    moved = [t.contiguous().to(kernel_device) for t in (table, floors, visits, counts)]
+    block = triton.next_power_of_2(chunk_tiles)
+    _list_kernel[(rows, parts)](*moved, num_tiles, chunk_tiles, stride, TILES_BLOCK=block)
+    visits, counts = moved[2].cpu(), moved[3].cpu()
+    for row in range(rows):
+        for part in range(parts):
+            first = part * chunk_tiles
+            last = min(first + chunk_tiles, num_tiles)
+            floor = float(floors[row])
+            want = [t for t in range(first, last) if not float(maxima[row, t]) < floor]
+            got = visits[row, first:last].tolist()
+            assert counts[row, part] == len(want), (row, part)
+            assert got[: len(want)] == want and set(got[len(want) :]) <= {-7}, (row, part)
+    # the cases the floors planted: every tile, only the unknown ones, the tie
+    assert counts[2].sum() == counts[3].sum() == num_tiles
+    assert counts[4].sum() == int(torch.isinf(maxima[4]).logical_and(maxima[4] > 0).sum())
+    assert 7 in visits[5].tolist()
