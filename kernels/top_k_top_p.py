@@ -216,10 +216,16 @@ def _candidates_kernel(
                 if (tile_max > floor) & (tile_max >= skip_below):
                     hits = tl.sum(hit.to(tl.int32), axis=0)
                     # one logit above the floor (the usual merge once the list has
-                    # filled): the tile's max alone; more: the tile's top-k network
+                    # filled): the tile's max alone; two (a tile holding two of a top-k
+                    # row's k): its max and the smaller of the two, their min; more: the
+                    # tile's top-k network
                     top = tl.where(ranks == 0, tile_max, float("-inf"))
                     if hits > 1:
-                        top = tl.topk(tl.where(hit, x, float("-inf")), PARTIAL)
+                        if hits == 2:
+                            second = tl.min(tl.where(hit, x, float("inf")), axis=0)
+                            top = tl.where(ranks == 1, second, top)
+                        else:
+                            top = tl.topk(tl.where(hit, x, float("-inf")), PARTIAL)
                     # the list (descending) against the tile's top (ascending): the larger
                     # of each pair are the union's PARTIAL largest, a bitonic sequence,
                     # sorted by one bitonic merge (log2(PARTIAL) rounds)

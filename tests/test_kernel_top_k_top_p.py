@@ -564,6 +564,44 @@ def test_tile_maxima_skip_the_tiles_below_every_cut(kernel_device: torch.device)
     print(f"reads {reads.tolist()} (without the maxima {plain_reads.tolist()})")
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_a_tile_with_two_logits_above_the_floor_merges_both(
+    splits: int, kernel_device: torch.device
+) -> None:
+    """Stage 1 merges a read tile holding exactly two logits above its floors by the pair's
+    max and min (no top-k network): planted so that the k-th largest is the smaller of such
+    a pair, the cut is that value exactly and the buffer settles the row. Row 1 moves the
+    pair's smaller logit to a third tile (one logit a tile), row 2 ties the pair."""
+    from tile_maxima import exact_tile_maxima
+
+    gen = _gen()
+    rows, vocab, block, candidates = 3, 1280, 64, 16  # 20 tiles
+    logits = -1.0 - 9.0 * torch.rand(rows, vocab, generator=gen)  # below every planted logit
+    # tile -> planted logits: maxima 10, 9, 8, 7.5, 6, 5; k = 6 floors the walk at 5, so the
+    # tiles read hold 1, 2, 1, 2, 1, 1 logits at or above it; the 6th largest is 7.0
+    planted = {2: [10.0], 7: [9.0, 8.5], 11: [8.0], 15: [7.5, 7.0], 4: [6.0], 9: [5.0]}
+    for row in range(rows):
+        for tile, values in planted.items():
+            columns = torch.randperm(block, generator=gen)[: len(values)] + tile * block
+            logits[row, columns] = torch.tensor(values)
+    logits[1, (logits[1] == 7.0).nonzero()[0]] = -5.0
+    logits[1, 18 * block + 3] = 7.0  # a tile of its own
+    logits[2, (logits[2] == 8.5).nonzero()[0]] = 9.0  # a tied pair: 9, 9
+    top_k = torch.full((rows,), 6, dtype=torch.int32)
+    top_p = torch.ones(rows)
+    slots = torch.arange(rows)
+    tile_max = exact_tile_maxima(logits, block)
+    args = [t.to(kernel_device) for t in (logits, slots, top_k, top_p)]
+    kept, threshold, reads = _launch(
+        *args, None, candidates, block, splits, tile_max.to(kernel_device)
+    )
+    want = logits.topk(6, dim=-1).values[:, -1]
+    assert want.tolist() == [7.0, 7.0, 7.0]
+    assert threshold.cpu().tolist() == want.tolist()
+    assert reads.cpu().tolist() == [1, 1, 1]  # settled by the buffer, the row read once
+    assert torch.equal(kept.cpu(), logits >= want[:, None])
+
+
 def test_candidates_must_be_a_power_of_two_within_a_tile() -> None:
     from graphsafe_sampler.kernels.top_k_top_p import launch_top_k_top_p as launch
 

@@ -240,6 +240,14 @@ def _shared_tile_share(kept: torch.Tensor, tiles: int) -> torch.Tensor:
     return (1.0 - none - one) / (1.0 - none)
 
 
+def _pair_share(kept: torch.Tensor, tiles: int) -> torch.Tensor:
+    """Of the tiles holding two or more of `kept` logits at random columns, the share holding
+    exactly two: P(n = 2 | n >= 2) for n ~ Poisson(kept / tiles)."""
+    rate = (kept / tiles).clamp(min=1e-9)
+    none, one = torch.exp(-rate), rate * torch.exp(-rate)
+    return (one * rate / 2) / (1.0 - none - one).clamp(min=1e-300)
+
+
 def _few_share(kept: torch.Tensor, tiles: int, few: int) -> torch.Tensor:
     """Of the tiles holding one of `kept` logits at random columns, the share holding at
     most `few`: P(n <= few | n >= 1) for n ~ Poisson(kept / tiles)."""
@@ -274,10 +282,14 @@ def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     floor_rank = torch.where(k_on, top_k.clamp(max=partial), float(partial))
     read_tiles = max(1, round(chunk_tiles * float(visited.max())))
     multi = multi_record_share(floor_rank, read_tiles)
+    # of those, the tiles merging exactly two (their min, not the top-k network): taken as
+    # none for a row that walks every tile (an upper bound on the network's share)
+    pair = torch.zeros_like(multi)
     if c["HAS_TILE_MAX"]:
         # a skipping row merges only its logits at or above the tiles' floor, about its k
         # largest: a read tile holds two or more of them as k spread over the row's tiles
         multi = torch.where(skipping, _shared_tile_share(top_k, tiles), multi)
+        pair = torch.where(skipping, _pair_share(top_k, tiles), pair)
     return Work(
         reads={
             "logits_ptr": rows["filtered"] * visited,
@@ -294,6 +306,7 @@ def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
                 k._candidates_kernel, "if (tile_max > floor) & (tile_max >= skip_below):"
             ): rows["buffered"] * record_tiles(floor_rank, read_tiles),
             source_line(k._candidates_kernel, "if hits > 1:"): multi,
+            source_line(k._candidates_kernel, "if hits == 2:"): pair,
         },
     )
 
