@@ -201,16 +201,24 @@ def _sample_kernel(
         x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf"))
         # x < threshold is False for NaN: a NaN stays, as under masked_fill
         x = tl.where(x < threshold, float("-inf"), x)
-        # torch.argmax treats NaN as the maximum: remember the first one, and leave NaN out
-        # of the best (it decides alone); the noise keeps NaN NaN and nothing else NaN
-        is_nan = x != x
-        first_nan = tl.minimum(first_nan, tl.min(tl.where(is_nan, cols, 2147483647), axis=0))
-        x = tl.where(is_nan, float("-inf"), x)
+        # a finite entry of the table bounds the tile's logits, and the tile holds no NaN:
+        # only an unknown tile (+inf), or every tile without the table, looks for NaN and
+        # takes its max
+        top = tl.full((), float("inf"), tl.float32)
+        if HAS_TILE_MAX:
+            top = tl.load(tile_row + start // BLOCK_SIZE)
+        if top == float("inf"):
+            # torch.argmax treats NaN as the maximum: remember the first one, and leave NaN
+            # out of the best (it decides alone); the noise keeps NaN NaN and nothing else NaN
+            is_nan = x != x
+            first_nan = tl.minimum(first_nan, tl.min(tl.where(is_nan, cols, 2147483647), axis=0))
+            x = tl.where(is_nan, float("-inf"), x)
+            top = tl.max(x, axis=0)
         if is_random:
-            # a tile whose largest logit plus the largest noise cannot beat the best (a tie
-            # keeps the earlier best) is not hashed: a tile wholly below the cut, or far
-            # below the best, costs its load and two reductions
-            if tl.max(x, axis=0) + GUMBEL_MAX > best:
+            # a tile whose largest logit (or its bound) plus the largest noise cannot beat
+            # the best (a tie keeps the earlier best) is not hashed: a tile wholly below the
+            # cut, or far below the best, costs its load and a reduction or two
+            if top + GUMBEL_MAX > best:
                 alive = x > float("-inf")
                 if tl.sum(alive.to(tl.int32), axis=0) <= FEW_SURVIVORS:
                     # a tile a cut leaves one or two tokens (top-k's usual tile): their
@@ -407,8 +415,9 @@ def sample_tokens(
     [num_rows] int32 or int64 (written); salt: the random stream (constants.SALT_*);
     splits: programs per row, each scanning a chunk of whole tiles, merged by a second
     kernel (`sample_splits` picks it; the tokens do not depend on it). tile_max [num_rows,
-    ceil(V / TILE)] float32 or None: upper bounds of each tile's logits (`process_logits`'
-    tile maxima, before any mask), with which a tile wholly below the threshold is not read.
+    ceil(V / TILE)] float32 or None: upper bounds of each tile's logits, +inf where a tile
+    holds NaN (`process_logits`' tile maxima, before any mask), with which a tile wholly
+    below the threshold is not read, and only the +inf tiles are searched for NaN.
     """
     check_logits(logits)
     num_rows = logits.shape[0]

@@ -191,9 +191,15 @@ def _candidates_kernel(
             in_chunk = cols < end
             x = tl.load(row_ptr + cols, mask=in_chunk, other=float("nan"))
             valid = x == x
-            tile_max = tl.max(tl.where(valid, x, float("-inf")), axis=0)
+            # a finite entry of the table is the tile's max, and the tile holds no NaN: only
+            # an unknown tile (+inf), or every tile without the table, takes two reductions
+            tile_max = tl.full((), float("inf"), tl.float32)
+            if HAS_TILE_MAX:
+                tile_max = tl.load(tile_row + start // BLOCK_SIZE)
+            if tile_max == float("inf"):
+                tile_max = tl.max(tl.where(valid, x, float("-inf")), axis=0)
+                nan_count += tl.sum((~valid & in_chunk).to(tl.int32), axis=0)
             low = tl.minimum(low, tl.where(valid, x, float("inf")))
-            nan_count += tl.sum((~valid & in_chunk).to(tl.int32), axis=0)
             new_max = tl.maximum(chunk_max, tile_max)
             if use_buffer:
                 # only top-p weighs masses (top-k alone skips the exp per logit)
@@ -215,10 +221,9 @@ def _candidates_kernel(
                 left_out = tl.maximum(left_out, tl.where(valid & ~hit, x, float("-inf")))
                 if (tile_max > floor) & (tile_max >= skip_below):
                     hits = tl.sum(hit.to(tl.int32), axis=0)
-                    # one logit above the floor (the usual merge once the list has
-                    # filled): the tile's max alone; two (a tile holding two of a top-k
-                    # row's k): its max and the smaller of the two, their min; more: the
-                    # tile's top-k network
+                    # one logit above the floor (the usual merge once the list has filled):
+                    # the tile's max alone; two (a tile holding two of a top-k row's k): its
+                    # max and their min; more: the tile's top-k network
                     top = tl.where(ranks == 0, tile_max, float("-inf"))
                     if hits > 1:
                         if hits == 2:
@@ -565,9 +570,9 @@ def top_k_top_p_threshold(
     [num_slots] int32 (<= 0 or >= V off); top_p [num_slots] float32 (>= 1 off); threshold
     [num_rows] float32. min_p [num_slots] float32 (0 off), when given: min_p's cut first,
     folded into the threshold. splits: stage 1's programs per row (`top_k_top_p_splits`
-    picks it; the cut does not depend on it). tile_max [num_rows, ceil(V / TILE)] float32,
-    when given: `process_logits`' tile maxima of these logits, which let stage 1 skip the
-    tiles below every cut of a top-k row (docs/kernels.md, tile maxima)."""
+    picks it; the cut does not depend on it). tile_max [num_rows, ceil(V / TILE)] float32:
+    `process_logits`' tile maxima of these logits (finite: exact; +inf: NaN or unknown),
+    with which stage 1 skips the tiles below every cut of a top-k row (docs/kernels.md)."""
     _check_top_k_top_p(logits, slots, top_k, top_p, threshold, min_p, tile_max)
     launch_top_k_top_p(
         logits, slots, top_k, top_p, threshold, False, min_p, splits=splits, tile_max=tile_max

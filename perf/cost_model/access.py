@@ -290,6 +290,10 @@ def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         # largest: a read tile holds two or more of them as k spread over the row's tiles
         multi = torch.where(skipping, _shared_tile_share(top_k, tiles), multi)
         pair = torch.where(skipping, _pair_share(top_k, tiles), pair)
+    unknown_read = ones
+    if c["HAS_TILE_MAX"]:
+        unknown = a.get(UNKNOWN_TILES)
+        unknown_read = ones if unknown is None else torch.clamp(unknown / visited, max=1.0)
     return Work(
         reads={
             "logits_ptr": rows["filtered"] * visited,
@@ -307,6 +311,8 @@ def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             ): rows["buffered"] * record_tiles(floor_rank, read_tiles),
             source_line(k._candidates_kernel, "if hits > 1:"): multi,
             source_line(k._candidates_kernel, "if hits == 2:"): pair,
+            # the reductions of a tile the table does not know (+inf), among those read
+            source_line(k._candidates_kernel, 'if tile_max == float("inf"):'): unknown_read,
         },
     )
 
@@ -363,11 +369,18 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         read = _visited(survivors, tiles, a.get(UNKNOWN_TILES))  # of the row
         visited = torch.maximum(read, hashed)  # of the slowest program's chunk
     partials = ("partial_best_ptr", "partial_index_ptr", "partial_nan_ptr")
-    taken = {source_line(k._sample_kernel, "if tl.max(x, axis=0) + GUMBEL_MAX > best:"): hashed}
+    hash_line = source_line(k._sample_kernel, "if top + GUMBEL_MAX > best:")
+    taken = {hash_line: hashed}
     if c["HAS_TILE_MAX"]:
-        # the walk's iterations are the listed tiles, a share `visited` of the chunk's
-        hash_line = source_line(k._sample_kernel, "if tl.max(x, axis=0) + GUMBEL_MAX > best:")
-        taken = {hash_line: torch.clamp(hashed / visited, max=1.0)}
+        # the walk's iterations are the listed tiles, a share `visited` of the chunk's; of
+        # those, the unknown ones (+inf) look for NaN and take their max
+        unknown = a.get(UNKNOWN_TILES)
+        taken = {
+            hash_line: torch.clamp(hashed / visited, max=1.0),
+            source_line(k._sample_kernel, 'if top == float("inf"):'): (
+                ones if unknown is None else torch.clamp(unknown / read, max=1.0)
+            ),
+        }
     # a hashed tile of a top-k row holds a few of its k survivors (k spread over the row's
     # tiles): at most FEW_SURVIVORS of them hash one by one; other rows hash whole tiles
     few = torch.zeros_like(ones)
