@@ -179,6 +179,16 @@ def tiles_to_visit(tile_row, stride, first, last, floor, visits_row, TILES_BLOCK
 
 
 @triton.jit
+def listed_tile(visits_ptr, listed, first, visit, LISTED: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """The first column of a walk's `visit`-th tile: the tile `tiles_to_visit` wrote at
+    visits_ptr[listed + visit] (LISTED), or else the chunk's tiles in turn from `first`."""
+    start = (first + visit) * BLOCK_SIZE
+    if LISTED:
+        start = tl.load(visits_ptr + listed + visit) * BLOCK_SIZE
+    return start
+
+
+@triton.jit
 def kth_known(bounds, lanes, k):
     """The k-th largest finite (or -inf) entry of a row's tile maxima `bounds` (lanes past
     the row hold -inf), +inf entries (unknown) left out: k tiles hold a logit at or above

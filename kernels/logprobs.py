@@ -23,6 +23,7 @@ from .library import (
     check_table,
     inplace_op,
     kth_known,
+    listed_tile,
     split_chunks,
     split_count,
     tile_count,
@@ -227,9 +228,7 @@ def _logprobs_kernel(
             tile_row, 2, first, first + visits, lowest, visits_ptr + listed, TILES_BLOCK
         )
     for visit in tl.range(0, visits, num_stages=LISTED_STAGES):
-        start = (first + visit) * BLOCK_SIZE
-        if HAS_TILES:
-            start = tl.load(visits_ptr + listed + visit) * BLOCK_SIZE
+        start = listed_tile(visits_ptr, listed, first, visit, HAS_TILES, BLOCK_SIZE)
         cols = start + tl.arange(0, BLOCK_SIZE)
         in_row = cols < end
         x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf")).to(tl.float32)

@@ -26,6 +26,7 @@ from .library import (
     check_table,
     check_tile_max,
     inplace_op,
+    listed_tile,
     split_chunks,
     split_count,
     tile_count,
@@ -193,9 +194,7 @@ def _sample_kernel(
             tile_row, 1, first, first + visits, threshold, visits_ptr + listed, TILES_BLOCK
         )
     for visit in tl.range(0, visits, num_stages=LISTED_STAGES):
-        start = (first + visit) * BLOCK_SIZE
-        if HAS_TILE_MAX:
-            start = tl.load(visits_ptr + listed + visit) * BLOCK_SIZE
+        start = listed_tile(visits_ptr, listed, first, visit, HAS_TILE_MAX, BLOCK_SIZE)
         cols = start + tl.arange(0, BLOCK_SIZE)
         in_row = cols < end
         x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf"))

@@ -30,6 +30,7 @@ from .library import (
     check_tile_max,
     inplace_op,
     kth_known,
+    listed_tile,
     split_chunks,
     tile_count,
     tiles_to_visit,
@@ -184,9 +185,7 @@ def _candidates_kernel(
                 tile_row, 1, first, first + visits, skip_below, visits_ptr + listed, TILES_BLOCK
             )
         for visit in tl.range(0, visits, num_stages=LISTED_STAGES):
-            start = (first + visit) * BLOCK_SIZE
-            if HAS_TILE_MAX:
-                start = tl.load(visits_ptr + listed + visit) * BLOCK_SIZE
+            start = listed_tile(visits_ptr, listed, first, visit, HAS_TILE_MAX, BLOCK_SIZE)
             cols = start + tl.arange(0, BLOCK_SIZE)
             in_chunk = cols < end
             x = tl.load(row_ptr + cols, mask=in_chunk, other=float("nan"))
