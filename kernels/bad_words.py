@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .library import forget_tiles
+from .library import update_tiles
 
 
 @triton.jit
@@ -82,6 +82,8 @@ def ban_bad_words(
             carry_word = tl.sum(tl.where(last, word, 0))
             carry_vote = tl.sum(tl.where(last, matched, 0))
             ban = used & (back == 0) & (matched == 1) & (token >= begin) & (token < end)
-            tl.store(row_ptr + token, tl.full((BAD_BLOCK,), float("-inf"), tl.float32), ban)
+            old = tl.load(row_ptr + token, mask=ban, other=0.0)
+            ninf = tl.full((BAD_BLOCK,), float("-inf"), tl.float32)
+            tl.store(row_ptr + token, ninf, ban)
             if HAS_TILE_MAX:
-                forget_tiles(tile_row, token, ban, BLOCK_SIZE)
+                update_tiles(tile_row, token, old, ninf, ban, BLOCK_SIZE)

@@ -113,10 +113,24 @@ def check_raw_tiles(raw_tiles: torch.Tensor, num_rows: int, vocab_size: int) -> 
 @triton.jit
 def forget_tiles(tile_row, token, mask, BLOCK_SIZE: tl.constexpr):
     """Mark the tiles holding `token` (where `mask`) unknown in the row's tile-max table: a
-    phase after the dense pass changed one of their logits. +inf: every consumer reads the
-    tile, and no floor is taken from it. (Reading those tiles again for their max would
-    chain a load's latency per tile a program.)"""
+    phase after the dense pass changed one of their logits in a way `update_tiles` cannot
+    follow. +inf: every consumer reads the tile, and no floor is taken from it. (Reading
+    those tiles again for their max would chain a load's latency per tile a program.)"""
     tl.store(tile_row + token // BLOCK_SIZE, tl.full(token.shape, float("inf"), tl.float32), mask)
+
+
+@triton.jit
+def update_tiles(tile_row, token, old, new, mask, BLOCK_SIZE: tl.constexpr):
+    """After a phase past the dense pass changed `token`'s logit from `old` to `new` (where
+    `mask`; `old` loaded before the phase's store), keep its tile's entry exact: the max of
+    the entry and `new`, unless the token held the tile's max and fell (the next largest is
+    not at hand) or `new` is NaN: then +inf, unknown. Lanes sharing a tile combine by an
+    atomic max, which lets a lane read the entry before or after another's: an entry
+    raised by a lane is the new max whichever the falling token was, and +inf wins."""
+    at = tile_row + token // BLOCK_SIZE
+    entry = tl.load(at, mask=mask, other=float("inf"))
+    known = ((old < entry) | (new >= old)) & (new == new)
+    tl.atomic_max(at, tl.where(known, tl.maximum(entry, new), float("inf")), mask=mask)
 
 
 @triton.jit

@@ -10,10 +10,9 @@ and the bad words' banned tokens set to -inf (which every other step keeps at -i
 tile compares its tokens against a sparse table. All arithmetic is float32, rounded as IEEE
 division rounds, and no fused multiply-add but the division's own (`library.divide_by`, by
 a reciprocal computed once a row; a chunk it cannot vouch for is made again with div_rn),
-so the row equals the PyTorch backend's bit for bit.
-Custom processors are not here. The phases and their order, why the excess step may skip the
-dense pass's temperature, the exactness and the traffic per row: docs/kernels.md, logits
-processing.
+so the row equals the PyTorch backend's bit for bit. Custom processors are not here. The
+phases and their order, why the excess step may skip the dense pass's temperature, the
+exactness and the traffic per row: docs/kernels.md, logits processing.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ from .library import (
     inplace_op,
     raw_tile_stats,
     split_chunks,
+    update_tiles,
 )
 
 
@@ -233,8 +233,8 @@ def _process_logits_kernel(
     from `source` into `logits`, with a barrier after each phase whose stores the next one
     reads or overwrites: the dense pass (steps 3-6), the biased tokens again from their
     source value plus the bias (steps 1, 3-6), step 7, then the -inf stores (step 2).
-    With HAS_TILE_MAX the dense pass also writes each tile's largest logit, and every later
-    phase marks the tiles it changes unknown (+inf), after the same barriers. With
+    With HAS_TILE_MAX the dense pass also writes each tile's largest logit, which the bias,
+    stop ids and bad words keep exact (`update_tiles`) and step 7 marks unknown (+inf). With
     HAS_RAW_TILES it writes each tile's max and sum of exp of the *source* (`raw_tile_stats`),
     from which logprobs in the raw modes take the logsumexp without reading the row again.
 
@@ -316,9 +316,10 @@ def _process_logits_kernel(
             frequency, presence, fix_excess, scale_on, temperature_divisor, SATURATED,
             HAS_GRAMMAR, HAS_DRAFTS, True,
         )  # fmt: skip
+        old = tl.load(row_ptr + token, mask=used, other=0.0)  # the dense pass's
         tl.store(row_ptr + token, x, mask=used)
         if HAS_TILE_MAX:
-            forget_tiles(tile_row, token, used, BLOCK_SIZE)
+            update_tiles(tile_row, token, old, x, used, BLOCK_SIZE)
 
     # step 7 reads what other threads of this program stored above
     tl.debug_barrier()
@@ -376,9 +377,11 @@ def _process_logits_kernel(
             used = entry < num_stop
             token = tl.load(stop_ids_ptr + slot * num_stop + entry, mask=used, other=0)
             used &= (token >= begin) & (token < end)
-            tl.store(row_ptr + token, tl.full((SPARSE_BLOCK,), float("-inf"), tl.float32), used)
+            old = tl.load(row_ptr + token, mask=used, other=0.0)
+            ninf = tl.full((SPARSE_BLOCK,), float("-inf"), tl.float32)
+            tl.store(row_ptr + token, ninf, used)
             if HAS_TILE_MAX:
-                forget_tiles(tile_row, token, used, BLOCK_SIZE)
+                update_tiles(tile_row, token, old, ninf, used, BLOCK_SIZE)
 
 
 process_splits = SplitPolicy(ctas_per_sm=4)

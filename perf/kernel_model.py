@@ -91,12 +91,14 @@ access table gives the fraction of iterations that run its block: the sampling k
 hash, run on the tiles holding a survivor of top-k (k / tiles of them, at least one tile of
 a program's chunk); a running top-k's merge (logprobs' top K, top-k/top-p stage 1's list),
 run on the tiles holding a new one of its k largest so far, for logits in random order
-(`cost_model.access.record_tiles`), here among the tiles it reads; the `if visit:` of a
-walk that skips tiles by the tile maxima, run on the tiles it reads. Tiles marked unknown
-(+inf) are those the step's sparse tokens fall in, at random columns
+(`cost_model.access.record_tiles`), here among the tiles it reads; the reductions of a
+tile the table does not know, run on the unknown share of the tiles read (a walk over the
+tiles `library.tiles_to_visit` lists counts those alone: its walks a row are their share).
+Tiles marked unknown (+inf) are those step 7's saturated tokens fall in, at random columns,
+and those where a biased, stop or banned token held the tile's max
 (`cost_model.access.unknown_tiles`); the sampling kernel's few-survivors path, run on the
-hashed tiles of a top-k row holding at most FEW_SURVIVORS of its k (k spread over the
-row's tiles, Poisson). The block is found in the SASS as the instructions a
+hashed tiles of a top-k row holding at most FEW_SURVIVORS of its k (k spread over the row's
+tiles, Poisson). The block is found in the SASS as the instructions a
 predicated branch at the `if`'s line jumps over, and its else-block (where the then-block
 ends with a jump over one) counts by the rest of the fraction; each instruction counts with
 the product of the fractions of the blocks holding it.

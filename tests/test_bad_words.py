@@ -452,7 +452,7 @@ def test_kernel_carries_words_across_its_blocks(
     assert banned.sum() > ROWS  # the words match the short alphabet's histories often
     assert torch.equal(got.isneginf(), banned)
     assert torch.equal(got[~banned], logits[~banned])
-    # the tiles holding a banned token are unknown in the tile-max table, the others exact
+    # each banned token held its tile's max and fell: its tile is unknown, the others exact
     assert torch.equal(tile_max.cpu(), expected_tile_maxima(got.cpu(), banned.cpu(), 16))
 
 

@@ -4,11 +4,14 @@ sequence."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -427,12 +430,13 @@ def test_small_tiles_match_torch_backend(
 @pytest.mark.parametrize("splits", [1, 3])
 def test_tile_maxima(splits: int, kernel_device: torch.device) -> None:
     """The tile-max table: each 1,024-token tile's largest processed logit exactly (+inf
-    where it holds NaN), except the tiles a phase after the dense pass changed, +inf
-    (unknown): the biased tokens, the stop ids while min_tokens holds, the listed saturated
-    tokens under a frequency penalty. The logits are those of the table-less launch. The
-    raw-tile table: each tile's max of the raw logits (exact, +inf at the NaN) and its sum
-    of exp (float32 rounding of the float64 one, NaN at the NaN)."""
-    from tile_maxima import expected_tile_maxima, raw_tiles
+    where it holds NaN), through the phases after the dense pass (`library.update_tiles`):
+    a biased token or a stop id (while min_tokens holds) changes its tile's entry to the
+    new max, except where it held the tile's max and fell: +inf (unknown), as at the tiles
+    of the listed saturated tokens under a frequency penalty. The logits are those of the
+    table-less launch. The raw-tile table: each tile's max of the raw logits (exact, +inf at
+    the NaN) and its sum of exp (float32 rounding of the float64 one, NaN at the NaN)."""
+    from tile_maxima import exact_tile_maxima, raw_tiles
 
     gen = _gen()
     rows, vocab = 3, 16_000
@@ -444,14 +448,25 @@ def test_tile_maxima(splits: int, kernel_device: torch.device) -> None:
     logits[1, 5_000] = float("nan")  # a NaN tile
     logits = logits.to(kernel_device)
     grammar = _random_grammar(rows, vocab, gen, kernel_device)
-    # row 0 (slot 0): a stop id (min_tokens in force) that was its tile's max, and a biased
-    # token raised above its tile: both tiles' maxima change after the dense pass, which a
-    # missed mark would leave wrong
-    stop, biased = int(state.stop_ids[0, 0]), int(state.bias_ids[0, 0])
+    # row 0 (slot 0): a stop id (min_tokens in force) that was its tile's max, a biased
+    # token raised above its tile, and one that was its tile's max lowered below it: the
+    # first and the last leave their tiles unknown, the second its tile's exact new max
+    stop = int(state.stop_ids[0, 0])
+    tiles = {stop // 1024}
+    raised = lowered = -1
+    for j in range(NUM_BIAS):  # two bias entries of tiles of their own
+        token = int(state.bias_ids[0, j])
+        if token // 1024 not in tiles and token != stop:
+            tiles.add(token // 1024)
+            if raised < 0:
+                raised, state.bias_values[0, j] = token, 100.0
+            elif lowered < 0:
+                lowered, state.bias_values[0, j] = token, -100.0
+    assert lowered >= 0, "no two bias entries in tiles of their own"
     state.min_tokens[0] = state.batch.num_generated.device[0] + 5
-    state.bias_values[0, 0] = 100.0
     logits[0, stop] = 50.0
-    planted = [(0, stop), (0, biased), (1, 5_000)]  # the last: the NaN, which stays NaN
+    logits[0, lowered] = 60.0
+    planted = [(0, stop), (0, raised), (0, lowered), (1, 5_000)]  # the last: the NaN
     for r, token in planted:  # allowed in both bitmasks
         word, bit = divmod(token, 32)
         as_int32 = torch.tensor(1 << bit, dtype=torch.int64).to(torch.int32)  # bit 31 wraps
@@ -469,26 +484,34 @@ def test_tile_maxima(splits: int, kernel_device: torch.device) -> None:
                                equal_nan=True)  # fmt: skip
     torch.testing.assert_close(got, _kernel(logits, slots, state, grammar), rtol=0, atol=0,
                                equal_nan=True)  # fmt: skip
-    unknown = torch.zeros(rows, vocab, dtype=torch.bool)
-    generated = state.batch.num_generated.device.cpu()
+    # the row before each sparse phase: no bias and no stop ids (the dense pass), then the
+    # bias without the stop ids
+    no_stop = dataclasses.replace(state, min_tokens=torch.zeros_like(state.min_tokens))
+    no_bias = dataclasses.replace(no_stop, bias_values=torch.zeros_like(state.bias_values))
+    phases = [_kernel(logits, slots, no_bias, grammar).cpu(),
+              _kernel(logits, slots, no_stop, grammar).cpu(), got.cpu()]  # fmt: skip
+    unknown = torch.zeros(rows, 16, dtype=torch.bool)
+    for before, after in itertools.pairwise(phases):
+        # a token at its tile's max that fell: its tile is unknown from then on
+        at_max = before == exact_tile_maxima(before, 1024).repeat_interleave(1024, 1)[:, :vocab]
+        fell = at_max & (after < before)
+        unknown |= F.pad(fell, (0, 16 * 1024 - vocab)).view(rows, 16, 1024).any(-1)
     frequency = state.penalties.frequency.device.cpu()
     overflow_token = state.penalties.overflow_token.device.cpu()
     for r, s in enumerate(slots.tolist()):
-        in_use = state.bias_values[s].cpu() != 0.0
-        unknown[r, state.bias_ids[s].cpu()[in_use].long()] = True
-        if generated[s] < state.min_tokens[s].cpu():
-            unknown[r, state.stop_ids[s].cpu().long()] = True
         if frequency[s] != 0.0:
             listed = overflow_token[s, :-1]
-            unknown[r, listed[listed >= 0].long()] = True
-    want = expected_tile_maxima(got.cpu(), unknown, 1024)
+            unknown[r, (listed[listed >= 0] // 1024).long()] = True
+    want = torch.where(unknown, float("inf"), exact_tile_maxima(got.cpu(), 1024))
     assert torch.equal(tile_max.cpu(), want)
     assert int(torch.isfinite(want).sum()) >= 10  # most tiles exact, not all unknown
     assert bool(torch.isposinf(want[1, 4]))  # the NaN's tile
-    # the planted stop id's and biased token's tiles, whose dense max a sparse phase changed
+    # the planted tokens' tiles: the stop id's and the lowered one's unknown, the raised
+    # one's its new value (finite, above the rest of its tile)
     assert bool(torch.isposinf(want[0, stop // 1024])) and bool(
-        torch.isposinf(want[0, biased // 1024])
+        torch.isposinf(want[0, lowered // 1024])
     )
+    assert float(want[0, raised // 1024]) == float(got[0, raised]) > 40.0
 
 
 def test_skipped_excess_is_caught(kernel_device: torch.device) -> None:

@@ -19,7 +19,8 @@ def exact_tile_maxima(x: torch.Tensor, block_size: int) -> torch.Tensor:
 
 def expected_tile_maxima(x: torch.Tensor, unknown: torch.Tensor, block_size: int) -> torch.Tensor:
     """`exact_tile_maxima`, with +inf (unknown) at every tile holding a token of `unknown`
-    ([rows, V] bool: the tokens a phase after the dense pass changed)."""
+    ([rows, V] bool: tokens that held their tile's max and fell in a phase after the dense
+    pass, `library.update_tiles`)."""
     exact = exact_tile_maxima(x, block_size)
     rows, vocab = unknown.shape
     tiles = exact.shape[1]

@@ -118,18 +118,23 @@ def _sparse_tokens(a: dict[str, Any], c: dict[str, Any]) -> dict[str, torch.Tens
     stops = 1 + (ordered[:, 1:] != ordered[:, :-1]).sum(1)
     return {
         "tokens": bias + stopping * stops + banned + used,
+        "excess": used.to(torch.float64),
         "full": _f(fix_excess & scale_on & table[:, -1]),
     }
 
 
 def unknown_tiles(a: dict[str, Any], c: dict[str, Any]) -> torch.Tensor:
     """[rows] float64 from a process_logits launch: the fraction of each row's tiles its
-    sparse phases mark unknown in the tile-max table (with HAS_TILE_MAX): n tokens at random
-    columns fall in about 1 - (1 - 1/tiles)**n of them (all of them at a full overflow
-    table)."""
+    sparse phases mark unknown in the tile-max table (with HAS_TILE_MAX): step 7 marks its
+    saturated tokens' tiles (all of them at a full overflow table); the bias, stop ids and
+    bad words keep an entry exact unless their token held its tile's max and fell
+    (`library.update_tiles`), taken as a random token's chance, 1 / BLOCK_SIZE. n marking
+    tokens at random columns fall in about 1 - (1 - 1/tiles)**n of the tiles."""
     sparse = _sparse_tokens(a, c)
     tiles = math.ceil(a["vocab_size"] / c["BLOCK_SIZE"])
-    marked = 1.0 - (1.0 - 1.0 / tiles) ** sparse["tokens"].to(torch.float64)
+    others = sparse["tokens"].to(torch.float64) - sparse["excess"]
+    marking = sparse["excess"] + others / c["BLOCK_SIZE"]
+    marked = 1.0 - (1.0 - 1.0 / tiles) ** marking
     return torch.maximum(marked, sparse["full"]) * float(c["HAS_TILE_MAX"])
 
 
@@ -378,7 +383,7 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         taken = {
             hash_line: torch.clamp(hashed / visited, max=1.0),
             source_line(k._sample_kernel, 'if top == float("inf"):'): (
-                ones if unknown is None else torch.clamp(unknown / read, max=1.0)
+                ones if unknown is None else torch.clamp(unknown / visited, max=1.0)
             ),
         }
     # a hashed tile of a top-k row holds a few of its k survivors (k spread over the row's
