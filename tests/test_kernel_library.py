@@ -1,6 +1,7 @@
 """kernels/library.py's shared Triton helpers on their own (the arithmetic ones, divide_by and
 hoisted_reciprocal, are tested beside processing, their one user): `tiles_to_visit`, the
-tile list every consumer of the tile maxima walks."""
+tile list every consumer of the tile maxima walks, and `update_tiles`, which keeps the
+table exact through processing's sparse phases."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphsafe_sampler.kernels.library import tiles_to_visit
+from graphsafe_sampler.kernels.library import tiles_to_visit, update_tiles
 
 
 def _gen() -> torch.Generator:
@@ -78,3 +79,51 @@ def test_tiles_to_visit_lists_the_tiles_at_or_above_the_floor(
     assert counts[2].sum() == counts[3].sum() == num_tiles
     assert counts[4].sum() == int(torch.isinf(maxima[4]).logical_and(maxima[4] > 0).sum())
     assert 7 in visits[5].tolist()
+
+
+@triton.jit
+def _update_kernel(table_ptr, before_ptr, after_ptr, tokens_ptr, n, BLOCK_SIZE: tl.constexpr,
+                   LANES: tl.constexpr):  # fmt: skip
+    lanes = tl.arange(0, LANES)
+    used = lanes < n
+    token = tl.load(tokens_ptr + lanes, mask=used, other=0)
+    old = tl.load(before_ptr + token, mask=used, other=0.0)
+    new = tl.load(after_ptr + token, mask=used, other=0.0)
+    update_tiles(table_ptr, token, old, new, used, BLOCK_SIZE)
+
+
+def test_update_tiles_keeps_each_entry_exact_or_unknown(kernel_device: torch.device) -> None:
+    """Changed tokens, several sharing each tile: an entry becomes the new tile's exact max,
+    or +inf (unknown) exactly where a token that held the tile's max fell or became NaN.
+    Ties at the max, a token raised above its tile, one lowered from the max, -inf stores;
+    every tile's expected entry from the rows before and after the change."""
+    from tile_maxima import exact_tile_maxima
+
+    gen = _gen()
+    block, tiles = 16, 12
+    vocab = block * tiles
+    before = torch.round(torch.randn(1, vocab, generator=gen) * 8) / 4  # ties happen
+    tokens = torch.randperm(vocab, generator=gen)[:60]
+    after = before.clone()
+    draws = torch.rand(len(tokens), generator=gen)
+    for token, draw in zip(tokens.tolist(), draws.tolist(), strict=True):
+        if draw < 0.3:
+            after[0, token] = float("-inf")  # a stop id or a banned token
+        elif draw < 0.6:
+            after[0, token] = before[0, token] + 40.0 * draw  # a bias up: may top its tile
+        else:
+            after[0, token] = before[0, token] - 40.0 * draw  # a bias down
+    after[0, int(tokens[0])] = float("nan")
+    table = exact_tile_maxima(before, block)[0]
+    moved = [t.clone().to(kernel_device) for t in (table, before[0], after[0])]
+    tokens_d = tokens.to(torch.int32).to(kernel_device)
+    _update_kernel[(1,)](*moved, tokens_d, len(tokens), BLOCK_SIZE=block, LANES=64)
+    got = moved[0].cpu()
+    changed = torch.zeros(vocab, dtype=torch.bool)
+    changed[tokens] = True
+    at_max = before[0] == table.repeat_interleave(block)
+    fell = changed & ((at_max & ~(after[0] >= before[0])) | torch.isnan(after[0]))
+    unknown = fell.view(tiles, block).any(-1)
+    want = torch.where(unknown, float("inf"), exact_tile_maxima(after, block)[0])
+    assert torch.equal(got, want), (got, want)
+    assert bool(unknown.any()) and bool(torch.isfinite(want).sum() >= 3)
