@@ -427,6 +427,12 @@ def _source_line(loc: str, aliases: dict[str, str]) -> int | None:
     return None
 
 
+def _op_line(op: str, aliases: dict[str, str]) -> int:
+    """The kernel source line of a TTGIR op's trailing `loc(...)`, 0 without one."""
+    at = re.search(r" loc\((.*)\)$", op)
+    return (_source_line(at.group(1), aliases) if at else None) or 0
+
+
 def store_phases(ttgir: str) -> list[list[int]]:
     """The source lines of the kernel's `tt.store`s in program order (the text order: the
     control flow is structured), in phases split at each barrier ordering global memory
@@ -448,8 +454,7 @@ def store_phases(ttgir: str) -> list[list[int]]:
             if {"all", "global_write"} & set(barrier.group(1).split("|")):
                 phases.append([])
         elif body <= depth and op.startswith("tt.store "):
-            at = re.search(r" loc\((.*)\)$", op)
-            phases[-1].append((_source_line(at.group(1), aliases) if at else None) or 0)
+            phases[-1].append(_op_line(op, aliases))
         if op.endswith("{"):
             depth += 1
     return phases
@@ -467,8 +472,7 @@ def fenced_stores(ttgir: str) -> list[int]:
     for line in ttgir.splitlines():
         op = line.strip()
         if op.startswith("tt.store "):
-            at = re.search(r" loc\((.*)\)$", op)
-            pending.append((_source_line(at.group(1), aliases) if at else None) or 0)
+            pending.append(_op_line(op, aliases))
         elif barrier := re.match(r"ttg\.barrier (\S+)", op):
             if {"all", "global_write"} & set(barrier.group(1).split("|")):
                 fenced += pending

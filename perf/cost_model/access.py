@@ -237,6 +237,14 @@ def _visited(kept: torch.Tensor, tiles: int, unknown: torch.Tensor | None) -> to
     return share
 
 
+def _unknown_share(a: dict[str, Any], visited: torch.Tensor) -> torch.Tensor:
+    """Of the tiles a consumer of the tile maxima reads (a share `visited` of its row's),
+    the unknown ones (+inf), which still take their reductions: all, without the model's
+    unknown fraction."""
+    unknown = a.get(UNKNOWN_TILES)
+    return torch.ones_like(visited) if unknown is None else torch.clamp(unknown / visited, max=1.0)
+
+
 def _shared_tile_share(kept: torch.Tensor, tiles: int) -> torch.Tensor:
     """Of the tiles holding one of `kept` logits at random columns, the share holding two or
     more: P(n >= 2 | n >= 1) for n ~ Poisson(kept / tiles)."""
@@ -295,10 +303,7 @@ def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         # largest: a read tile holds two or more of them as k spread over the row's tiles
         multi = torch.where(skipping, _shared_tile_share(top_k, tiles), multi)
         pair = torch.where(skipping, _pair_share(top_k, tiles), pair)
-    unknown_read = ones
-    if c["HAS_TILE_MAX"]:
-        unknown = a.get(UNKNOWN_TILES)
-        unknown_read = ones if unknown is None else torch.clamp(unknown / visited, max=1.0)
+    unknown_read = _unknown_share(a, visited) if c["HAS_TILE_MAX"] else ones
     return Work(
         reads={
             "logits_ptr": rows["filtered"] * visited,
@@ -379,12 +384,9 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     if c["HAS_TILE_MAX"]:
         # the walk's iterations are the listed tiles, a share `visited` of the chunk's; of
         # those, the unknown ones (+inf) look for NaN and take their max
-        unknown = a.get(UNKNOWN_TILES)
         taken = {
             hash_line: torch.clamp(hashed / visited, max=1.0),
-            source_line(k._sample_kernel, 'if top == float("inf"):'): (
-                ones if unknown is None else torch.clamp(unknown / visited, max=1.0)
-            ),
+            source_line(k._sample_kernel, 'if top == float("inf"):'): _unknown_share(a, visited),
         }
     # a hashed tile of a top-k row holds a few of its k survivors (k spread over the row's
     # tiles): at most FEW_SURVIVORS of them hash one by one; other rows hash whole tiles
