@@ -459,13 +459,16 @@ def test_tile_maxima(splits: int, kernel_device: torch.device) -> None:
         if token // 1024 not in tiles and token != stop:
             tiles.add(token // 1024)
             if raised < 0:
-                raised, state.bias_values[0, j] = token, 100.0
+                raised, state.bias_values[0, j] = token, 1e4
             elif lowered < 0:
-                lowered, state.bias_values[0, j] = token, -100.0
+                lowered, state.bias_values[0, j] = token, -2e4
     assert lowered >= 0, "no two bias entries in tiles of their own"
     state.min_tokens[0] = state.batch.num_generated.device[0] + 5
-    logits[0, stop] = 50.0
-    logits[0, lowered] = 60.0
+    # far above what the penalties can do (a repetition penalty of 0.1 multiplies another
+    # token's positive logit by 10; a frequency penalty of 1.25 takes 500 off a planted one
+    # counted 400 times): the planted tokens hold their tiles' maxima whatever the draw
+    logits[0, stop] = 1e4
+    logits[0, lowered] = 1e4
     planted = [(0, stop), (0, raised), (0, lowered), (1, 5_000)]  # the last: the NaN
     for r, token in planted:  # allowed in both bitmasks
         word, bit = divmod(token, 32)
@@ -511,7 +514,7 @@ def test_tile_maxima(splits: int, kernel_device: torch.device) -> None:
     assert bool(torch.isposinf(want[0, stop // 1024])) and bool(
         torch.isposinf(want[0, lowered // 1024])
     )
-    assert float(want[0, raised // 1024]) == float(got[0, raised]) > 40.0
+    assert float(want[0, raised // 1024]) == float(got[0, raised]) > 1e3
 
 
 def test_skipped_excess_is_caught(kernel_device: torch.device) -> None:
