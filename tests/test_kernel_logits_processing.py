@@ -452,17 +452,16 @@ def test_tile_maxima(splits: int, kernel_device: torch.device) -> None:
     # token raised above its tile, and one that was its tile's max lowered below it: the
     # first and the last leave their tiles unknown, the second its tile's exact new max
     stop = int(state.stop_ids[0, 0])
-    tiles = {stop // 1024}
-    raised = lowered = -1
-    for j in range(NUM_BIAS):  # two bias entries of tiles of their own
-        token = int(state.bias_ids[0, j])
-        if token // 1024 not in tiles and token != stop:
-            tiles.add(token // 1024)
-            if raised < 0:
-                raised, state.bias_values[0, j] = token, 1e4
-            elif lowered < 0:
-                lowered, state.bias_values[0, j] = token, -2e4
-    assert lowered >= 0, "no two bias entries in tiles of their own"
+    # bias entries 0 and 1 moved to tiles of their own: no stop id, no saturated token
+    # (step 7 forgets its tile) and no other bias entry; at most 5 + 2 + 6 of the 16 tiles
+    # are taken, so at least 3 are free
+    listed = state.penalties.overflow_token.device[0].tolist()
+    others = state.stop_ids[0].tolist() + listed + state.bias_ids[0, 2:].tolist()
+    free = sorted(set(range(16)) - {t // 1024 for t in others if t >= 0})
+    offset = int(torch.randint(0, vocab - 15 * 1024, (2,), generator=gen)[0])
+    raised, lowered = free[0] * 1024 + offset, free[1] * 1024 + offset
+    state.bias_ids[0, :2] = torch.tensor([raised, lowered], dtype=torch.int32)
+    state.bias_values[0, :2] = torch.tensor([1e4, -2e4])
     state.min_tokens[0] = state.batch.num_generated.device[0] + 5
     # far above what the penalties can do (a repetition penalty of 0.1 multiplies another
     # token's positive logit by 10; a frequency penalty of 1.25 takes 500 off a planted one
