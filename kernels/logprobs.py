@@ -21,6 +21,7 @@ from .library import (
     check_raw_tiles,
     check_rows,
     check_table,
+    exp_ftz,
     inplace_op,
     kth_known,
     listed_tile,
@@ -78,7 +79,7 @@ def _from_tiles(
     run_max = tl.max(maxes, axis=0)
     shift = tl.where(run_max == float("-inf"), 0.0, run_max)
     # an all -inf tile adds nothing (its exp(-inf - shift) would be inf for a low shift)
-    run_sum = tl.sum(tl.where(maxes == float("-inf"), 0.0, sums * tl.exp(maxes - shift)), axis=0)
+    run_sum = tl.sum(tl.where(maxes == float("-inf"), 0.0, sums * exp_ftz(maxes - shift)), axis=0)
     floor = tl.full((), float("inf"), tl.float32)
     if K > 0:
         floor = kth_known(bounds, tiles, K)
@@ -237,7 +238,7 @@ def _logprobs_kernel(
             # logsumexp, online; a -inf max shifts by 0 so that -inf - -inf is never NaN
             new_max = tl.maximum(run_max, tile_max)
             shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-            run_sum = run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(x - shift), axis=0)
+            run_sum = run_sum * exp_ftz(run_max - shift) + tl.sum(exp_ftz(x - shift), axis=0)
             run_max = new_max
         # rank: tokens at or above the sampled value, and the nearest one below it
         count_ge += tl.sum((in_row & (x >= sampled)).to(tl.int32), axis=0)
@@ -303,7 +304,7 @@ def _logprobs_combine_kernel(
     # each chunk's sum is against its own max
     shift = tl.where(run_max == float("-inf"), 0.0, run_max)
     # an all -inf chunk adds nothing (its exp(-inf - shift) would be inf for a low shift)
-    run_sum = tl.sum(tl.where(maxes == float("-inf"), 0.0, sums * tl.exp(maxes - shift)), axis=0)
+    run_sum = tl.sum(tl.where(maxes == float("-inf"), 0.0, sums * exp_ftz(maxes - shift)), axis=0)
     lanes = tl.arange(0, K_BLOCK)
     flat = (row.to(tl.int64) * splits + parts[:, None]) * K_BLOCK + lanes[None, :]
     union_v = tl.load(part_v_ptr + flat, mask=used[:, None], other=float("-inf"))

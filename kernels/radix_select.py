@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .library import PIPELINE_STAGES
+from .library import PIPELINE_STAGES, exp_ftz
 
 
 @triton.jit
@@ -73,7 +73,7 @@ def _largest_key_reaching(
             counts += tl.sum(at_or_above.to(tl.int32), axis=0)
             above += tl.sum(((digit >= 16) & valid).to(tl.int32), axis=0)
             if MASS:
-                mass = tl.where(valid & (x >= floor), tl.exp(x - shift), 0.0)
+                mass = tl.where(valid & (x >= floor), exp_ftz(x - shift), 0.0)
                 masses += tl.sum(tl.where(at_or_above, mass[:, None], 0.0), axis=0)
         if MASS:
             # the first pass's column 0 covers every candidate (the range starts at or

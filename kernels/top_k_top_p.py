@@ -28,6 +28,7 @@ from .library import (
     check_logits,
     check_rows,
     check_tile_max,
+    exp_ftz,
     inplace_op,
     kth_known,
     listed_tile,
@@ -206,8 +207,8 @@ def _candidates_kernel(
                     # masses against the new running max; an all -inf prefix has none
                     # (its exp(-inf - -inf) would be nan), so the base is then 0
                     base = tl.where(new_max > float("-inf"), new_max, 0.0)
-                    total = total * tl.exp(chunk_max - base)
-                    total += tl.sum(tl.where(valid, tl.exp(x - base), 0.0), axis=0)
+                    total = total * exp_ftz(chunk_max - base)
+                    total += tl.sum(tl.where(valid, exp_ftz(x - base), 0.0), axis=0)
                 # the list's floor-rank value, max + ln(min_p) now (below min_p's cut at
                 # the end); not skip_below, which a logit of the k largest may equal
                 floor = list_floor
@@ -319,7 +320,7 @@ def _top_k_top_p_kernel(
             bases = tl.where(maxes > float("-inf"), maxes, 0.0)
             shift = tl.where(row_max > float("-inf"), row_max, 0.0)
             masses = tl.load(at + 3, mask=used, other=0.0)
-            total = tl.sum(masses * tl.exp(bases - shift), axis=0)
+            total = tl.sum(masses * exp_ftz(bases - shift), axis=0)
             complete = tl.max(tl.load(at + 4, mask=used, other=float("-inf")), axis=0)
             entries = tl.sum(tl.load(at + 5, mask=used, other=0.0), axis=0)
             lists = lists_ptr + row.to(tl.int64) * splits * PARTIAL
@@ -367,7 +368,7 @@ def _top_k_top_p_kernel(
             found = tl.zeros((), tl.int32)
             if use_buffer & (all_in | (threshold == float("-inf"))):
                 survivor = in_buffer & (values >= threshold)
-                mass = tl.where(survivor, tl.exp(values - shift), 0.0)
+                mass = tl.where(survivor, exp_ftz(values - shift), 0.0)
                 # the mass at or above each buffered logit, ties included: the buffer is
                 # sorted descending, so it is the running sum at the end of the logit's run
                 # of equal values (the smallest running sum at a run's end from it on)
