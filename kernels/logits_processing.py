@@ -79,17 +79,16 @@ def _penalise_and_scale(
     HAS_DRAFTS: tl.constexpr,
     EXACT: tl.constexpr,  # IEEE division (div_rn); else `library.divide_by`
 ):
-    """Steps 3-6 on the tokens `cols` -> (logits, outside): a saturated token (byte 255,
-    frequency on) is left without its temperature, which step 7 applies after its excess.
-    `outside` marks the tokens whose quotient `divide_by` may not round as IEEE division
-    (never with EXACT): the caller computes them again with EXACT."""
+    """Steps 3-6 on the tokens `cols` -> logits: a saturated token (byte 255, frequency on)
+    is left without its temperature, which step 7 applies after its excess. A token whose
+    quotient `divide_by` may not round as IEEE division (never with EXACT) comes out NaN
+    (`_divide`), for the caller to compute again with EXACT."""
     # 3-4. bitmasks
     keep = _bit_is_set(allowed_row, word, bit)
     if HAS_GRAMMAR:
         keep &= _bit_is_set(grammar_row, word, bit)
     if EXACT:  # masked first: `keep` is not held over the penalties (the same values)
         x = tl.where(keep, x, float("-inf"))
-    outside = cols < 0  # all False, shaped as cols
     # 5. penalties with the byte count (a saturated token is charged 255 here)
     saturated = cols < 0
     if penalties_on:
@@ -103,7 +102,7 @@ def _penalise_and_scale(
                 count += (cols == drafted).to(tl.int32)
         in_output = count > 0
         seen = in_output | _bit_is_set(prompt_row, word, bit)
-        quotient, outside = _divide(x, repetition, EXACT)
+        quotient = _divide(x, repetition, EXACT)
         penalised = tl.where(x > 0.0, quotient, x * repetition[0])
         x = tl.where(seen, penalised, x)
         x = x - frequency * count.to(tl.float32)
@@ -112,25 +111,25 @@ def _penalise_and_scale(
         saturated = tl.where(fix_excess, byte == SATURATED, False)
     # 6. temperature, except where step 7 still subtracts the excess first
     if scale_on:
-        quotient, scaled_outside = _divide(x, temperature, EXACT)
-        x = tl.where(saturated, x, quotient)
-        outside |= scaled_outside
-    # the masks last, so that no -inf of theirs reaches a fast division (`outside`): a
-    # masked token is -inf either way, since -inf stays -inf through every step (penalties
-    # > 0)
+        x = tl.where(saturated, x, _divide(x, temperature, EXACT))
+    # the masks last, so that no -inf of theirs reaches a fast division (outside its
+    # range): a masked token is -inf either way, since -inf stays -inf through every step
+    # (penalties > 0), so its mark is dropped with it
     if not EXACT:
         x = tl.where(keep, x, float("-inf"))
-    return x, outside
+    return x
 
 
 @triton.jit
 def _divide(x, divisor, EXACT: tl.constexpr):
-    """(x / d, outside) for divisor = (d, RN(1/d)): `library.divide_by`, or with EXACT IEEE
-    division."""
+    """x / d for divisor = (d, RN(1/d)): `library.divide_by`, NaN where x lies outside its
+    range (the mark travels with the value: a quotient the next steps drop needs no second
+    pass, a kept one makes its tile's max NaN), or with EXACT IEEE division."""
     if EXACT:
-        return tl.math.div_rn(x, divisor[0]), tl.zeros(x.shape, tl.int1)
+        return tl.math.div_rn(x, divisor[0])
     else:
-        return divide_by(x, divisor[0], divisor[1])
+        quotient, outside = divide_by(x, divisor[0], divisor[1])
+        return tl.where(outside, float("nan"), quotient)
 
 
 @triton.jit
@@ -143,10 +142,10 @@ def _dense_tile(
     EXACT: tl.constexpr,
 ):  # fmt: skip
     """Steps 3-6 on the tile at `start`, read once and written once, with its raw and
-    processed statistics -> whether the tile must be made again with EXACT (a token
-    `outside` the divisions' range, or, with HAS_TILE_MAX, a NaN or +inf logit). The tile
-    is [BLOCK_SIZE / 32, 32], a bitmask word a row: each word loaded once, and the bit
-    positions loop-invariant."""
+    processed statistics -> whether the tile must be made again with EXACT: it holds NaN
+    (a quotient outside the fast divisions' range, or a NaN logit) or, with HAS_TILE_MAX,
+    +inf. The tile is [BLOCK_SIZE / 32, 32], a bitmask word a row: each word loaded once,
+    and the bit positions loop-invariant."""
     WORD_COLS: tl.constexpr = min(32, BLOCK_SIZE)
     tile_row_ids = tl.arange(0, BLOCK_SIZE // WORD_COLS)[:, None]
     tile_col_ids = tl.arange(0, WORD_COLS)[None, :]
@@ -162,21 +161,20 @@ def _dense_tile(
         raw_max, raw_sum = raw_tile_stats(x, in_row)
         tl.store(raw_row + (start // BLOCK_SIZE) * 2, raw_max)
         tl.store(raw_row + (start // BLOCK_SIZE) * 2 + 1, raw_sum)
-    x, outside = _penalise_and_scale(
+    x = _penalise_and_scale(
         x, cols, word, bit, in_row, row, allowed_row, grammar_row, prompt_row, counts_row,
         drafts_ptr, preceding, num_drafts, penalties_on, repetition, frequency, presence,
         fix_excess, scale_on, temperature, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, EXACT,
     )  # fmt: skip
     tl.store(row_ptr + cols, x, mask=in_row)
     if HAS_TILE_MAX:
-        # the tile's largest logit, +inf where it holds NaN (a tile every consumer reads)
-        # or a token outside (made again, with the table's entry)
-        top = tl.where((x == x) & ~outside, x, float("inf"))
-        top = tl.max(tl.where(in_row, top, float("-inf")))
+        # the tile's largest logit, +inf where it holds NaN (a tile every consumer reads;
+        # a marked quotient's tile is made again, with the table's entry)
+        top = tl.max(tl.where(in_row, tl.where(x == x, x, float("inf")), float("-inf")))
         tl.store(tile_row + start // BLOCK_SIZE, top)
         return top == float("inf")
     else:
-        return tl.max(outside.to(tl.int32)) > 0
+        return tl.max((x != x).to(tl.int32)) > 0  # off the row: 0.0, never NaN
 
 
 @triton.jit
@@ -310,7 +308,7 @@ def _process_logits_kernel(
         token = tl.load(bias_ids_ptr + slot * num_bias + entry, mask=used, other=0)
         used &= (token >= begin) & (token < end)
         x = tl.load(source_row + token, mask=used, other=0.0).to(tl.float32) + value
-        x, _ = _penalise_and_scale(
+        x = _penalise_and_scale(
             x, token, token // 32, token % 32, used, row, allowed_row, grammar_row, prompt_row,
             counts_row, drafts_ptr, preceding, num_drafts, penalties_on, repetition_divisor,
             frequency, presence, fix_excess, scale_on, temperature_divisor, SATURATED,

@@ -370,9 +370,11 @@ def test_divisions_outside_the_fast_range_match_torch_backend(
     kernel_device: torch.device,
 ) -> None:
     """A tile holding a quotient outside the hoisted reciprocal's range (huge, tiny and
-    subnormal logits, ±inf, NaN; ±0 inside it), and rows whose temperature or repetition
-    penalty lies outside [2**-20, 2**20], are made again with IEEE division: bit for bit
-    the PyTorch backend, -0.0 included, in every other tile too."""
+    subnormal logits; ±0 inside it), and rows whose temperature or repetition penalty lies
+    outside [2**-20, 2**20], are made again with IEEE division: bit for bit the PyTorch
+    backend, -0.0 included, in every other tile too, with and without the tile maxima.
+    ±inf and NaN go to row 1 only (outside by its temperature): a NaN makes its tile again
+    whatever else it holds, so rows 0 and 2 see only the finite quotients' marks."""
     gen = _gen()
     rows, vocab = 4, 4099
     state = _random_state(rows + 1, vocab, gen, device=kernel_device)
@@ -383,15 +385,21 @@ def test_divisions_outside_the_fast_range_match_torch_backend(
     repetition = state.penalties.repetition.device
     repetition[3] = 2e-7  # row 3: outside the range, if its penalties are on
     logits = (torch.randn(rows, vocab, generator=gen) * 4).to(kernel_device)
-    planted = torch.tensor([3e38, -3e38, 1e36, 1e-35, -1e-38, 1e-44, 0.0, -0.0,
-                            float("inf"), float("-inf"), float("nan")])  # fmt: skip
+    finite = [3e38, -3e38, 1e36, 1e-35, -1e-38, 1e-44, 0.0, -0.0]
     for r in range(rows):
+        nonfinite = [float("inf"), float("-inf"), float("nan")] if r == 1 else []
+        planted = torch.tensor(finite + nonfinite)
         columns = torch.randperm(vocab, generator=gen)[: planted.numel()]
         logits[r, columns.to(kernel_device)] = planted.to(kernel_device)
     logits[0, 3000:3010] = -0.0  # a tile of zeros alone, in the fast range
     grammar = _random_grammar(rows, vocab, gen, kernel_device)
-    got = _kernel(logits, slots, state, grammar)
-    assert _same_bits(got, _torch_backend(logits, slots, state, grammar))
+    want = _torch_backend(logits, slots, state, grammar)
+    assert _same_bits(_kernel(logits, slots, state, grammar), want)
+    got = torch.full_like(logits, float("nan"))
+    tile_max = torch.empty(rows, 5, device=kernel_device)
+    args = (*state.kernel_args(), grammar, *state.penalty_args())
+    process_logits(logits, got, slots, *args, tile_max=tile_max)
+    assert _same_bits(got, want)
 
 
 @pytest.mark.parametrize("splits", [2, 5])
