@@ -1,0 +1,153 @@
+"""The counter-based noise in Triton: `graphsafe_sampler/rng.py`'s draws as jit functions
+(the row key, the token hash, the uniform and the Gumbel noise), which the sampling race
+inlines, and a kernel that writes them out for the tests.
+
+The hash is uint32 arithmetic, so hashes and uniforms are bit-identical to rng.py's; where
+the Gumbel transform differs from torch's in the last bits: docs/kernels.md, sampling.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .constants import SALT_SAMPLE
+from .library import check_rows, inplace_op
+
+
+@triton.jit
+def _fmix32(x):
+    """MurmurHash3's 32-bit finaliser on uint32 (wrapping multiplies, logical shifts)."""
+    x ^= x >> 16
+    x *= 0x85EBCA6B
+    x ^= x >> 13
+    x *= 0xC2B2AE35
+    x ^= x >> 16
+    return x
+
+
+@triton.jit
+def row_key(seed, position, SALT: tl.constexpr):
+    """seed, position: int64 scalars -> (offset, mult) uint32, mult odd (rng.row_keys)."""
+    seed_lo = _fmix32((seed & 0xFFFFFFFF).to(tl.uint32))
+    # why the mask: >> of int64 copies the sign bit of negative seeds
+    seed_hi = _fmix32(((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
+    pos_lo = _fmix32((position & 0xFFFFFFFF).to(tl.uint32))
+    pos_hi = _fmix32(((position >> 32) & 0xFFFFFFFF).to(tl.uint32))
+    salt = _fmix32(tl.full((), SALT, tl.uint32))
+    # xxHash32's primes, rotated by one for the second lane; IVs from pi's fraction
+    offset = (
+        0x243F6A88
+        + 0x9E3779B1 * seed_lo
+        + 0x85EBCA77 * seed_hi
+        + 0xC2B2AE3D * pos_lo
+        + 0x27D4EB2F * pos_hi
+        + 0x165667B1 * salt
+    )
+    mult = (
+        0x85A308D3
+        + 0x85EBCA77 * seed_lo
+        + 0xC2B2AE3D * seed_hi
+        + 0x27D4EB2F * pos_lo
+        + 0x165667B1 * pos_hi
+        + 0x9E3779B1 * salt
+    )
+    # odd multiplier: token id -> counter is a bijection
+    return _fmix32(offset.to(tl.uint32)), _fmix32(mult.to(tl.uint32)) | 1
+
+
+@triton.jit
+def token_hash(cols, offset, mult):
+    """cols: int32 token ids -> uint32 hashes, fmix32(t * mult + offset)."""
+    return _fmix32(cols.to(tl.uint32) * mult + offset)
+
+
+@triton.jit
+def uniform(h):
+    """uint32 hash -> float32 in [2**-24, 1 - 2**-24]: (h >> 9) * 2**-23 + 2**-24, exact."""
+    return (h >> 9).to(tl.float32) * 1.1920928955078125e-07 + 5.960464477539063e-08
+
+
+@triton.jit
+def gumbel(h):
+    """uint32 hash -> float32 standard Gumbel noise, -log(-log1p(-f * 2**-32))."""
+    # why the clamp: h = 0 would give e = 0, h near 2**32 would round to e = inf
+    f = tl.minimum(tl.maximum(h.to(tl.float32), 0.5), 4294967040.0)
+    v = f * -2.3283064365386963e-10  # -f * 2**-32, exact: a power-of-two scale
+    w = 1.0 + v
+    # Goldberg's log1p, log(w) * v / (w - 1) with w = 1 + v, accurate to a few ulp: Triton
+    # has no portable log1p (libdevice is CUDA-only and the interpreter has none). The
+    # rounding error of w cancels in log(w) / (w - 1); at w == 1, log1p(v) = v to fp32
+    # precision
+    log1p_v = tl.where(w == 1.0, v, tl.log(w) * (v / (w - 1.0)))
+    return -tl.log(-log1p_v)
+
+
+@triton.jit
+def _rng_noise_kernel(
+    seeds_ptr,  # [num_rows] int64
+    positions_ptr,  # [num_rows] int64
+    hashes_ptr,  # [num_rows, V] int64, written: hashes in [0, 2**32)
+    uniforms_ptr,  # [num_rows, V] float32, written
+    gumbels_ptr,  # [num_rows, V] float32, written
+    vocab_size,
+    SALT: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    row = tl.program_id(0)
+    offset, mult = row_key(tl.load(seeds_ptr + row), tl.load(positions_ptr + row), SALT)
+    out = row.to(tl.int64) * vocab_size
+    for start in range(0, vocab_size, BLOCK_SIZE):
+        cols = start + tl.arange(0, BLOCK_SIZE)
+        in_row = cols < vocab_size
+        h = token_hash(cols, offset, mult)
+        tl.store(hashes_ptr + out + cols, h.to(tl.int64), mask=in_row)
+        tl.store(uniforms_ptr + out + cols, uniform(h), mask=in_row)
+        tl.store(gumbels_ptr + out + cols, gumbel(h), mask=in_row)
+
+
+def launch_rng_noise(
+    seeds: torch.Tensor,  # [num_rows] int64
+    positions: torch.Tensor,  # [num_rows] int64
+    hashes: torch.Tensor,  # [num_rows, V] int64, written
+    uniforms: torch.Tensor,  # [num_rows, V] float32, written
+    gumbels: torch.Tensor,  # [num_rows, V] float32, written
+    salt: int = SALT_SAMPLE,
+    block_size: int = 1024,
+) -> None:
+    """Launch `_rng_noise_kernel`: the kernel's random draws, for tests and debugging.
+    Outputs must be contiguous. Allocates nothing, returns None."""
+    num_rows, vocab_size = hashes.shape
+    _rng_noise_kernel[(num_rows,)](
+        seeds, positions, hashes, uniforms, gumbels, vocab_size, SALT=salt, BLOCK_SIZE=block_size
+    )
+
+
+@inplace_op("rng_noise", mutates_args=("hashes", "uniforms", "gumbels"))
+def rng_noise(
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    hashes: torch.Tensor,
+    uniforms: torch.Tensor,
+    gumbels: torch.Tensor,
+    salt: int = 0,
+) -> None:
+    """The sampling kernel's draws for token ids 0..V-1 (tests and debugging).
+
+    seeds, positions [num_rows] int64; hashes [num_rows, V] int64, uniforms and gumbels
+    [num_rows, V] float32, all contiguous and written.
+    """
+    num_rows = seeds.shape[0]
+    check_rows("seeds", seeds, torch.int64, num_rows)
+    check_rows("positions", positions, torch.int64, num_rows)
+    for name, t, dtype in (
+        ("hashes", hashes, torch.int64),
+        ("uniforms", uniforms, torch.float32),
+        ("gumbels", gumbels, torch.float32),
+    ):
+        if t.dtype != dtype or t.dim() != 2 or t.shape != hashes.shape:
+            raise ValueError(f"{name} must be {dtype} of shape {tuple(hashes.shape)}")
+        if not t.is_contiguous() or t.shape[0] != num_rows:
+            raise ValueError(f"{name} must be contiguous with {num_rows} rows")
+    launch_rng_noise(seeds, positions, hashes, uniforms, gumbels, salt)
