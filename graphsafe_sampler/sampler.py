@@ -236,7 +236,12 @@ class Sampler(nn.Module):
             write_mask=k > 0 and mode.startswith("processed"),
             raw_tiles=raw_mode,
         )
-        tokens = self.pipeline.sample(processed, slots)  # [num_rows] int32 or int64
+        # [num_rows] int32 or int64; the commit (which nothing below reads) at once, so that
+        # a pipeline may make it in the kernel that makes the tokens
+        if commit:
+            tokens = self.pipeline.sample_and_commit(processed, slots, commit_mask)
+        else:
+            tokens = self.pipeline.sample(processed, slots)
         logprobs = None
         if k > 0:
             source = logits if raw_mode else processed.logits
@@ -248,8 +253,6 @@ class Sampler(nn.Module):
                 processed.raw_tiles,
                 None if chosen is None else chosen.ids(slots),
             )
-        if commit:
-            self.pipeline.commit(slots, tokens, commit_mask)
         return SamplerOutput(tokens.to(torch.int32)[:, None], logprobs)
 
     def commit_tokens(

@@ -11,6 +11,8 @@ docs/kernels.md, the commit.
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -55,8 +57,22 @@ def _commit_history_kernel(
     tensor equals the PyTorch commit's bit for bit, the spare column included.
     """
     row = tl.program_id(0)
-    slot = tl.load(slots_ptr + row)
-    token = tl.load(token_ids_ptr + row)
+    commit_row(
+        row, tl.load(slots_ptr + row), tl.load(token_ids_ptr + row), keep_ptr,
+        num_generated_ptr, counts_ptr, overflow_token_ptr, overflow_excess_ptr, window_ptr,
+        vocab_size, num_overflow, window_len, padding_slot, SATURATED, HAS_KEEP,
+        OVERFLOW_BLOCK,
+    )  # fmt: skip
+
+
+@triton.jit
+def commit_row(
+    row, slot, token, keep_ptr, num_generated_ptr, counts_ptr, overflow_token_ptr,
+    overflow_excess_ptr, window_ptr, vocab_size, num_overflow, window_len, padding_slot,
+    SATURATED: tl.constexpr, HAS_KEEP: tl.constexpr, OVERFLOW_BLOCK: tl.constexpr,
+):  # fmt: skip
+    """`_commit_history_kernel`'s steps for row `row`, slot `slot`, token `token` (a
+    scalar): shared with the sampling kernels, which commit the token where they make it."""
     commit = slot != padding_slot
     if HAS_KEEP:
         commit &= tl.load(keep_ptr + row) != 0
@@ -99,6 +115,57 @@ def _commit_history_kernel(
         tl.store(num_generated_ptr + slot, generated + 1)
 
 
+class CommitTables(NamedTuple):
+    """The per-slot history a commit advances in place (`commit_history` gives the
+    layouts): the batch's counter, the penalty counts, the bad-words ring."""
+
+    num_generated: torch.Tensor  # [num_slots] int32
+    counts: torch.Tensor  # [num_slots, V] uint8 (255 = saturated)
+    overflow_token: torch.Tensor  # [num_slots, E + 1] int32
+    overflow_excess: torch.Tensor  # [num_slots, E + 1] int32
+    window: torch.Tensor  # [num_slots, L] int32
+    padding_slot: int
+
+    def check(self, num_rows: int, keep: torch.Tensor | None) -> None:
+        """Dtypes, shapes and the padding slot, for a commit of `num_rows` rows."""
+        if keep is not None:
+            check_rows("keep", keep, torch.bool, num_rows)
+        num_slots = self.num_generated.shape[0]
+        excess_shape = (num_slots, self.overflow_token.shape[-1])
+        for name, t, dtype, shape in (
+            ("num_generated", self.num_generated, torch.int32, (num_slots,)),
+            ("counts", self.counts, torch.uint8, (num_slots, None)),
+            ("overflow_token", self.overflow_token, torch.int32, (num_slots, None)),
+            ("overflow_excess", self.overflow_excess, torch.int32, excess_shape),
+            ("window", self.window, torch.int32, (num_slots, None)),
+        ):
+            check_table(name, t, dtype, shape)
+        if self.overflow_token.shape[1] < 2:
+            raise ValueError(
+                f"overflow_token must have E + 1 >= 2 columns, got {self.overflow_token.shape[1]}"
+            )
+        if not 0 <= self.padding_slot < num_slots:
+            raise ValueError(
+                f"padding_slot = {self.padding_slot} is outside the slots [0, {num_slots})"
+            )
+
+    def launch_args(
+        self, keep: torch.Tensor | None, overflow_block: int = 128
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """`commit_row`'s arguments after `row, slot, token`: (the tensors and sizes, the
+        constexprs), for a kernel that passes them on in this order."""
+        num_overflow = self.overflow_token.shape[1] - 1
+        args = (
+            keep if keep is not None else self.num_generated,  # unread without HAS_KEEP
+            self.num_generated, self.counts, self.overflow_token, self.overflow_excess,
+            self.window, self.counts.shape[1], num_overflow, self.window.shape[1],
+            self.padding_slot,
+        )  # fmt: skip
+        block = min(overflow_block, max(triton.next_power_of_2(num_overflow), 2))
+        constexprs = {"SATURATED": SATURATED, "HAS_KEEP": keep is not None, "OVERFLOW_BLOCK": block}
+        return args, constexprs
+
+
 def launch_commit_history(
     slots: torch.Tensor,  # [num_rows] int64
     token_ids: torch.Tensor,  # [num_rows] int32 or int64
@@ -113,24 +180,11 @@ def launch_commit_history(
 ) -> None:
     """Launch `_commit_history_kernel` over the rows; tables must be contiguous. Allocates
     nothing, returns None."""
-    num_overflow = overflow_token.shape[1] - 1
-    _commit_history_kernel[(slots.shape[0],)](
-        slots,
-        token_ids,
-        keep if keep is not None else slots,  # unread without HAS_KEEP
-        num_generated,
-        counts,
-        overflow_token,
-        overflow_excess,
-        window,
-        counts.shape[1],
-        num_overflow,
-        window.shape[1],
-        padding_slot,
-        SATURATED=SATURATED,
-        HAS_KEEP=keep is not None,
-        OVERFLOW_BLOCK=min(overflow_block, max(triton.next_power_of_2(num_overflow), 2)),
+    tables = CommitTables(
+        num_generated, counts, overflow_token, overflow_excess, window, padding_slot
     )
+    args, constexprs = tables.launch_args(keep, overflow_block)
+    _commit_history_kernel[(slots.shape[0],)](slots, token_ids, *args, **constexprs)
 
 
 @inplace_op(
@@ -159,24 +213,8 @@ def commit_history(
     num_rows = slots.shape[0]
     check_rows("slots", slots, torch.int64, num_rows)
     check_rows("token_ids", token_ids, (torch.int32, torch.int64), num_rows)
-    if keep is not None:
-        check_rows("keep", keep, torch.bool, num_rows)
-    num_slots = num_generated.shape[0]
-    for name, t, dtype, shape in (
-        ("num_generated", num_generated, torch.int32, (num_slots,)),
-        ("counts", counts, torch.uint8, (num_slots, None)),
-        ("overflow_token", overflow_token, torch.int32, (num_slots, None)),
-        ("overflow_excess", overflow_excess, torch.int32, (num_slots, overflow_token.shape[-1])),
-        ("window", window, torch.int32, (num_slots, None)),
-    ):
-        check_table(name, t, dtype, shape)
-    if overflow_token.shape[1] < 2:
-        raise ValueError(
-            f"overflow_token must have E + 1 >= 2 columns, got {overflow_token.shape[1]}"
-        )
-    if not 0 <= padding_slot < num_slots:
-        raise ValueError(f"padding_slot = {padding_slot} is outside the slots [0, {num_slots})")
-    launch_commit_history(
-        slots, token_ids, keep, num_generated, counts, overflow_token, overflow_excess, window,
-        padding_slot,
-    )  # fmt: skip
+    tables = CommitTables(
+        num_generated, counts, overflow_token, overflow_excess, window, padding_slot
+    )
+    tables.check(num_rows, keep)
+    launch_commit_history(slots, token_ids, keep, *tables)

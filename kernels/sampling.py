@@ -1,22 +1,26 @@
 """Sampling in Triton: greedy argmax and the counter-based Gumbel-max race, one program per row.
 
 Greedy rows take the argmax, random rows argmax(logits + gumbel) with the noise exactly
-`graphsafe_sampler/rng.py`'s draw: the hash is uint32 arithmetic, so hashes and uniforms are
-bit-identical. The key idea: the filters need not write their mask, since tokens below the
-row's `threshold` (when given: top-k/top-p/min_p fused as one per-row cut) count as -inf
-here, so a step reads the logits once per row and writes nothing. The per-row rule is
-`_sample_kernel`'s docstring; why greedy rows may take the argmax of the filtered logits,
-NaN and -inf rows, and where the Gumbel transform differs from torch's in the last bits:
-docs/kernels.md, sampling.
+`graphsafe_sampler/rng.py`'s draw (noise.py). The key idea: the filters need not write their
+mask, since tokens below the row's `threshold` (when given: top-k/top-p/min_p fused as one
+per-row cut) count as -inf here, so a step reads the logits once per row and writes nothing.
+`sample_and_commit` also commits each row's token (history.py's `commit_row`) in the kernel
+that makes it, one launch fewer than `sample_tokens` then `commit_history`. The per-row
+rule is `_sample_kernel`'s docstring; why greedy rows may take the argmax of the filtered
+logits, NaN and -inf rows, and where the Gumbel transform differs from torch's in the last
+bits: docs/kernels.md, sampling.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
 from .constants import GREEDY_TEMPERATURE, SALT_SAMPLE
+from .history import CommitTables, commit_row
 from .library import (
     LISTED_STAGES,
     TILE,
@@ -32,6 +36,7 @@ from .library import (
     tile_count,
     tiles_to_visit,
 )
+from .noise import gumbel, row_key, token_hash
 
 _INT32_MAX = 2**31 - 1
 
@@ -40,76 +45,8 @@ FEW_SURVIVORS = tl.constexpr(2)
 reductions each) rather than all BLOCK_SIZE of its tokens."""
 
 GUMBEL_MAX = tl.constexpr(23.0)
-"""Above every noise `_gumbel` draws: -log(e) with e >= 2**-33 (rng.py's clamp of h at
+"""Above every noise `gumbel` draws: -log(e) with e >= 2**-33 (rng.py's clamp of h at
 0.5) is at most 33 ln 2 = 22.874, plus room for the GPU's approximate log."""
-
-
-@triton.jit
-def _fmix32(x):
-    """MurmurHash3's 32-bit finaliser on uint32 (wrapping multiplies, logical shifts)."""
-    x ^= x >> 16
-    x *= 0x85EBCA6B
-    x ^= x >> 13
-    x *= 0xC2B2AE35
-    x ^= x >> 16
-    return x
-
-
-@triton.jit
-def _row_key(seed, position, SALT: tl.constexpr):
-    """seed, position: int64 scalars -> (offset, mult) uint32, mult odd (rng.row_keys)."""
-    seed_lo = _fmix32((seed & 0xFFFFFFFF).to(tl.uint32))
-    # why the mask: >> of int64 copies the sign bit of negative seeds
-    seed_hi = _fmix32(((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
-    pos_lo = _fmix32((position & 0xFFFFFFFF).to(tl.uint32))
-    pos_hi = _fmix32(((position >> 32) & 0xFFFFFFFF).to(tl.uint32))
-    salt = _fmix32(tl.full((), SALT, tl.uint32))
-    # xxHash32's primes, rotated by one for the second lane; IVs from pi's fraction
-    offset = (
-        0x243F6A88
-        + 0x9E3779B1 * seed_lo
-        + 0x85EBCA77 * seed_hi
-        + 0xC2B2AE3D * pos_lo
-        + 0x27D4EB2F * pos_hi
-        + 0x165667B1 * salt
-    )
-    mult = (
-        0x85A308D3
-        + 0x85EBCA77 * seed_lo
-        + 0xC2B2AE3D * seed_hi
-        + 0x27D4EB2F * pos_lo
-        + 0x165667B1 * pos_hi
-        + 0x9E3779B1 * salt
-    )
-    # odd multiplier: token id -> counter is a bijection
-    return _fmix32(offset.to(tl.uint32)), _fmix32(mult.to(tl.uint32)) | 1
-
-
-@triton.jit
-def _token_hash(cols, offset, mult):
-    """cols: int32 token ids -> uint32 hashes, fmix32(t * mult + offset)."""
-    return _fmix32(cols.to(tl.uint32) * mult + offset)
-
-
-@triton.jit
-def _uniform(h):
-    """uint32 hash -> float32 in [2**-24, 1 - 2**-24]: (h >> 9) * 2**-23 + 2**-24, exact."""
-    return (h >> 9).to(tl.float32) * 1.1920928955078125e-07 + 5.960464477539063e-08
-
-
-@triton.jit
-def _gumbel(h):
-    """uint32 hash -> float32 standard Gumbel noise, -log(-log1p(-f * 2**-32))."""
-    # why the clamp: h = 0 would give e = 0, h near 2**32 would round to e = inf
-    f = tl.minimum(tl.maximum(h.to(tl.float32), 0.5), 4294967040.0)
-    v = f * -2.3283064365386963e-10  # -f * 2**-32, exact: a power-of-two scale
-    w = 1.0 + v
-    # Goldberg's log1p, log(w) * v / (w - 1) with w = 1 + v, accurate to a few ulp: Triton
-    # has no portable log1p (libdevice is CUDA-only and the interpreter has none). The
-    # rounding error of w cancels in log(w) / (w - 1); at w == 1, log1p(v) = v to fp32
-    # precision
-    log1p_v = tl.where(w == 1.0, v, tl.log(w) * (v / (w - 1.0)))
-    return -tl.log(-log1p_v)
 
 
 @triton.jit
@@ -131,6 +68,10 @@ def _sample_kernel(
     visits_ptr,  # [num_rows, ceil(V / BLOCK_SIZE)] int32 scratch (HAS_TILE_MAX): tiles read
     vocab_size,
     chunk,  # columns a program scans, a multiple of BLOCK_SIZE (the row when not SPLIT)
+    # COMMIT: keep, the history tables and their sizes, as `history.commit_row` takes them
+    # (num_generated_ptr above is the same table); unread without COMMIT
+    keep_ptr, counts_ptr, overflow_token_ptr, overflow_excess_ptr, window_ptr,
+    counts_stride, num_overflow, window_len, padding_slot,
     SALT: tl.constexpr,
     GREEDY_BELOW: tl.constexpr,
     HAS_THRESHOLD: tl.constexpr,
@@ -139,7 +80,11 @@ def _sample_kernel(
     SPLIT: tl.constexpr,
     TILES_BLOCK: tl.constexpr,  # a power of two >= 2 and a chunk's tiles (HAS_TILE_MAX)
     BLOCK_SIZE: tl.constexpr,
-):
+    COMMIT: tl.constexpr = False,  # without SPLIT: commit each row's token (history.py)
+    SATURATED: tl.constexpr = 255,
+    HAS_KEEP: tl.constexpr = False,
+    OVERFLOW_BLOCK: tl.constexpr = 2,
+):  # fmt: skip
     """Per row r with slot s = slots[r]: greedy rows (temperature[s] < GREEDY_BELOW) take
     argmax(logits[r]), lowest index on ties; random rows take argmax(logits[r] + gumbel[r]),
     the noise being rng.py's draw for (seeds[s], positions[r], token id, SALT). Tokens below
@@ -155,7 +100,8 @@ def _sample_kernel(
 
     Program (row, split) scans columns [split * chunk, (split + 1) * chunk). With SPLIT, it
     writes its chunk's best value (NaN left out), lowest index and first NaN for
-    `_combine_kernel`, so that a few rows still spread over every SM."""
+    `_combine_kernel`, so that a few rows still spread over every SM. Without SPLIT and with
+    COMMIT, the program then commits its row's token, as `history.commit_history` would."""
     row = tl.program_id(0)
     split = tl.program_id(1)
     begin = split * chunk
@@ -173,7 +119,7 @@ def _sample_kernel(
             position = tl.load(prompt_len_ptr + slot) + tl.load(num_generated_ptr + slot)
         else:
             position = tl.load(positions_ptr + row)
-        offset, mult = _row_key(tl.load(seeds_ptr + slot), position, SALT)
+        offset, mult = row_key(tl.load(seeds_ptr + slot), position, SALT)
 
     # Running argmax with the lowest index on ties: a later tile replaces the best only when
     # strictly greater. An all -inf row never replaces index 0 (its first chunk's start),
@@ -227,12 +173,12 @@ def _sample_kernel(
                         col = tl.min(tl.where(alive, cols, 2147483647), axis=0)
                         at = cols == col
                         value = tl.max(tl.where(at, x, float("-inf")), axis=0)
-                        value += _gumbel(_token_hash(col, offset, mult))
+                        value += gumbel(token_hash(col, offset, mult))
                         noisy = tl.where(at, value, noisy)
                         alive &= ~at
                     x = noisy
                 else:
-                    x = x + _gumbel(_token_hash(cols, offset, mult))
+                    x = x + gumbel(token_hash(cols, offset, mult))
             else:
                 x = tl.full((BLOCK_SIZE,), float("-inf"), tl.float32)
         tile_max = tl.max(x, axis=0)
@@ -248,6 +194,14 @@ def _sample_kernel(
     else:
         token = tl.where(first_nan < 2147483647, first_nan, best_index)
         tl.store(tokens_ptr + row, token.to(tokens_ptr.dtype.element_ty))
+        if COMMIT:
+            # every thread has read num_generated (the position) before any advances it
+            tl.debug_barrier()
+            commit_row(
+                row, slot, token, keep_ptr, num_generated_ptr, counts_ptr, overflow_token_ptr,
+                overflow_excess_ptr, window_ptr, counts_stride, num_overflow, window_len,
+                padding_slot, SATURATED, HAS_KEEP, OVERFLOW_BLOCK,
+            )  # fmt: skip
 
 
 @triton.jit
@@ -257,11 +211,19 @@ def _combine_kernel(
     partial_nan_ptr,  # [num_rows, splits] int32
     tokens_ptr,  # [num_rows] int32 or int64, written
     splits,
+    # COMMIT: the rows' slots, then keep and the history as `history.commit_row` takes them
+    slots_ptr, keep_ptr, num_generated_ptr, counts_ptr, overflow_token_ptr,
+    overflow_excess_ptr, window_ptr, counts_stride, num_overflow, window_len, padding_slot,
     SPLIT_BLOCK: tl.constexpr,
-):
+    COMMIT: tl.constexpr = False,
+    SATURATED: tl.constexpr = 255,
+    HAS_KEEP: tl.constexpr = False,
+    OVERFLOW_BLOCK: tl.constexpr = 2,
+):  # fmt: skip
     """Per row, the chunks' answers merged in column order: the first NaN if any, else the
     best value's lowest index (chunks are ordered, so the lowest chunk among equal bests);
-    a row of -inf gives chunk 0's start, 0."""
+    a row of -inf gives chunk 0's start, 0. With COMMIT, the row's token is then committed,
+    as `history.commit_history` would (the sampling programs have read their positions)."""
     row = tl.program_id(0)
     part = tl.arange(0, SPLIT_BLOCK)
     used = part < splits
@@ -273,29 +235,12 @@ def _combine_kernel(
     best_index = tl.min(tl.where(used & (best == top), index, 2147483647), axis=0)
     token = tl.where(first_nan < 2147483647, first_nan, best_index)
     tl.store(tokens_ptr + row, token.to(tokens_ptr.dtype.element_ty))
-
-
-@triton.jit
-def _rng_noise_kernel(
-    seeds_ptr,  # [num_rows] int64
-    positions_ptr,  # [num_rows] int64
-    hashes_ptr,  # [num_rows, V] int64, written: hashes in [0, 2**32)
-    uniforms_ptr,  # [num_rows, V] float32, written
-    gumbels_ptr,  # [num_rows, V] float32, written
-    vocab_size,
-    SALT: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-):
-    row = tl.program_id(0)
-    offset, mult = _row_key(tl.load(seeds_ptr + row), tl.load(positions_ptr + row), SALT)
-    out = row.to(tl.int64) * vocab_size
-    for start in range(0, vocab_size, BLOCK_SIZE):
-        cols = start + tl.arange(0, BLOCK_SIZE)
-        in_row = cols < vocab_size
-        h = _token_hash(cols, offset, mult)
-        tl.store(hashes_ptr + out + cols, h.to(tl.int64), mask=in_row)
-        tl.store(uniforms_ptr + out + cols, _uniform(h), mask=in_row)
-        tl.store(gumbels_ptr + out + cols, _gumbel(h), mask=in_row)
+    if COMMIT:
+        commit_row(
+            row, tl.load(slots_ptr + row), token, keep_ptr, num_generated_ptr, counts_ptr,
+            overflow_token_ptr, overflow_excess_ptr, window_ptr, counts_stride, num_overflow,
+            window_len, padding_slot, SATURATED, HAS_KEEP, OVERFLOW_BLOCK,
+        )  # fmt: skip
 
 
 def launch_sample_tokens(
@@ -317,6 +262,11 @@ def launch_sample_tokens(
     tile_max: torch.Tensor | None = None,
     # [num_rows, ceil(V / block_size)] int32 scratch, needed with tile_max and threshold
     visits: torch.Tensor | None = None,
+    # the history each row's token is committed to, by the kernel that makes the token
+    # (`_combine_kernel`, or `_sample_kernel` unsplit); its num_generated must be
+    # `num_generated` where that is given
+    commit: CommitTables | None = None,
+    keep: torch.Tensor | None = None,  # [num_rows] bool: the rows that commit (None: all)
 ) -> None:
     """Launch `_sample_kernel` over rows x splits, then (splits > 1) `_combine_kernel` over
     the rows; allocates nothing, returns None."""
@@ -335,6 +285,16 @@ def launch_sample_tokens(
         if visits is None:
             raise ValueError("the tile maxima need the visits scratch")
         check_table("visits", visits, torch.int32, (num_rows, tile_count(vocab_size, block_size)))
+    # commit_row's arguments after the slot and token: (keep, num_generated, the four
+    # tables, V, E, L, padding slot), placeholders without a commit
+    unused: tuple[Any, ...] = (tokens,) * 6 + (1, 1, 1, -1)
+    history, committing = unused, dict[str, Any]()
+    if commit is not None:
+        if num_generated is not None and num_generated is not commit.num_generated:
+            raise ValueError("the positions' num_generated must be the one committed")
+        history, committing = commit.launch_args(keep)
+        committing["COMMIT"] = True
+        num_generated = commit.num_generated
     _sample_kernel[(num_rows, splits)](
         logits,
         logits.stride(0),
@@ -351,6 +311,8 @@ def launch_sample_tokens(
         visits if listing else tokens,
         vocab_size,
         chunk,
+        *(unused if split else history)[:1],  # keep (num_generated is the one above)
+        *(unused if split else history)[2:],  # split rows commit in the combine
         SALT=salt,
         GREEDY_BELOW=GREEDY_TEMPERATURE,
         HAS_THRESHOLD=threshold is not None,
@@ -361,32 +323,17 @@ def launch_sample_tokens(
         # its loop, which perf/kernel_model.py (it times tile loops) would no longer see
         TILES_BLOCK=max(2, triton.next_power_of_2(triton.cdiv(chunk, block_size))),
         BLOCK_SIZE=block_size,
+        **({} if split else committing),
     )
     if split:
         _combine_kernel[(num_rows,)](
-            *scratch, tokens, splits, SPLIT_BLOCK=triton.next_power_of_2(splits)
-        )
+            *scratch, tokens, splits, slots, *history,
+            SPLIT_BLOCK=triton.next_power_of_2(splits), **committing,
+        )  # fmt: skip
 
 
 sample_splits = SplitPolicy(ctas_per_sm=7)
 """Programs per row for `sample_tokens` (`library.SplitPolicy`: at least one tile each)."""
-
-
-def launch_rng_noise(
-    seeds: torch.Tensor,  # [num_rows] int64
-    positions: torch.Tensor,  # [num_rows] int64
-    hashes: torch.Tensor,  # [num_rows, V] int64, written
-    uniforms: torch.Tensor,  # [num_rows, V] float32, written
-    gumbels: torch.Tensor,  # [num_rows, V] float32, written
-    salt: int = SALT_SAMPLE,
-    block_size: int = 1024,
-) -> None:
-    """Launch `_rng_noise_kernel`: the kernel's random draws, for tests and debugging.
-    Outputs must be contiguous. Allocates nothing, returns None."""
-    num_rows, vocab_size = hashes.shape
-    _rng_noise_kernel[(num_rows,)](
-        seeds, positions, hashes, uniforms, gumbels, vocab_size, SALT=salt, BLOCK_SIZE=block_size
-    )
 
 
 @inplace_op("sample_tokens", mutates_args=("tokens",))
@@ -418,6 +365,69 @@ def sample_tokens(
     holds NaN (`process_logits`' tile maxima, before any mask), with which a tile wholly
     below the threshold is not read, and only the +inf tiles are searched for NaN.
     """
+    _sample(
+        logits, slots, temperature, seeds, positions, threshold, tokens, salt, prompt_len,
+        num_generated, splits, tile_max,
+    )  # fmt: skip
+
+
+@inplace_op(
+    "sample_and_commit",
+    mutates_args=("tokens", "num_generated", "counts", "overflow_token", "overflow_excess",
+                  "window"),
+)  # fmt: skip
+def sample_and_commit(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor | None,
+    threshold: torch.Tensor | None,
+    tokens: torch.Tensor,
+    salt: int,
+    prompt_len: torch.Tensor | None,
+    num_generated: torch.Tensor,
+    splits: int,
+    tile_max: torch.Tensor | None,
+    keep: torch.Tensor | None,
+    counts: torch.Tensor,
+    overflow_token: torch.Tensor,
+    overflow_excess: torch.Tensor,
+    window: torch.Tensor,
+    padding_slot: int,
+) -> None:
+    """`sample_tokens`, then `history.commit_history` of its tokens, with the commit made
+    by the kernel that makes each row's token (the split rows' combine, or the unsplit
+    sampling program): one launch fewer a step. The arguments are theirs; num_generated
+    is always given, since the commit advances it, and with positions None it also gives
+    the positions, read before the commit."""
+    commit = CommitTables(
+        num_generated, counts, overflow_token, overflow_excess, window, padding_slot
+    )
+    commit.check(logits.shape[0], keep)
+    _sample(
+        logits, slots, temperature, seeds, positions, threshold, tokens, salt, prompt_len,
+        None if positions is not None else num_generated, splits, tile_max, commit, keep,
+    )  # fmt: skip
+
+
+def _sample(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor | None,
+    threshold: torch.Tensor | None,
+    tokens: torch.Tensor,
+    salt: int,
+    prompt_len: torch.Tensor | None,
+    num_generated: torch.Tensor | None,
+    splits: int,
+    tile_max: torch.Tensor | None,
+    commit: CommitTables | None = None,
+    keep: torch.Tensor | None = None,
+) -> None:
+    """The sampling ops' checks, their scratch, and the launch."""
     check_logits(logits)
     num_rows = logits.shape[0]
     check_rows("slots", slots, torch.int64, num_rows)
@@ -460,34 +470,6 @@ def sample_tokens(
         visits = torch.empty_like(tile_max, dtype=torch.int32)
     launch_sample_tokens(
         logits, slots, temperature, seeds, positions, tokens, threshold, salt, prompt_len,
-        num_generated, splits, partials, tile_max=tile_max, visits=visits,
+        num_generated, splits, partials, tile_max=tile_max, visits=visits, commit=commit,
+        keep=keep,
     )  # fmt: skip
-
-
-@inplace_op("rng_noise", mutates_args=("hashes", "uniforms", "gumbels"))
-def rng_noise(
-    seeds: torch.Tensor,
-    positions: torch.Tensor,
-    hashes: torch.Tensor,
-    uniforms: torch.Tensor,
-    gumbels: torch.Tensor,
-    salt: int = 0,
-) -> None:
-    """The sampling kernel's draws for token ids 0..V-1 (tests and debugging).
-
-    seeds, positions [num_rows] int64; hashes [num_rows, V] int64, uniforms and gumbels
-    [num_rows, V] float32, all contiguous and written.
-    """
-    num_rows = seeds.shape[0]
-    check_rows("seeds", seeds, torch.int64, num_rows)
-    check_rows("positions", positions, torch.int64, num_rows)
-    for name, t, dtype in (
-        ("hashes", hashes, torch.int64),
-        ("uniforms", uniforms, torch.float32),
-        ("gumbels", gumbels, torch.float32),
-    ):
-        if t.dtype != dtype or t.dim() != 2 or t.shape != hashes.shape:
-            raise ValueError(f"{name} must be {dtype} of shape {tuple(hashes.shape)}")
-        if not t.is_contiguous() or t.shape[0] != num_rows:
-            raise ValueError(f"{name} must be contiguous with {num_rows} rows")
-    launch_rng_noise(seeds, positions, hashes, uniforms, gumbels, salt)

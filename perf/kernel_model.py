@@ -62,9 +62,9 @@ program over its row of each tensor:
                      unsettled filter, + 1 read     threshold written; per-slot k, p,
                      and 1 write with APPLY         min_p
     sample           1 read; with the tile maxima   threshold; seed and position: random
-                     and a cut, the tiles holding   rows; the chunk's tile maxima
-                     one of top-k's k and the
-                     unknown ones
+                     and a cut, the tiles holding   rows; the chunk's tile maxima; with
+                     one of top-k's k and the       a commit (the unsplit program's, or
+                     unknown ones                   the merge's), commit_history's
     logprobs         1 read of the source (the      K + 1 ids and values, rank, lse written;
                      rare second pass: never);      the row's raw-tile table read per
                      with the raw tiles, max(K,     program

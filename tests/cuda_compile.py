@@ -128,7 +128,7 @@ class Recorder:
         signature: dict[str, str] = {}
         constexprs: dict[str, Any] = {}
         for p in params:
-            value = bound[p.name]
+            value = bound.get(p.name, p.default)  # a constexpr left to its default
             if p.is_constexpr:
                 signature[p.name] = "constexpr"
                 constexprs[p.name] = value
@@ -168,6 +168,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
         logits_processing,
         logprobs,
         min_p,
+        noise,
         sampling,
         top_k_top_p,
     )
@@ -288,12 +289,32 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
             label = f"sample_tokens threshold={threshold} by_slot splits={splits} tile_max={tiles}"
             calls.append((label, by_slot))
 
-    def noise() -> None:
-        sampling.launch_rng_noise(
+    # sample_and_commit: the Sampler's step, the commit in the unsplit sampling program or
+    # in the combine, with a commit mask or without
+    for splits, keep in ((1, False), (3, False), (3, True)):
+
+        def committed(splits: int = splits, keep: bool = keep) -> None:
+            generated = _i32(slots_n)  # the positions' and the commit's
+            sampling.launch_sample_tokens(
+                wide, slots, _t(slots_n), _i64(slots_n), None, _i32(rows), _t(rows),
+                SALT_SAMPLE, _i64(slots_n), generated, splits,
+                (_t(rows, splits), _i32(rows, splits), _i32(rows, splits)),
+                tile_max=_t(rows, 4), visits=_i32(rows, 4),
+                commit=history.CommitTables(
+                    generated, _t(slots_n, 4096, dtype=torch.uint8), _i32(slots_n, 3),
+                    _i32(slots_n, 3), _i32(slots_n, 8), slots_n - 1,
+                ),
+                keep=_t(rows, dtype=torch.bool) if keep else None,
+            )  # fmt: skip
+
+        calls.append((f"sample_and_commit splits={splits} keep={keep}", committed))
+
+    def rng() -> None:
+        noise.launch_rng_noise(
             _i64(rows), _i64(rows), _i64(rows, vocab), _t(rows, vocab), _t(rows, vocab)
         )
 
-    calls.append(("rng_noise", noise))
+    calls.append(("rng_noise", rng))
 
     # the raw modes take the raw-tile table (any dtype; two of them here)
     for dtype, subtract_lse, raw in (

@@ -45,7 +45,7 @@ class History:
             **self.bad_words.state_tensors(),
         }
 
-    def kernel_commit(self, token_ids: torch.Tensor, keep: torch.Tensor) -> None:
+    def kernel_commit(self, token_ids: torch.Tensor, keep: torch.Tensor | None) -> None:
         p = self.penalties
         commit_history(
             self.batch.slots(token_ids.shape[0]), token_ids, keep,
@@ -180,3 +180,90 @@ def test_opcheck(kernel_device: torch.device) -> None:
             history.bad_words.window.device.clone(), history.batch.padding_slot,
         ),
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("splits", [1, 3], ids=["whole", "split"])
+@pytest.mark.parametrize("by_slot", [True, False], ids=["by_slot", "positions"])
+def test_sample_and_commit_equals_sample_then_commit(
+    splits: int, by_slot: bool, kernel_device: torch.device
+) -> None:
+    """`sample_and_commit` (the commit made by the unsplit sampling program, or by the split
+    rows' combine) against `sample_tokens` then `commit_history` from the same state, step
+    after step: the same tokens, every state tensor equal. Positions by slot (read before
+    the same kernel advances num_generated) or given; a cut, a commit mask, greedy and
+    random rows; the logits favour each row's hot tokens, so the commits saturate bytes and
+    take overflow entries."""
+    from graphsafe_sampler.kernels.sampling import sample_and_commit, sample_tokens
+
+    gen = _gen()
+    vocab, max_num_reqs, num_rows = 3000, 6, 5  # 3 tiles of 1,024: up to 3 programs a row
+    history = History(max_num_reqs, vocab, kernel_device)
+    added = [(r, *_request(vocab, gen)) for r in range(num_rows)]
+    history.batch.update(BatchUpdate(num_rows, [], added, []))
+    p, device = history.penalties, kernel_device
+    num_slots = history.batch.padding_slot + 1
+    temperature = torch.tensor([0.0, 1.0, 0.7, 1.3, 0.0, 2.0, 0.0][:num_slots], device=device)
+    seeds = torch.randint(0, 2**62, (num_slots,), generator=gen).to(device)
+    prompt_len = torch.randint(0, 50, (num_slots,), generator=gen).to(device)
+    slots = history.batch.slots(num_rows + 1)  # and one padding row, which never commits
+    # each slot's most counted tokens: three just under 255, one past it (`_request`)
+    hot = [p.counts[int(s)].cpu().long().topk(4).indices for s in slots]
+    tensors = history.tensors()
+    for step in range(12):
+        logits = torch.randn(num_rows + 1, vocab, generator=gen) * 2
+        for r, ids in enumerate(hot):
+            logits[r, ids] += 12.0
+        logits = logits.to(device)
+        cut = torch.full((num_rows + 1,), -3.0, device=device)
+        keep = (torch.rand(num_rows + 1, generator=gen) < 0.8).to(device) if step % 2 else None
+        positions = None if by_slot else torch.randint(0, 2**40, (num_rows + 1,), generator=gen)
+        positions = positions.to(device) if positions is not None else None
+        common = (logits, slots, temperature, seeds, positions, cut)
+        generated = history.batch.num_generated.device
+        per_slot = (prompt_len, generated) if by_slot else (None, None)
+        before = {name: t.clone() for name, t in tensors.items()}
+        want_tokens = torch.empty(num_rows + 1, dtype=torch.int32, device=device)
+        sample_tokens(*common, want_tokens, 0, *per_slot, splits)
+        history.kernel_commit(want_tokens, keep)
+        want = {name: t.clone() for name, t in tensors.items()}
+        for name, t in tensors.items():
+            t.copy_(before[name])
+        tokens = torch.empty_like(want_tokens)
+        sample_and_commit(
+            *common, tokens, 0, per_slot[0], generated, splits, None, keep, p.counts,
+            p.overflow_token.device, p.overflow_excess.device, history.bad_words.window.device,
+            history.batch.padding_slot,
+        )  # fmt: skip
+        assert torch.equal(tokens, want_tokens), step
+        for name, t in tensors.items():
+            assert torch.equal(t, want[name]), (step, name)
+    assert int((p.overflow_token.device[:, :-1] >= 0).sum()) > num_rows  # entries were taken
+
+
+def test_sample_and_commit_opcheck_and_bad_input(kernel_device: torch.device) -> None:
+    from graphsafe_sampler.kernels.sampling import sample_and_commit
+
+    gen = _gen()
+    history = History(4, 64, kernel_device)
+    added = [(r, *_request(64, gen)) for r in range(3)]
+    history.batch.update(BatchUpdate(3, [], added, []))
+    p, device = history.penalties, kernel_device
+    num_slots = history.batch.padding_slot + 1
+    logits = torch.randn(4, 64, generator=gen).to(device)
+    args = (
+        logits, history.batch.slots(4), torch.full((num_slots,), 0.8, device=device),
+        torch.arange(num_slots, device=device), None, None,
+        torch.empty(4, dtype=torch.int32, device=device), 0,
+        torch.zeros(num_slots, dtype=torch.int64, device=device),
+    )  # fmt: skip
+    tables = (
+        history.batch.num_generated.device.clone(), 1, None,
+        torch.tensor([True, False, True, True], device=device), p.counts.clone(),
+        p.overflow_token.device.clone(), p.overflow_excess.device.clone(),
+        history.bad_words.window.device.clone(), history.batch.padding_slot,
+    )  # fmt: skip
+    torch.library.opcheck(sample_and_commit, (*args, *tables))
+    with pytest.raises(TypeError, match=r"keep must be torch\.bool, got torch\.int64"):
+        sample_and_commit(*args, *tables[:3], torch.ones(4, dtype=torch.int64), *tables[4:])
+    with pytest.raises(ValueError, match=r"padding_slot = 9 is outside"):
+        sample_and_commit(*args, *tables[:-1], 9)

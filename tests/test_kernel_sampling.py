@@ -8,7 +8,8 @@ import scipy.stats
 import torch
 
 from graphsafe_sampler import rng
-from graphsafe_sampler.kernels.sampling import launch_sample_tokens, rng_noise, sample_tokens
+from graphsafe_sampler.kernels.noise import rng_noise
+from graphsafe_sampler.kernels.sampling import launch_sample_tokens, sample_tokens
 from graphsafe_sampler.params import GREEDY_TEMPERATURE
 from graphsafe_sampler.stages.threshold_search import top_k_threshold, top_p_threshold
 from graphsafe_sampler.stages.top_k_top_p import apply_top_k_top_p

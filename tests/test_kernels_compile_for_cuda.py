@@ -129,6 +129,29 @@ def test_tile_lists_land_before_the_walk_reads_them(report: dict[str, Any]) -> N
     assert seen == set(listing)
 
 
+def test_unsplit_sampling_commits_after_a_barrier(report: dict[str, Any]) -> None:
+    """An unsplit sampling program that commits (`sample_and_commit`) advances the
+    num_generated its threads read at the start (the row's position): a barrier between
+    its token's store and the commit's stores orders every read before the advance, or a
+    lagging warp may hash with the next position."""
+    from graphsafe_sampler.kernels.sampling import _sample_kernel
+
+    lines, start = inspect.getsourcelines(_sample_kernel.fn)
+    token = _line_of(
+        lines, start, "tl.store(tokens_ptr + row, token.to(tokens_ptr.dtype.element_ty))"
+    )
+    commit = _line_of(lines, start, "commit_row(")
+    committing = [
+        r for r in report["results"]
+        if r["kernel"] == "_sample_kernel" and r["constexprs"].get("COMMIT")
+    ]  # fmt: skip
+    assert len(committing) == 1  # the unsplit variant (split rows commit in the combine)
+    phases = committing[0]["store_phases"]
+    phase = {line: i for i, stores in enumerate(phases) for line in stores}
+    assert {token, commit} <= phase.keys(), phases
+    assert phase[token] < phase[commit], phases
+
+
 def test_process_logits_orders_its_phases(report: dict[str, Any]) -> None:
     """The dense pass writes every token, the biased ones are rewritten, the saturated ones
     read back and rewritten (step 7), and stop ids and banned words set to -inf, each phase

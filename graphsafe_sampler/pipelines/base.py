@@ -94,6 +94,13 @@ class Pipeline(Protocol):
         race on the SALT_SAMPLE stream at their positions."""
         ...
 
+    def sample_and_commit(
+        self, processed: Processed, slots: torch.Tensor, keep: torch.Tensor | None
+    ) -> torch.Tensor:
+        """`sample`, then `commit` of its tokens (keep as there): a pipeline may make both
+        in one pass (the Triton one commits in the kernel that makes each token)."""
+        ...
+
     def race_emitted(
         self,
         bonus_scores: torch.Tensor,  # [num_rows, V] float32 log-weights (-inf = never)

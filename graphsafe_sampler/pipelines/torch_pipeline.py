@@ -202,6 +202,13 @@ class TorchPipeline:
         )
         return torch.where(processed.is_greedy, processed.greedy_tokens(), random)
 
+    def sample_and_commit(
+        self, processed: Processed, slots: torch.Tensor, keep: torch.Tensor | None
+    ) -> torch.Tensor:
+        tokens = self.sample(processed, slots)
+        self.commit(slots, tokens, keep)
+        return tokens
+
     def race_emitted(
         self,
         bonus_scores: torch.Tensor,

@@ -21,7 +21,7 @@ from graphsafe_sampler.kernels.library import tile_count
 from graphsafe_sampler.kernels.logits_processing import process_logits, process_splits
 from graphsafe_sampler.kernels.logprobs import compute_logprobs, logprobs_splits
 from graphsafe_sampler.kernels.min_p import apply_min_p
-from graphsafe_sampler.kernels.sampling import sample_splits, sample_tokens
+from graphsafe_sampler.kernels.sampling import sample_and_commit, sample_splits, sample_tokens
 from graphsafe_sampler.kernels.top_k_top_p import (
     apply_top_k_top_p,
     top_k_top_p_splits,
@@ -138,27 +138,48 @@ class TritonPipeline:
         return Processed(x, None if write_mask else cut, None, None, tile_max, raw)
 
     def sample(self, processed: Processed, slots: torch.Tensor) -> torch.Tensor:
-        # int32, the output's type; the positions are read by slot in the kernel
+        return self._sample(processed, slots, None, commit=False)
+
+    def sample_and_commit(
+        self, processed: Processed, slots: torch.Tensor, keep: torch.Tensor | None
+    ) -> torch.Tensor:
+        if not self.commit_kernel:
+            tokens = self._sample(processed, slots, None, commit=False)
+            self.commit(slots, tokens, keep)
+            return tokens
+        return self._sample(processed, slots, keep, commit=True)
+
+    def _sample(
+        self, processed: Processed, slots: torch.Tensor, keep: torch.Tensor | None, commit: bool
+    ) -> torch.Tensor:
+        """[num_rows] int32, the output's type; with `commit`, each row's token committed
+        by the kernel that makes it (`sample_and_commit`)."""
         s = self.stages
         num_rows, vocab = processed.logits.shape
         tokens = torch.empty(num_rows, dtype=torch.int32, device=slots.device)
         splits = sample_splits(num_rows, vocab, slots.device)
-        temperature = s.temperature.temperature.device
-        if s.watermark is None:
-            sample_tokens(
-                processed.logits, slots, temperature, s.sampling.seed.device, None,
-                processed.cut, tokens, SALT_SAMPLE, s.sampling.prompt_len.device,
-                s.batch_state.num_generated.device, splits, processed.tile_max,
-            )  # fmt: skip
+        generated = s.batch_state.num_generated.device
+        seeds, positions = s.sampling.seed.device, None
+        prompt_len: torch.Tensor | None = s.sampling.prompt_len.device
+        if s.watermark is not None:
+            # watermarked slots race keyed by their watermark key and each row's context
+            # hash: the kernel reads seeds by slot and takes the positions by row
+            wm = s.watermark
+            seeds = torch.where(wm.on.device, wm.key.device, seeds)  # [num_slots]
+            _, positions = race_inputs(s, slots)
+            prompt_len = None
+        args = (
+            processed.logits, slots, s.temperature.temperature.device, seeds, positions,
+            processed.cut, tokens, SALT_SAMPLE, prompt_len,
+        )  # fmt: skip
+        if not commit:
+            by_slot = generated if positions is None else None
+            sample_tokens(*args, by_slot, splits, processed.tile_max)
             return tokens
-        # watermarked slots race keyed by their watermark key and each row's context hash:
-        # the kernel reads seeds by slot and takes the positions by row
-        wm = s.watermark
-        seeds = torch.where(wm.on.device, wm.key.device, s.sampling.seed.device)  # [num_slots]
-        _, positions = race_inputs(s, slots)
-        sample_tokens(
-            processed.logits, slots, temperature, seeds, positions, processed.cut, tokens,
-            SALT_SAMPLE, None, None, splits, processed.tile_max,
+        sample_and_commit(
+            *args, generated, splits, processed.tile_max, keep, s.penalties.counts,
+            s.penalties.overflow_token.device, s.penalties.overflow_excess.device,
+            s.bad_words.window.device, s.batch_state.config.padding_slot,
         )  # fmt: skip
         return tokens
 

@@ -8,7 +8,7 @@ import inspect
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
 
@@ -399,7 +399,7 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         k._sample_kernel, "if tl.sum(alive.to(tl.int32), axis=0) <= FEW_SURVIVORS:"
     )
     taken[few_line] = few
-    return Work(
+    work = Work(
         reads={
             "logits_ptr": read,
             "tile_max_ptr": ones * float(c["HAS_TILE_MAX"]) / chunk_tiles,
@@ -416,16 +416,18 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         walks={tile_loop(k._sample_kernel, 0): visited},
         taken=taken,
     )
+    return _with_commit(work, a, c)
 
 
 def _combine_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     """The split rows' merge: each row's partials read once, its token written."""
     ones = torch.ones(a["tokens_ptr"].shape[0], dtype=torch.float64)
     partials = ("partial_best_ptr", "partial_index_ptr", "partial_nan_ptr")
-    return Work(
+    work = Work(
         reads={**dict.fromkeys(partials, ones), "tokens_ptr": 0 * ones},
         writes={"tokens_ptr": ones},
     )
+    return _with_commit(work, a, c)
 
 
 def _logprobs_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
@@ -488,11 +490,13 @@ def _logprobs_combine_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     )
 
 
-def _commit_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
+def _commit_access(a: dict[str, Any], c: dict[str, Any], vocab_size: int) -> Work:
+    """`history.commit_row` on each row: a byte of the counts row and an overflow entry read
+    and written, the window entry and num_generated written (rows that commit)."""
     slots = a["slots_ptr"]
     keep = a["keep_ptr"] != 0 if c["HAS_KEEP"] else True
     commit = _f(keep & (slots != a["padding_slot"]))
-    count = commit / a["vocab_size"]  # one byte of the counts row
+    count = commit / vocab_size  # one byte of the counts row
     spare = torch.ones_like(commit) / (a["num_overflow"] + 1)  # one overflow entry
     return Work(
         reads={
@@ -508,6 +512,21 @@ def _commit_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             "num_generated_ptr": commit,
             "window_ptr": commit / a["window_len"],
         },
+    )
+
+
+def _commit_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
+    return _commit_access(a, c, a["vocab_size"])
+
+
+def _with_commit(work: Work, a: dict[str, Any], c: dict[str, Any]) -> Work:
+    """A sampling kernel's work plus the commit it makes (COMMIT; else its tables unread)."""
+    commit = _commit_access(a, c, a["counts_stride"])
+    if not c.get("COMMIT"):
+        unread = dict.fromkeys([*commit.reads, *commit.writes], 0 * commit.writes["counts_ptr"])
+        return replace(work, reads={**unread, **work.reads})
+    return replace(
+        work, reads={**work.reads, **commit.reads}, writes={**work.writes, **commit.writes}
     )
 
 
