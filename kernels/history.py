@@ -72,7 +72,9 @@ def commit_row(
     SATURATED: tl.constexpr, HAS_KEEP: tl.constexpr, OVERFLOW_BLOCK: tl.constexpr,
 ):  # fmt: skip
     """`_commit_history_kernel`'s steps for row `row`, slot `slot`, token `token` (a
-    scalar): shared with the sampling kernels, which commit the token where they make it."""
+    scalar): shared with the sampling kernels, which commit the token where they make it.
+    Its stores follow a barrier after its loads, and so after any load the calling program
+    made before it (the sampling program's read of num_generated for the position)."""
     commit = slot != padding_slot
     if HAS_KEEP:
         commit &= tl.load(keep_ptr + row) != 0
@@ -101,15 +103,20 @@ def commit_row(
     writes = saturates | (grows & found)
     # a row that writes nothing (and a saturation into a full table) lands in the spare
     entry_ptr = overflow_token_ptr + table_row + entry
+    excess_ptr = overflow_excess_ptr + table_row + entry
     new_token = tl.where(saturates, token.to(tl.int32), tl.load(entry_ptr))
+    excess = tl.load(excess_ptr)
+    generated = tl.load(num_generated_ptr + slot)
+    # every thread loads, one stores: each thread's loads of what the stores below change
+    # (the count byte above all: a warp that read it after the store would take the other
+    # branch, and wait at a barrier of its reductions that the rest never reach) land first
+    tl.debug_barrier()
     tl.store(entry_ptr, tl.where(writes, new_token, -1))
     if grows & found:
-        excess_ptr = overflow_excess_ptr + table_row + entry
-        tl.store(excess_ptr, tl.load(excess_ptr) + 1)
+        tl.store(excess_ptr, excess + 1)
     if commit:
         tl.store(count_ptr, tl.minimum(count + 1, SATURATED).to(tl.uint8))
         # 2. bad words: the ring position is the token's index among the outputs
-        generated = tl.load(num_generated_ptr + slot)
         tl.store(window_ptr + slot * window_len + generated % window_len, token.to(tl.int32))
         # 3. the generated-token count
         tl.store(num_generated_ptr + slot, generated + 1)
@@ -126,8 +133,11 @@ class CommitTables(NamedTuple):
     window: torch.Tensor  # [num_slots, L] int32
     padding_slot: int
 
-    def check(self, num_rows: int, keep: torch.Tensor | None) -> None:
-        """Dtypes, shapes and the padding slot, for a commit of `num_rows` rows."""
+    def check(
+        self, num_rows: int, keep: torch.Tensor | None, vocab_size: int | None = None
+    ) -> None:
+        """Dtypes, shapes and the padding slot, for a commit of `num_rows` rows (of tokens
+        in [0, vocab_size), the counts' width, where it is known)."""
         if keep is not None:
             check_rows("keep", keep, torch.bool, num_rows)
         num_slots = self.num_generated.shape[0]
@@ -140,6 +150,11 @@ class CommitTables(NamedTuple):
             ("window", self.window, torch.int32, (num_slots, None)),
         ):
             check_table(name, t, dtype, shape)
+        if vocab_size is not None and self.counts.shape[1] != vocab_size:
+            raise ValueError(
+                f"counts must have {vocab_size} columns (the vocabulary), got "
+                f"{self.counts.shape[1]}"
+            )
         if self.overflow_token.shape[1] < 2:
             raise ValueError(
                 f"overflow_token must have E + 1 >= 2 columns, got {self.overflow_token.shape[1]}"

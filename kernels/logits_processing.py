@@ -272,8 +272,9 @@ def _process_logits_kernel(
     temperature_divisor = (temperature, temperature_inv)
 
     # 3-6. the dense pass: every token read once, written once. If a tile held a quotient
-    # the hoisted reciprocals may round apart from IEEE division (or NaN or +inf), the
-    # program makes its chunk again with IEEE division: never, for an LLM's logits
+    # the hoisted reciprocals may round apart from IEEE division (or a NaN; with the tile
+    # maxima, a +inf), the program makes its chunk again with IEEE division: never, for an
+    # LLM's logits
     redo = (penalties_on & ~repetition_in_range) | (scale_on & ~temperature_in_range)
     for start in tl.range(begin, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
         redo |= _dense_tile(

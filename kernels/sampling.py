@@ -195,8 +195,8 @@ def _sample_kernel(
         token = tl.where(first_nan < 2147483647, first_nan, best_index)
         tl.store(tokens_ptr + row, token.to(tokens_ptr.dtype.element_ty))
         if COMMIT:
-            # every thread has read num_generated (the position) before any advances it
-            tl.debug_barrier()
+            # commit_row's barrier orders every thread's read of num_generated (the
+            # position, at the start) before the store that advances it
             commit_row(
                 row, slot, token, keep_ptr, num_generated_ptr, counts_ptr, overflow_token_ptr,
                 overflow_excess_ptr, window_ptr, counts_stride, num_overflow, window_len,
@@ -404,7 +404,7 @@ def sample_and_commit(
     commit = CommitTables(
         num_generated, counts, overflow_token, overflow_excess, window, padding_slot
     )
-    commit.check(logits.shape[0], keep)
+    commit.check(logits.shape[0], keep, logits.shape[1])
     _sample(
         logits, slots, temperature, seeds, positions, threshold, tokens, salt, prompt_len,
         None if positions is not None else num_generated, splits, tile_max, commit, keep,

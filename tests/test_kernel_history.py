@@ -267,3 +267,5 @@ def test_sample_and_commit_opcheck_and_bad_input(kernel_device: torch.device) ->
         sample_and_commit(*args, *tables[:3], torch.ones(4, dtype=torch.int64), *tables[4:])
     with pytest.raises(ValueError, match=r"padding_slot = 9 is outside"):
         sample_and_commit(*args, *tables[:-1], 9)
+    with pytest.raises(ValueError, match=r"counts must have 64 columns \(the vocabulary\), got 63"):
+        sample_and_commit(*args, *tables[:4], p.counts[:, :63].contiguous(), *tables[5:])

@@ -129,27 +129,36 @@ def test_tile_lists_land_before_the_walk_reads_them(report: dict[str, Any]) -> N
     assert seen == set(listing)
 
 
-def test_unsplit_sampling_commits_after_a_barrier(report: dict[str, Any]) -> None:
-    """An unsplit sampling program that commits (`sample_and_commit`) advances the
-    num_generated its threads read at the start (the row's position): a barrier between
-    its token's store and the commit's stores orders every read before the advance, or a
-    lagging warp may hash with the next position."""
-    from graphsafe_sampler.kernels.sampling import _sample_kernel
+def test_commits_store_after_a_barrier(report: dict[str, Any]) -> None:
+    """Every thread of a committing program loads the history (the count byte, the overflow
+    entry, num_generated) and one stores it: `history.commit_row` puts a barrier between,
+    or a warp that lags past the store reads the advanced count and takes the other
+    branch. In the unsplit sampling program the same barrier orders the position's read of
+    num_generated (at the start) before its advance; there and in the split rows' combine,
+    the token's store comes before it."""
+    from graphsafe_sampler.kernels import history, sampling
 
-    lines, start = inspect.getsourcelines(_sample_kernel.fn)
-    token = _line_of(
-        lines, start, "tl.store(tokens_ptr + row, token.to(tokens_ptr.dtype.element_ty))"
-    )
-    commit = _line_of(lines, start, "commit_row(")
-    committing = [
-        r for r in report["results"]
-        if r["kernel"] == "_sample_kernel" and r["constexprs"].get("COMMIT")
-    ]  # fmt: skip
-    assert len(committing) == 1  # the unsplit variant (split rows commit in the combine)
-    phases = committing[0]["store_phases"]
-    phase = {line: i for i, stores in enumerate(phases) for line in stores}
-    assert {token, commit} <= phase.keys(), phases
-    assert phase[token] < phase[commit], phases
+    committing = {
+        "_commit_history_kernel": (history._commit_history_kernel, None),
+        "_sample_kernel": (sampling._sample_kernel, "tl.store(tokens_ptr + row, token.to("),
+        "_combine_kernel": (sampling._combine_kernel, "tl.store(tokens_ptr + row, token.to("),
+    }
+    seen = set()
+    for r in report["results"]:
+        if r["kernel"] not in committing or not r["constexprs"].get("COMMIT", True):
+            continue
+        kernel, token_store = committing[r["kernel"]]
+        lines, start = inspect.getsourcelines(kernel.fn)
+        found = [start + i for i, line in enumerate(lines) if "commit_row(" in line]
+        assert len(found) == 1, r["kernel"]
+        phases = r["store_phases"]
+        phase = {line: i for i, stores in enumerate(phases) for line in stores}
+        assert phase.get(found[0], 0) > 0, (r["label"], phases)
+        if token_store is not None:
+            token = [start + i for i, line in enumerate(lines) if token_store in line]
+            assert phase[token[0]] < phase[found[0]], (r["label"], phases)
+        seen.add(r["kernel"])
+    assert seen == set(committing)
 
 
 def test_process_logits_orders_its_phases(report: dict[str, Any]) -> None:

@@ -155,7 +155,7 @@ class VocabParallelPipeline:
         self, processed: Processed, slots: torch.Tensor, keep: torch.Tensor | None
     ) -> torch.Tensor:
         tokens = self.sample(processed, slots)
-        self.commit(slots, tokens, keep)
+        self.stages.batch_state.commit(tokens, keep)
         return tokens
 
     def race_emitted(
@@ -219,9 +219,6 @@ class VocabParallelPipeline:
             token_ids.to(torch.int32), values, counts[:, 0], requested.to(torch.int32), chosen,
             ranks,
         )  # fmt: skip
-
-    def commit(self, slots: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor | None) -> None:
-        self.stages.batch_state.commit(tokens, keep)
 
 
 def combine_logsumexp(lse: torch.Tensor) -> torch.Tensor:

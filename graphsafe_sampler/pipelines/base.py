@@ -97,8 +97,9 @@ class Pipeline(Protocol):
     def sample_and_commit(
         self, processed: Processed, slots: torch.Tensor, keep: torch.Tensor | None
     ) -> torch.Tensor:
-        """`sample`, then `commit` of its tokens (keep as there): a pipeline may make both
-        in one pass (the Triton one commits in the kernel that makes each token)."""
+        """`sample`, then each batch row's token appended to its request's history (as
+        `BatchState.commit`; keep [num_rows] bool, or None: every row): a pipeline may make
+        both in one pass (the Triton one commits in the kernel that makes each token)."""
         ...
 
     def race_emitted(
@@ -127,10 +128,4 @@ class Pipeline(Protocol):
         int32 or int64; raw_tiles: `Processed.raw_tiles` where `source` is the raw logits
         they were made from, else None; requested: [num_rows, C] int64 chosen token ids (-1
         unused), whose values and ranks fill the `requested_*` fields, or None."""
-        ...
-
-    def commit(self, slots: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor | None) -> None:
-        """Append one token per batch row to the rows' history. slots [num_rows] int64,
-        tokens [num_rows] int32 or int64 (ids in [0, V)); keep [num_rows] bool or None
-        (every row)."""
         ...

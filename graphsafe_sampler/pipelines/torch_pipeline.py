@@ -206,7 +206,7 @@ class TorchPipeline:
         self, processed: Processed, slots: torch.Tensor, keep: torch.Tensor | None
     ) -> torch.Tensor:
         tokens = self.sample(processed, slots)
-        self.commit(slots, tokens, keep)
+        self.stages.batch_state.commit(tokens, keep)
         return tokens
 
     def race_emitted(
@@ -232,6 +232,3 @@ class TorchPipeline:
         requested: torch.Tensor | None = None,
     ) -> LogprobsTensors:
         return compute_logprobs(source.to(torch.float32), tokens, self.k, subtract_lse, requested)
-
-    def commit(self, slots: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor | None) -> None:
-        self.stages.batch_state.commit(tokens, keep)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import torch
 
 from graphsafe_sampler.kernels.constants import SALT_BONUS, SALT_RECOVER, SALT_SAMPLE
-from graphsafe_sampler.kernels.history import commit_history
 from graphsafe_sampler.kernels.library import tile_count
 from graphsafe_sampler.kernels.logits_processing import process_logits, process_splits
 from graphsafe_sampler.kernels.logprobs import compute_logprobs, logprobs_splits
@@ -47,7 +46,7 @@ class TritonPipeline:
         # min_p's cut is folded into the top-k/top-p kernel (never written) unless custom
         # argmax-invariant processors, which run between the two, must see it applied
         self.fold_min_p = not stages.custom
-        # commit_history covers BatchState's own counter and these two states; any other
+        # sample_and_commit covers BatchState's own counter and these two states; any other
         # slot state with a commit hook (a custom processor's history) needs the PyTorch commit
         hooks = [
             state
@@ -143,9 +142,9 @@ class TritonPipeline:
     def sample_and_commit(
         self, processed: Processed, slots: torch.Tensor, keep: torch.Tensor | None
     ) -> torch.Tensor:
-        if not self.commit_kernel:
+        if not self.commit_kernel:  # a slot state with a commit hook: the PyTorch commit
             tokens = self._sample(processed, slots, None, commit=False)
-            self.commit(slots, tokens, keep)
+            self.stages.batch_state.commit(tokens, keep)
             return tokens
         return self._sample(processed, slots, keep, commit=True)
 
@@ -241,20 +240,3 @@ class TritonPipeline:
         shift = lse[:, None] if subtract_lse else None
         chosen = requested_logprobs(source.to(torch.float32), requested, shift)
         return LogprobsTensors(token_ids, values, ranks, requested.to(torch.int32), *chosen)
-
-    def commit(self, slots: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor | None) -> None:
-        s = self.stages
-        if not self.commit_kernel:
-            s.batch_state.commit(tokens, keep)
-            return
-        commit_history(
-            slots,
-            tokens,
-            keep,
-            s.batch_state.num_generated.device,
-            s.penalties.counts,
-            s.penalties.overflow_token.device,
-            s.penalties.overflow_excess.device,
-            s.bad_words.window.device,
-            s.batch_state.config.padding_slot,
-        )

@@ -161,6 +161,10 @@ def _time_kernels(
     with observed_launches() as launches:
         sampler(x)
     sync(timer.device)
+    # the replays write what the step writes, the commit's history included (sampling
+    # commits its tokens): every tensor they touch is put back afterwards
+    touched = {id(t): t for _, args, _, _ in launches for t in args if isinstance(t, torch.Tensor)}
+    saved = {key: t.clone() for key, t in touched.items()}
     for index, (kernel, args, grid, kwargs) in enumerate(launches):
 
         def launch(kernel: Any = kernel, args: Any = args, grid: Any = grid,
@@ -171,6 +175,8 @@ def _time_kernels(
         shape = list(grid(kwargs) if callable(grid) else grid)
         extra = {"kernel": kernel.__name__, "grid": shape}
         book.add(case_result(case, f"{KERNEL_PROVIDER}{index}", rows, vocab, timed, extra))
+    for key, t in touched.items():
+        t.copy_(saved[key])
 
 
 def _time_candidates(book: BenchBook, timer: Timer, x: torch.Tensor, case: str) -> None:
