@@ -41,8 +41,8 @@ from .noise import gumbel, row_key, token_hash
 _INT32_MAX = 2**31 - 1
 
 FEW_SURVIVORS = tl.constexpr(2)
-"""A tile with at most this many tokens left by the cut hashes them one by one (two
-reductions each) rather than all BLOCK_SIZE of its tokens."""
+"""A tile with at most this many tokens left by the cut (its lowest and highest survivor)
+hashes them alone rather than all BLOCK_SIZE of its tokens."""
 
 GUMBEL_MAX = tl.constexpr(23.0)
 """Above every noise `gumbel` draws: -log(e) with e >= 2**-33 (rng.py's clamp of h at
@@ -159,30 +159,35 @@ def _sample_kernel(
             first_nan = tl.minimum(first_nan, tl.min(tl.where(is_nan, cols, 2147483647), axis=0))
             x = tl.where(is_nan, float("-inf"), x)
             top = tl.max(x, axis=0)
+        # the tile's best and its lowest index; a tile that cannot win stays at -inf
+        tile_max = tl.full((), float("-inf"), tl.float32)
+        tile_index = start
         if is_random:
             # a tile whose largest logit (or its bound) plus the largest noise cannot beat
             # the best (a tie keeps the earlier best) is not hashed: a tile wholly below the
             # cut, or far below the best, costs its load and a reduction or two
             if top + GUMBEL_MAX > best:
                 alive = x > float("-inf")
-                if tl.sum(alive.to(tl.int32), axis=0) <= FEW_SURVIVORS:
-                    # a tile a cut leaves one or two tokens (top-k's usual tile): their
-                    # noise alone, in column order, instead of the whole tile's
-                    noisy = tl.full((BLOCK_SIZE,), float("-inf"), tl.float32)
-                    for _ in tl.static_range(FEW_SURVIVORS):
-                        col = tl.min(tl.where(alive, cols, 2147483647), axis=0)
-                        at = cols == col
-                        value = tl.max(tl.where(at, x, float("-inf")), axis=0)
-                        value += gumbel(token_hash(col, offset, mult))
-                        noisy = tl.where(at, value, noisy)
-                        alive &= ~at
-                    x = noisy
+                count = tl.sum(alive.to(tl.int32), axis=0)
+                low = tl.min(tl.where(alive, cols, 2147483647), axis=0)
+                high = tl.max(tl.where(alive, cols, -1), axis=0)
+                if count <= FEW_SURVIVORS:
+                    # a tile a cut leaves one or two tokens (top-k's usual tile): the lowest
+                    # and the highest survivor (one token when they meet), their logits
+                    # loaded again and their noise alone, instead of the whole tile's
+                    low_x = tl.load(row_ptr + low, mask=count > 0, other=float("-inf"))
+                    high_x = tl.load(row_ptr + high, mask=count > 1, other=float("-inf"))
+                    low_x += gumbel(token_hash(low, offset, mult))
+                    high_x += gumbel(token_hash(high, offset, mult))
+                    tile_max = tl.maximum(low_x, high_x)
+                    tile_index = tl.where(high_x > low_x, high, low)  # a tie: the lower
                 else:
                     x = x + gumbel(token_hash(cols, offset, mult))
-            else:
-                x = tl.full((BLOCK_SIZE,), float("-inf"), tl.float32)
-        tile_max = tl.max(x, axis=0)
-        tile_index = tl.min(tl.where((x == tile_max) & in_row, cols, 2147483647), axis=0)
+                    tile_max = tl.max(x, axis=0)
+                    tile_index = tl.min(tl.where(x == tile_max, cols, 2147483647), axis=0)
+        else:
+            tile_max = tl.max(x, axis=0)
+            tile_index = tl.min(tl.where((x == tile_max) & in_row, cols, 2147483647), axis=0)
         better = tile_max > best
         best_index = tl.where(better, tile_index, best_index)
         best = tl.where(better, tile_max, best)

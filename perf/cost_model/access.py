@@ -395,9 +395,7 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         few = torch.where(
             survivors < tiles, _few_share(survivors, tiles, k.FEW_SURVIVORS.value), 0.0
         )
-    few_line = source_line(
-        k._sample_kernel, "if tl.sum(alive.to(tl.int32), axis=0) <= FEW_SURVIVORS:"
-    )
+    few_line = source_line(k._sample_kernel, "if count <= FEW_SURVIVORS:")
     taken[few_line] = few
     work = Work(
         reads={
