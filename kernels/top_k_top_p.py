@@ -1,4 +1,5 @@
-"""top-k then top-p in Triton, min_p's cut folded in first: two kernels, no sort.
+"""top-k then top-p in Triton, min_p's cut folded in first: two kernels, no sort (stage 1,
+`_candidates_kernel`, is candidates.py's; the cut kernel is here).
 
 Each row's cut goes to `threshold[row]` (keep `logits >= threshold`, -inf when every filter
 is off); with APPLY the logits below it become -inf in place, without it the sampling kernel
@@ -21,8 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .candidates import STATS, _candidates_kernel, _row_filters
 from .library import (
-    LISTED_STAGES,
     TILE,
     SplitPolicy,
     check_logits,
@@ -30,11 +31,8 @@ from .library import (
     check_tile_max,
     exp_ftz,
     inplace_op,
-    kth_known,
-    listed_tile,
     split_chunks,
     tile_count,
-    tiles_to_visit,
 )
 from .radix_select import _float_to_key, _key_to_float, _largest_key_reaching
 
@@ -43,217 +41,6 @@ from .radix_select import _float_to_key, _key_to_float, _largest_key_reaching
 def _minimum(a, b):
     """Scan operator: the running minimum."""
     return tl.minimum(a, b)
-
-
-@triton.jit
-def _row_filters(
-    row, slots_ptr, top_k_ptr, top_p_ptr, min_p_ptr, vocab_size, HAS_MIN_P: tl.constexpr
-):
-    """The row's slot's (k, top_p, min_p): k 0 when top-k is off (k <= 0 or k >= V), min_p 0
-    without HAS_MIN_P."""
-    slot = tl.load(slots_ptr + row)
-    k = tl.load(top_k_ptr + slot)
-    k = tl.where((k > 0) & (k < vocab_size), k, 0)
-    top_p = tl.load(top_p_ptr + slot).to(tl.float32)
-    min_p = tl.zeros((), tl.float32)
-    if HAS_MIN_P:
-        min_p = tl.load(min_p_ptr + slot).to(tl.float32)
-    return k, top_p, min_p
-
-
-STATS = 8
-"""Statistics a chunk writes (`_candidates_kernel`): its max, min (below every logit a cut
-may keep; the chunk's true min unless tiles were skipped), NaN count, total mass
-exp(l - max), `complete` (every logit of the chunk above it is in its list) and the list's
-entries, padded to a power of two."""
-
-
-@triton.jit
-def _tile_floor(
-    tile_row,  # the row's tile maxima: exact, or +inf (unknown)
-    num_tiles,
-    first,  # the chunk's tiles: [first, last)
-    last,
-    k,  # top-k, on
-    min_p,  # 0: off
-    log_min_p,
-    HAS_MIN_P: tl.constexpr,
-    TILES_BLOCK: tl.constexpr,  # a power of two >= num_tiles
-):
-    """(floor, complete, min) from the tile maxima alone, before the walk. The floor no
-    top-k (then min_p) cut lies below: the k-th largest known tile max (k tiles hold a
-    logit at or above it, so the row's k-th largest is at or above it), raised to the
-    largest known max + ln(min_p) (at or below min_p's cut); -inf with fewer than k known
-    tiles. The chunk's tiles below it, which the walk skips, are left out at their maxima:
-    the largest is where `complete` starts, the smallest bounds the chunk's min (below
-    every logit a cut may keep)."""
-    tiles = tl.arange(0, TILES_BLOCK)
-    bounds = tl.load(tile_row + tiles, mask=tiles < num_tiles, other=float("-inf"))
-    floor = kth_known(bounds, tiles, k)
-    if HAS_MIN_P:  # noqa: SIM102 (a constexpr guard)
-        if min_p != 0.0:
-            known = tl.where(bounds < float("inf"), bounds, float("-inf"))
-            floor = tl.maximum(floor, tl.max(known, axis=0) + log_min_p)
-    skipped = (tiles >= first) & (tiles < last) & (bounds < floor)
-    complete = tl.max(tl.where(skipped, bounds, float("-inf")), axis=0)
-    smallest = tl.min(tl.where(skipped, bounds, float("inf")), axis=0)
-    return floor, complete, smallest
-
-
-@triton.jit
-def _candidates_kernel(
-    logits_ptr,  # [num_rows, V] float32, read only
-    logits_stride,  # elements between rows
-    slots_ptr,  # [num_rows] int64 row -> slot
-    top_k_ptr,  # [num_slots] int32; <= 0 or >= V is off
-    top_p_ptr,  # [num_slots] float32; >= 1 is off
-    min_p_ptr,  # [num_slots] float32; 0 is off (HAS_MIN_P)
-    stats_ptr,  # [num_rows, splits, STATS] float32, written for filtered rows
-    lists_ptr,  # [num_rows, splits, PARTIAL] float32, written when the row uses the buffer
-    tile_max_ptr,  # [num_rows, num_tiles] float32 (HAS_TILE_MAX): exact, or +inf unknown
-    visits_ptr,  # [num_rows, num_tiles] int32 scratch (HAS_TILE_MAX): the tiles to read
-    vocab_size,
-    chunk,  # columns a program reads: whole tiles
-    buffer_size,  # CANDIDATES, or 0: no buffer (search only)
-    num_tiles,  # ceil(V / BLOCK_SIZE)
-    HAS_MIN_P: tl.constexpr,
-    HAS_TILE_MAX: tl.constexpr,
-    PARTIAL: tl.constexpr,  # a chunk's list: a power of two <= BLOCK_SIZE
-    STATS: tl.constexpr,
-    TILES_BLOCK: tl.constexpr,  # a power of two >= num_tiles
-    BLOCK_SIZE: tl.constexpr,
-):
-    """Stage 1, over rows x splits: one read of a chunk of the row, its statistics and its
-    PARTIAL largest logits, sorted descending, -inf padded (docs/kernels.md, top-k/top-p).
-
-    A tile merges into the list only its logits above a floor no cut can fall below: the
-    list's k-th (top-k) or last (top-p alone) value so far, raised to max + ln(min_p) with
-    min_p. What is left out is at or below `complete`, which the cut kernel compares with
-    the cut, so the floors change which rows settle, never the answer.
-
-    With the tile maxima (HAS_TILE_MAX) a top-k row takes a floor before its walk
-    (`_tile_floor`) and skips, unread, each tile whose max lies below it: its logits are
-    below every cut, so they count as left out (`complete`) at its max, and the chunk's
-    min becomes at most that max, still below every logit a cut may keep. The walk goes
-    over the tiles `library.tiles_to_visit` lists, so a skipped tile costs nothing in it.
-    Rows without top-k read every tile: top-p alone needs the whole row's mass."""
-    row = tl.program_id(0)
-    part = tl.program_id(1)
-    k, top_p, min_p = _row_filters(
-        row, slots_ptr, top_k_ptr, top_p_ptr, min_p_ptr, vocab_size, HAS_MIN_P
-    )
-    k_on = k > 0
-    p_on = top_p < 1.0
-    # rows whose filters are all off write nothing: the cut kernel reads their parameters
-    if k_on | p_on | (min_p != 0.0):
-        row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
-        use_buffer = (buffer_size > 0) & ((k_on & (k <= buffer_size)) | (~k_on & p_on))
-        # the list's rank whose value floors the next tile: the k-th, or the last
-        ranks = tl.arange(0, PARTIAL)
-        floor_rank = tl.where(k_on, tl.minimum(k, PARTIAL), PARTIAL) - 1
-        log_min_p = tl.log(tl.maximum(min_p, 1e-38))  # unused when min_p is 0
-        chunk_max = tl.full((), float("-inf"), tl.float32)
-        total = tl.zeros((), tl.float32)
-        best = tl.full((PARTIAL,), float("-inf"), tl.float32)
-        list_floor = tl.full((), float("-inf"), tl.float32)  # best's floor-rank value
-        entries = tl.zeros((), tl.int32)
-        complete = tl.full((), float("-inf"), tl.float32)
-        nan_count = tl.zeros((), tl.int32)
-        # kept per thread and reduced once after the walk, not per tile (a min and a max are
-        # exact in any order): the smallest logit and the largest left out of the list
-        low = tl.full((BLOCK_SIZE,), float("inf"), tl.float32)
-        left_out = tl.full((BLOCK_SIZE,), float("-inf"), tl.float32)
-        begin = part * chunk
-        end = tl.minimum(begin + chunk, vocab_size)
-        tile_row = tile_max_ptr + row.to(tl.int64) * num_tiles
-        skip_below = tl.full((), float("-inf"), tl.float32)
-        if HAS_TILE_MAX:  # noqa: SIM102 (a constexpr guard)
-            if use_buffer & k_on:
-                skip_below, complete, chunk_min = _tile_floor(
-                    tile_row, num_tiles, begin // BLOCK_SIZE, tl.cdiv(end, BLOCK_SIZE), k, min_p,
-                    log_min_p, HAS_MIN_P, TILES_BLOCK,
-                )  # fmt: skip
-                # held in `low` over the walk: as a scalar of its own it spilled
-                low = tl.minimum(low, chunk_min)
-        # the walk reads only the tiles at or above the floor, listed in column order
-        # (`tiles_to_visit`); without the maxima, every tile of the chunk
-        first = begin // BLOCK_SIZE
-        visits = tl.cdiv(end, BLOCK_SIZE) - first
-        # an int32 offset, not a 64-bit pointer, held over the walk (B x tiles < 2**31)
-        listed = row * num_tiles + first
-        if HAS_TILE_MAX:
-            visits = tiles_to_visit(
-                tile_row, 1, first, first + visits, skip_below, visits_ptr + listed, TILES_BLOCK
-            )
-        for visit in tl.range(0, visits, num_stages=LISTED_STAGES):
-            start = listed_tile(visits_ptr, listed, first, visit, HAS_TILE_MAX, BLOCK_SIZE)
-            cols = start + tl.arange(0, BLOCK_SIZE)
-            in_chunk = cols < end
-            x = tl.load(row_ptr + cols, mask=in_chunk, other=float("nan"))
-            valid = x == x
-            # a finite entry of the table is the tile's max, and the tile holds no NaN: only
-            # an unknown tile (+inf), or every tile without the table, takes two reductions
-            tile_max = tl.full((), float("inf"), tl.float32)
-            if HAS_TILE_MAX:
-                tile_max = tl.load(tile_row + start // BLOCK_SIZE)
-            if tile_max == float("inf"):
-                tile_max = tl.max(tl.where(valid, x, float("-inf")), axis=0)
-                nan_count += tl.sum((~valid & in_chunk).to(tl.int32), axis=0)
-            low = tl.minimum(low, tl.where(valid, x, float("inf")))
-            new_max = tl.maximum(chunk_max, tile_max)
-            if use_buffer:
-                # only top-p weighs masses (top-k alone skips the exp per logit)
-                if p_on:
-                    # masses against the new running max; an all -inf prefix has none
-                    # (its exp(-inf - -inf) would be nan), so the base is then 0
-                    base = tl.where(new_max > float("-inf"), new_max, 0.0)
-                    total = total * exp_ftz(chunk_max - base)
-                    total += tl.sum(tl.where(valid, exp_ftz(x - base), 0.0), axis=0)
-                # the list's floor-rank value, max + ln(min_p) now (below min_p's cut at
-                # the end); not skip_below, which a logit of the k largest may equal
-                floor = list_floor
-                if HAS_MIN_P:  # noqa: SIM102 (a constexpr guard)
-                    if min_p != 0.0:
-                        floor = tl.maximum(floor, new_max + log_min_p)
-                # the tile's logits at or below the floor, or below the tile maxima's
-                # floor (which a logit of the k largest may equal), stay out of the list
-                hit = valid & (x > floor) & (x >= skip_below)
-                left_out = tl.maximum(left_out, tl.where(valid & ~hit, x, float("-inf")))
-                if (tile_max > floor) & (tile_max >= skip_below):
-                    hits = tl.sum(hit.to(tl.int32), axis=0)
-                    # one logit above the floor (the usual merge once the list has filled):
-                    # the tile's max alone; two (a tile holding two of a top-k row's k): its
-                    # max and their min; more: the tile's top-k network
-                    top = tl.where(ranks == 0, tile_max, float("-inf"))
-                    if hits > 1:
-                        if hits == 2:
-                            second = tl.min(tl.where(hit, x, float("inf")), axis=0)
-                            top = tl.where(ranks == 1, second, top)
-                        else:
-                            top = tl.topk(tl.where(hit, x, float("-inf")), PARTIAL)
-                    # the list (descending) against the tile's top (ascending): the larger
-                    # of each pair are the union's PARTIAL largest, a bitonic sequence,
-                    # sorted by one bitonic merge (log2(PARTIAL) rounds)
-                    union = tl.maximum(best, tl.flip(top, 0))
-                    best = tl.bitonic_merge(union, descending=True)
-                    list_floor = tl.max(tl.where(ranks == floor_rank, best, float("-inf")), axis=0)
-                    # what fell off lies at or below the last
-                    if entries + hits > PARTIAL:
-                        complete = tl.maximum(complete, tl.min(best, axis=0))
-                    entries = tl.minimum(entries + hits, PARTIAL)
-            chunk_max = new_max
-        chunk_min = tl.min(low, axis=0)
-        complete = tl.maximum(complete, tl.max(left_out, axis=0))
-        at = stats_ptr + (row.to(tl.int64) * tl.num_programs(1) + part) * STATS
-        tl.store(at + 0, chunk_max)
-        tl.store(at + 1, chunk_min)
-        tl.store(at + 2, nan_count.to(tl.float32))  # exact: V < 2**24
-        tl.store(at + 3, total)
-        tl.store(at + 4, complete)
-        tl.store(at + 5, entries.to(tl.float32))
-        if use_buffer:
-            lists = lists_ptr + (row.to(tl.int64) * tl.num_programs(1) + part) * PARTIAL
-            tl.store(lists + ranks, best)
 
 
 @triton.jit

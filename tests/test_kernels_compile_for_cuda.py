@@ -107,10 +107,10 @@ def test_tile_lists_land_before_the_walk_reads_them(report: dict[str, Any]) -> N
     its threads, then loads each entry with whichever thread the pipeline gives it: a
     barrier must order the stores before the first load, or a walk may read a stale entry
     and skip a tile the interpreter's single thread always read."""
-    from graphsafe_sampler.kernels import logprobs, sampling, top_k_top_p
+    from graphsafe_sampler.kernels import candidates, logprobs, sampling
 
     listing = {
-        "_candidates_kernel": (top_k_top_p._candidates_kernel, "HAS_TILE_MAX"),
+        "_candidates_kernel": (candidates._candidates_kernel, "HAS_TILE_MAX"),
         "_sample_kernel": (sampling._sample_kernel, "HAS_TILE_MAX"),
         "_logprobs_kernel": (logprobs._logprobs_kernel, "HAS_TILES"),
     }

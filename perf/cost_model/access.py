@@ -274,7 +274,7 @@ def _few_share(kept: torch.Tensor, tiles: int, few: int) -> torch.Tensor:
 
 
 def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
-    from graphsafe_sampler.kernels import top_k_top_p as k
+    from graphsafe_sampler.kernels import candidates as k
 
     rows = _top_k_top_p_rows(a, c)
     ones = torch.ones_like(rows["filtered"])
