@@ -268,8 +268,11 @@ def launch_top_k_top_p(
     if tile_max is not None:
         visits = torch.empty((num_rows, num_tiles), dtype=torch.int32, device=device)
     min_p_table = min_p if min_p is not None else top_p  # unread without HAS_MIN_P
-    # why 8 warps at 1,024-element tiles: tests/cuda_compile.py checks every variant for
-    # spills (the bitonic networks and the search's [BLOCK, 16] compare)
+    # stage 1 at 4 warps: its list's work (the insertion, the merges) is the same in every
+    # warp, so half the warps do half of it, for 8 logits a thread instead of 4 (estimated
+    # stage 1 at B = 256: 34.5 -> 27.7 us; 101 registers, 4 CTAs an SM). The cut kernel at 8
+    # warps for 1,024-element tiles: tests/cuda_compile.py checks every variant for spills
+    # (the bitonic networks and the search's [BLOCK, 16] compare)
     num_warps = 8 if block_size >= 512 else 4
     _candidates_kernel[(num_rows, splits)](
         logits, logits.stride(0), slots, top_k, top_p, min_p_table, stats, lists,
@@ -278,8 +281,8 @@ def launch_top_k_top_p(
         vocab_size, chunk, candidates, num_tiles,
         HAS_MIN_P=min_p is not None, HAS_TILE_MAX=tile_max is not None, PARTIAL=partial,
         STATS=STATS, TILES_BLOCK=triton.next_power_of_2(num_tiles), BLOCK_SIZE=block_size,
-        num_warps=num_warps,
-        maxnreg=top_k_top_p_splits.max_registers(num_warps) if partial <= CHUNK_PARTIAL else None,
+        num_warps=4,
+        maxnreg=top_k_top_p_splits.max_registers(4) if partial <= CHUNK_PARTIAL else None,
     )  # fmt: skip
     _top_k_top_p_kernel[(num_rows,)](
         logits,
