@@ -156,6 +156,29 @@ def test_ties_take_the_lowest_index(k: int, kernel_device: torch.device) -> None
     )
 
 
+def test_a_tile_with_one_new_value_inserts_it_after_earlier_ties(
+    kernel_device: torch.device,
+) -> None:
+    """The first 1,024-column tile fills the top 5 with 7s and 9s; each later tile holds one
+    value above the 5th (the insertion, not the 5 selections), equal to some of them: it
+    goes after the equal values of lower ids, as a stable descending sort puts it."""
+    gen = _gen()
+    rows, vocab, k = 12, 3 * 1024, 5
+    raw = torch.randn(rows, vocab, generator=gen) * 0.5 - 5.0
+    for r in range(rows):
+        cols = torch.randperm(1024, generator=gen)
+        raw[r, cols[:5]] = torch.tensor([9.0, 7.0])[torch.randint(0, 2, (5,), generator=gen)]
+        for tile in (1, 2):
+            col = tile * 1024 + int(torch.randint(0, 1024, (1,), generator=gen))
+            raw[r, col] = float(torch.tensor([7.5, 8.0, 9.0, 9.5])[r % 4])
+    raw = raw.to(kernel_device)
+    tokens = torch.randint(0, vocab, (rows,), generator=gen).to(kernel_device)
+    got, _ = _kernel(raw, tokens, k, False)
+    order = torch.sort(raw, dim=-1, descending=True, stable=True).indices[:, :k]
+    assert torch.equal(got.logprob_token_ids[:, 1:].long(), order)
+    assert torch.equal(got.logprobs[:, 1:], raw.gather(1, order))
+
+
 @pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logits"])
 def test_split_rows_merge_to_one_programs_outputs(mode: str, kernel_device: torch.device) -> None:
     """A row split over 2 and 5 programs (chunks of whole 1,024-element tiles, the last of 3

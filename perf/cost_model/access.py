@@ -450,7 +450,14 @@ def _logprobs_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     # the running top K is merged with a tile holding a new one of the K largest, among the
     # tiles the program reads
     read_tiles = torch.clamp(visited * chunk_tiles, min=1.0)
-    taken = {merge: torch.stack([record_tiles(c["K"], math.ceil(float(t))) for t in read_tiles])}
+    walked = [math.ceil(float(t)) for t in read_tiles]
+    records = torch.stack([record_tiles(c["K"], t) for t in walked])
+    # of those merges, the K selections run on the first (it fills the top K) and on those
+    # holding two or more new ones; the rest insert their one value
+    multi = torch.stack([multi_record_share(c["K"], t) for t in walked])
+    first = 1.0 / torch.clamp(records * torch.tensor(walked, dtype=torch.float64), min=1.0)
+    general = source_line(k._logprobs_kernel, "if (above != 1) | (kth_i == NO_TOKEN):")
+    taken = {merge: records, general: multi + (1.0 - multi) * first}
     return Work(
         reads={
             "source_ptr": visited + 1 / vocab,
