@@ -177,7 +177,7 @@ def _logprobs_kernel(
       a tile only when the tile can change it (its max beats the K-th value), by K
       selections of the largest value left, lowest index first among equal values
       (`_top_k_update`), or, for a tile with one value above the K-th of a full top K, by
-      inserting it at its rank; NaN is never picked;
+      inserting it at its rank (K <= 16); NaN is never picked;
     - the rank: the reference counts tokens with `x - lse >= x[t] - lse` in float32
       (logprobs modes; the shift can merge neighbours) or `x >= x[t]` (logits modes).
       Rounding is monotone, so every token with x >= x[t] counts either way, and the pass
@@ -247,23 +247,27 @@ def _logprobs_kernel(
         # top K: a tile changes it only with a value above the K-th, or one equal to an
         # empty K-th slot's -inf (earlier tiles' ids are lower, so they win equal values)
         if (tile_max > kth_v) | ((tile_max == kth_v) & (kth_i == NO_TOKEN)):
-            above = tl.sum((x > kth_v).to(tl.int32), axis=0)
-            # (a top K not yet full takes a tile's -inf values too: the K selections)
-            if (above != 1) | (kth_i == NO_TOKEN):
-                top_v, top_i = _top_k_update(top_v, top_i, x, cols, in_row, lanes, K, NO_TOKEN)
+            if K_BLOCK <= 16:
+                above = tl.sum((x > kth_v).to(tl.int32), axis=0)
+                # (a top K not yet full takes a tile's -inf values too: the K selections)
+                if (above != 1) | (kth_i == NO_TOKEN):
+                    top_v, top_i = _top_k_update(top_v, top_i, x, cols, in_row, lanes, K, NO_TOKEN)
+                else:
+                    # one value above the K-th of a full top K (the usual tile): the
+                    # tile's max goes in at its rank, after the earlier tiles' equal values
+                    # (lower ids), the smaller ones one lane down; the K selections would
+                    # give the same
+                    col = tl.min(tl.where(x > kth_v, cols, NO_TOKEN), axis=0)
+                    rank = tl.sum(((lanes < K) & (top_v >= tile_max)).to(tl.int32), axis=0)
+                    down = tl.maximum(lanes - 1, 0)
+                    shifted = (lanes > rank) & (lanes < K)
+                    below_v = tl.where(shifted, tl.gather(top_v, down, 0), top_v)
+                    below_i = tl.where(shifted, tl.gather(top_i, down, 0), top_i)
+                    top_v = tl.where(lanes == rank, tile_max, below_v)
+                    top_i = tl.where(lanes == rank, col, below_i)
             else:
-                # one value above the K-th of a full top K (the usual tile): it goes in at
-                # its rank, after the earlier tiles' equal values (lower ids), the smaller
-                # ones one lane down; the K selections would give the same
-                col = tl.min(tl.where(x > kth_v, cols, NO_TOKEN), axis=0)
-                value = tl.load(row_ptr + col).to(tl.float32)
-                rank = tl.sum(((lanes < K) & (top_v >= value)).to(tl.int32), axis=0)
-                down = tl.maximum(lanes - 1, 0)
-                below_v = tl.gather(top_v, down, 0)
-                below_i = tl.gather(top_i, down, 0)
-                shifted = (lanes > rank) & (lanes < K)
-                top_v = tl.where(lanes == rank, value, tl.where(shifted, below_v, top_v))
-                top_i = tl.where(lanes == rank, col, tl.where(shifted, below_i, top_i))
+                # K > 16: the insertion's gathers spilled at K = 20 (tests/cuda_compile.py)
+                top_v, top_i = _top_k_update(top_v, top_i, x, cols, in_row, lanes, K, NO_TOKEN)
             kth_v = tl.max(tl.where(lanes == K - 1, top_v, float("-inf")), axis=0)
             kth_i = tl.min(tl.where(lanes == K - 1, top_i, NO_TOKEN), axis=0)
     if SPLIT:
