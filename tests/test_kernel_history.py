@@ -206,8 +206,12 @@ def test_sample_and_commit_equals_sample_then_commit(
     seeds = torch.randint(0, 2**62, (num_slots,), generator=gen).to(device)
     prompt_len = torch.randint(0, 50, (num_slots,), generator=gen).to(device)
     slots = history.batch.slots(num_rows + 1)  # and one padding row, which never commits
-    # each slot's most counted tokens: three just under 255, one past it (`_request`)
+    # each slot's most counted tokens: three just under 255, one past it (`_request`); the
+    # three set to 254, so that a random row's first commit of one saturates it
     hot = [p.counts[int(s)].cpu().long().topk(4).indices for s in slots]
+    for s, ids in zip(slots.tolist()[:num_rows], hot, strict=False):  # not the padding
+        near = ids[p.counts[s, ids.to(device)].cpu() < SATURATED]
+        p.counts[s, near.to(device)] = SATURATED - 1
     tensors = history.tensors()
     for step in range(12):
         logits = torch.randn(num_rows + 1, vocab, generator=gen) * 2
