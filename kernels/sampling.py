@@ -300,6 +300,7 @@ def launch_sample_tokens(
         history, committing = commit.launch_args(keep)
         committing["COMMIT"] = True
         num_generated = commit.num_generated
+    own = unused if split else history  # split rows commit in the combine
     _sample_kernel[(num_rows, splits)](
         logits,
         logits.stride(0),
@@ -316,8 +317,8 @@ def launch_sample_tokens(
         visits if listing else tokens,
         vocab_size,
         chunk,
-        *(unused if split else history)[:1],  # keep (num_generated is the one above)
-        *(unused if split else history)[2:],  # split rows commit in the combine
+        own[0],  # keep; num_generated is the one above
+        *own[2:],
         SALT=salt,
         GREEDY_BELOW=GREEDY_TEMPERATURE,
         HAS_THRESHOLD=threshold is not None,

@@ -389,7 +389,8 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             source_line(k._sample_kernel, 'if top == float("inf"):'): _unknown_share(a, visited),
         }
     # a hashed tile of a top-k row holds a few of its k survivors (k spread over the row's
-    # tiles): at most FEW_SURVIVORS of them hash one by one; other rows hash whole tiles
+    # tiles): at most FEW_SURVIVORS of them (its lowest and highest) hash alone; other rows
+    # hash whole tiles
     few = torch.zeros_like(ones)
     if c["HAS_THRESHOLD"] and survivors is not None:
         few = torch.where(
