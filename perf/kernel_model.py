@@ -25,9 +25,13 @@ Per launch (µs), the formula:
 
     est     = max(bytes / (HBM peak × achievable fraction), waves × serial) + launch overhead
     waves   = ceil(programs / (SMs × CTAs per SM))
-    serial  = Σ over the program's tile loops: walks × tiles × (latency + I × warps / share /
-              clock); a pipelined loop (its SASS copies loads with LDGSTS): latency + walks ×
-              tiles × max(I × warps / share / clock, latency / (S - 1)), S its num_stages
+    serial  = rounds × latency + N × warps / share / clock (outside the tile loops: the
+              dependent rounds of loads and the instructions N on the program's longest
+              path, cost_model/chain.py)
+              + Σ over the program's tile loops: walks × tiles × (latency + I × warps /
+              share / clock); a pipelined loop (its SASS copies loads with LDGSTS): latency
+              + walks × tiles × max(I × warps / share / clock, latency / (S - 1)), S its
+              num_stages
     tiles   = ceil(V / BLOCK_SIZE), or ceil(chunk / BLOCK_SIZE) for a kernel that splits its
               rows over programs; I = the loop body's SASS instructions (per thread per
               iteration); share = min(warps, issue rate / CTAs resident on an SM), in warp-
@@ -319,7 +323,14 @@ def _launch_entry(
         for key, (instructions, stages) in tile_loops.items()
     ]
     ctas = ctas_per_sm(variant.num_warps, variant.registers, variant.shared_bytes, gpu)
-    timing = launch_time(read + written, programs, ctas, variant.num_warps, serial, gpu)
+    # outside the tile loops: the longest path of the code a program runs, leaving out the
+    # tile loops no row walks (the redo pass, a settled row's search) and the `if` around them
+    unwalked = {(e.file, e.line) for e in loops if e.tile_loop and not e.walks_per_row}
+    path = variant.straight_line(unwalked)
+    timing = launch_time(
+        read + written, programs, ctas, variant.num_warps, serial, gpu, path.load_rounds,
+        path.instructions,
+    )  # fmt: skip
     return {
         "kind": "triton",
         "name": launch.kernel.__name__,
@@ -336,6 +347,8 @@ def _launch_entry(
         "write_bytes": round(written),
         "logits_passes": logits / (rows * vocab * 4),
         "loops": [asdict(loop) for loop in loops],
+        "load_rounds": path.load_rounds,
+        "straight_instructions": path.instructions,
         **asdict(timing),
     }
 

@@ -21,7 +21,7 @@ import torch
 from perf_scripts import PERF, load_perf_script
 
 load_perf_script("kernel_model")  # puts perf/ on sys.path: its package cost_model/
-from cost_model import access, aten_ops, machine, sass  # noqa: E402
+from cost_model import access, aten_ops, chain, machine, sass  # noqa: E402
 
 ROWS = (1, 3)
 VOCAB = 4099  # not a multiple of the 1,024-element tile, nor of 16
@@ -110,6 +110,10 @@ def test_launch_time_hand_computed() -> None:
     assert machine.launch_time(0, 300, 1, 4, [(10, 1000, 3)], gpu).serial_us == pytest.approx(5.8)
     # no tile loop: the bytes alone, 38.4 MB at 3.84 TB/s = 10 µs
     assert machine.launch_time(3.84e7, 1000, 8, 4, [], gpu).est_us == pytest.approx(12.0)
+    # outside the tile loops, 3 rounds of loads (2.4 µs) and 800 instructions (800 × 4 / 4
+    # / 2 GHz = 0.4 µs) before the 4.8 µs pipelined walk
+    t = machine.launch_time(0, 300, 1, 4, [(10, 100, 3)], gpu, load_rounds=3, instructions=800)
+    assert t.serial_us == pytest.approx(2.4 + 0.4 + 4.8)
     assert machine.aten_time(3.84e6, gpu).est_us == pytest.approx(3.0)
 
 
@@ -301,6 +305,121 @@ def test_an_else_block_counts_by_the_rest_of_the_fraction(tmp_path: Path) -> Non
     assert loop.instructions_with({("kernel.py", 2): 0.0}) == pytest.approx(6.0)
     assert loop.instructions_with({("kernel.py", 2): 0.25}) == pytest.approx(3 + 0.5 + 2.25)
     assert loop.instructions_with({}) == pytest.approx(8.0)  # unnamed: both, an upper bound
+
+
+def _sass(body: str) -> str:
+    """A kernel's SASS as nvdisasm prints it, from `offset: instruction` lines (a label
+    line as `.L_x_N:`), every instruction on line 1 of `src`."""
+    lines = ['\t//## File "{src}", line 1']
+    for entry in body.strip().splitlines():
+        entry = entry.strip()
+        if entry.startswith(".L"):
+            lines.append(entry)
+        else:
+            offset, instruction = entry.split(":", 1)
+            lines.append(f"        /*{int(offset, 16):04x}*/   {instruction.strip()} ;")
+    return "\n".join(lines) + "\n"
+
+
+def test_straight_line_counts_the_rounds_a_warp_waits_for(tmp_path: Path) -> None:
+    """Loads whose addresses are ready together are one round; a load whose address is a
+    loaded value is the next; in-order issue makes a load issued after a use of a loaded
+    value wait for it too; 64-bit values are register pairs."""
+    src = tmp_path / "kernel.py"
+    src.write_text("x = 1\n", encoding="utf-8")
+
+    def rounds(body: str) -> chain.StraightLine:
+        text = _sass(body).format(src=src)
+        return chain.straight_line(text, sass.find_loops(text, 4, 1024))
+
+    independent = """
+        00: LDG.E R2, desc[UR4][R10.64]
+        10: LDG.E R4, desc[UR4][R12.64]
+        20: FADD R6, R2, R4
+        30: STG.E desc[UR4][R10.64], R6
+        40: EXIT
+    """
+    assert rounds(independent) == chain.StraightLine(1, 5)
+    chased = """
+        00: LDG.E.64 R2, desc[UR4][R10.64]
+        10: LDG.E R4, desc[UR4][R2.64]
+        20: LEA R6, P0, R4, UR6, 0x2
+        30: LEA.HI.X R7, R4, UR7, RZ, 0x2, P0
+        40: LDG.E R8, desc[UR4][R6.64]
+        50: STG.E desc[UR4][R10.64], R8
+        60: EXIT
+    """
+    assert rounds(chased).load_rounds == 3  # the slot, its table entry, then the logit there
+    # a load nothing waits for is no round (the store above is what waits for the third)
+    assert rounds(chased.replace("50: STG.E desc[UR4][R10.64], R8", "50: NOP")).load_rounds == 2
+    stalled = """
+        00: LDG.E R2, desc[UR4][R10.64]
+        10: FADD R3, R2, R2
+        20: LDG.E R4, desc[UR4][R12.64]
+        30: FADD R5, R4, R3
+        40: EXIT
+    """
+    assert rounds(stalled).load_rounds == 2  # the second load issues after the FADD waited
+    assert rounds(stalled.replace("10: FADD R3, R2, R2", "10: FADD R3, R9, R9")).load_rounds == 1
+    # a compare on a loaded value guards a load: the predicate carries the round
+    guarded = """
+        00: LDG.E R2, desc[UR4][R10.64]
+        10: ISETP.NE.AND P0, PT, R2, RZ, PT
+        20: @P0 LDG.E R4, desc[UR4][R12.64]
+        30: STG.E desc[UR4][R10.64], R4
+        40: EXIT
+    """
+    assert rounds(guarded).load_rounds == 2
+
+
+def test_straight_line_takes_the_longest_path_and_leaves_out_what_never_runs(
+    tmp_path: Path,
+) -> None:
+    """Paths meet at a forward branch's target with the later round of each; a tile loop's
+    loads add no round (its formula charges them) nor instructions, and a tile loop no row
+    walks is left out with the `if` around it."""
+    src = tmp_path / "kernel.py"
+    src.write_text("for start in range(0, vocab_size, BLOCK_SIZE):\nif redo:\n", encoding="utf-8")
+    skipped_load = """
+        00: LDG.E R2, desc[UR4][R10.64]
+        10: @P1 BRA `(.L_x_1)
+        20: LDG.E R4, desc[UR4][R2.64]
+        30: STG.E desc[UR4][R10.64], R4
+        .L_x_1:
+        40: EXIT
+    """
+    text = _sass(skipped_load).format(src=src)
+    assert chain.straight_line(text, sass.find_loops(text, 4, 1024)) == chain.StraightLine(2, 5)
+    tile_loop = """
+        00: LDG.E R2, desc[UR4][R10.64]
+        10: @P1 BRA `(.L_x_1)
+        .L_x_0:
+        20: LDG.E R4, desc[UR4][R2.64]
+        30: FADD R6, R6, R4
+        40: @P2 BRA `(.L_x_0)
+        .L_x_1:
+        50: STG.E desc[UR4][R10.64], R6
+        60: EXIT
+    """
+    text = _sass(tile_loop).format(src=src)
+    (loop,) = sass.find_loops(text, 4, 1024)
+    assert loop.tile_loop and (loop.head, loop.end) == (0x20, 0x40)
+    # walked: its load adds no round, its 3 instructions are the formula's
+    assert chain.straight_line(text, [loop]) == chain.StraightLine(1, 4)
+    # walked by no row: the block of the branch at 0x10 (0x20-0x40) is left out, and with
+    # it the only wait for the first load
+    unwalked = {(loop.file, loop.line)}
+    assert chain.straight_line(text, [loop], unwalked) == chain.StraightLine(0, 4)
+    redo = tile_loop.replace("00: LDG.E R2, desc[UR4][R10.64]", "00: MOV R2, R3")
+    redo = redo.replace(
+        "50: STG.E desc[UR4][R10.64], R6",
+        "50: LDG.E R8, desc[UR4][R6.64]\n58: STG.E desc[UR4][R10.64], R8",
+    )
+    text = _sass(redo).format(src=src)
+    # R6 comes out of the loop at its inputs' round (0): the load after it is round 1 ...
+    assert chain.straight_line(text, [loop]).load_rounds == 1
+    # ... and a program that never runs the loop counts none of its instructions
+    assert chain.straight_line(text, [loop], unwalked).instructions == 5
 
 
 @pytest.fixture(scope="module")

@@ -51,7 +51,7 @@ def ctas_per_sm(num_warps: int, registers: int, shared_bytes: int, gpu: Gpu = H2
 class Timing:
     memory_us: float  # bytes / bandwidth
     waves: int
-    serial_us: float  # one program's tile loops, one after another
+    serial_us: float  # one program: its straight-line path, then its tile loops
     est_us: float
 
 
@@ -63,12 +63,16 @@ def launch_time(
     # (tiles walked by a program, loop instructions, pipeline stages: 1 = unpipelined)
     tile_loops: Sequence[tuple[float, float, int]],
     gpu: Gpu = H200,
+    load_rounds: int = 0,  # outside the tile loops (cost_model.chain): a latency each
+    instructions: int = 0,  # issued outside the tile loops, by each warp
 ) -> Timing:
     """The module docstring's formula for one Triton launch."""
     waves = math.ceil(programs / (gpu.sms * ctas))
     resident = min(ctas, math.ceil(programs / gpu.sms))
     share = min(num_warps, gpu.issue_per_clock / resident)  # warp-instructions a clock
-    serial_ns = 0.0
+    serial_ns = load_rounds * gpu.memory_latency_ns + instructions * num_warps / share / (
+        gpu.clock_ghz
+    )
     for tiles, instructions, stages in tile_loops:
         compute = instructions * num_warps / share / gpu.clock_ghz
         if stages > 1 and tiles:  # the first tile waits; then S - 1 tiles are in flight

@@ -12,7 +12,7 @@ import re
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,6 +168,18 @@ class Variant:
     shared_bytes: int
     loops: list[Loop]
     seconds: float
+    sass: str = field(default="", repr=False)  # nvdisasm's text, for cost_model.chain
+    _paths: dict[frozenset[tuple[str, int]], Any] = field(default_factory=dict, repr=False)
+
+    def straight_line(self, unwalked: Collection[tuple[str, int]]) -> Any:
+        """`chain.straight_line` of this variant's SASS (a `chain.StraightLine`), once for
+        each set of unwalked tile loops."""
+        from .chain import straight_line
+
+        key = frozenset(unwalked)
+        if key not in self._paths:
+            self._paths[key] = straight_line(self.sass, self.loops, key)
+        return self._paths[key]
 
 
 def _tool(name: str) -> str:
@@ -226,7 +238,7 @@ class Compiler:
         variant = Variant(
             compiled.metadata.num_warps, registers, spills or 0, compiled.metadata.shared,
             find_loops(sass, compiled.metadata.num_warps, block, Path(kernel.file_name).parent),
-            round(time.perf_counter() - start, 2),
+            round(time.perf_counter() - start, 2), sass,
         )  # fmt: skip
         self.variants[key] = variant
         constants = " ".join(f"{k}={v}" for k, v in launch.constexprs.items())
