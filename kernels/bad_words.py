@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .library import update_tiles
+from .library import load_old, update_tiles
 
 
 @triton.jit
@@ -21,7 +21,47 @@ def _segment_min(word_a, vote_a, word_b, vote_b):
 
 
 @triton.jit
+def load_bad_block(
+    row, slot, generated, preceding, bad_tokens_ptr, bad_back_ptr, bad_word_ptr, window_ptr,
+    drafts_ptr, num_bad, window_len, num_drafts, start,
+    HAS_DRAFTS: tl.constexpr, BAD_BLOCK: tl.constexpr,
+):  # fmt: skip
+    """The slot's entries [start, start + BAD_BLOCK) (past T: back -1, unused) and the
+    outputs they look back at: (entry, back, token, word, index, seen, drafted), `index`
+    the output `back` steps before the position sampled now (committed outputs, then this
+    row's preceding drafts), `seen` the ring's entry there and `drafted` this row's draft
+    there (HAS_DRAFTS). Two rounds of loads, the tables then the ring, and nothing waits
+    for the second here: the caller issues the bias phase's loads beside it."""
+    table = slot.to(tl.int64) * num_bad
+    entry = start + tl.arange(0, BAD_BLOCK)
+    used = entry < num_bad
+    back = tl.load(bad_back_ptr + table + entry, mask=used, other=-1)
+    token = tl.load(bad_tokens_ptr + table + entry, mask=used, other=0)
+    word = tl.load(bad_word_ptr + table + entry, mask=used, other=-1)
+    # a floor modulo, as torch's %
+    index = generated + preceding - tl.maximum(back, 1)
+    ring = index % window_len
+    ring = tl.where(ring < 0, ring + window_len, ring)
+    used &= back >= 0
+    seen = tl.load(window_ptr + slot.to(tl.int64) * window_len + ring, mask=used, other=-1)
+    drafted = seen
+    if HAS_DRAFTS:
+        column = tl.minimum(tl.maximum(index - generated, 0), num_drafts - 1)
+        drafted = tl.load(
+            drafts_ptr + row.to(tl.int64) * num_drafts + column, mask=used, other=-1
+        ).to(tl.int32)
+    return entry, back, token, word, index, seen, drafted
+
+
+@triton.jit
 def ban_bad_words(
+    entry,
+    back,
+    token,
+    word,
+    index,
+    seen,
+    drafted,  # the first block, from load_bad_block
     row_ptr,  # this row's logits
     row,
     slot,
@@ -47,43 +87,55 @@ def ban_bad_words(
     word's prefix (the bad-words stage's rule and layout: a word's entries are contiguous,
     used entries first), for the tokens in [begin, end). A scan of the entries' votes per
     run of equal word ids gives, at a word's last entry, whether every entry of its word
-    matched; a word spanning two blocks carries the previous block's last run."""
-    table = slot.to(tl.int64) * num_bad
-    carry_word = -1
-    carry_vote = 1
-    for start in range(0, num_bad, BAD_BLOCK):
-        # used entries come first: a block that starts unused has none
-        if tl.load(bad_back_ptr + table + start) >= 0:
-            entry = start + tl.arange(0, BAD_BLOCK)
-            used = entry < num_bad
-            back = tl.load(bad_back_ptr + table + entry, mask=used, other=-1)
-            token = tl.load(bad_tokens_ptr + table + entry, mask=used, other=0)
-            word = tl.load(bad_word_ptr + table + entry, mask=used, other=-1)
-            # the output `back` steps before the position sampled now (committed outputs,
-            # then this row's preceding drafts); a floor modulo, as torch's %
-            index = generated + preceding - tl.maximum(back, 1)
-            ring = index % window_len
-            ring = tl.where(ring < 0, ring + window_len, ring)
-            seen = tl.load(window_ptr + slot.to(tl.int64) * window_len + ring, mask=used, other=-1)
-            if HAS_DRAFTS:
-                column = tl.minimum(tl.maximum(index - generated, 0), num_drafts - 1)
-                drafted = tl.load(
-                    drafts_ptr + row.to(tl.int64) * num_drafts + column, mask=used, other=-1
-                ).to(tl.int32)
-                seen = tl.where(index >= generated, drafted, seen)
-                exists = index >= 0
-            else:
-                exists = generated >= back
-            # 1 where an entry lets its word match: not a prefix token, or it is seen there
-            vote = ((back < 1) | ((seen == token) & exists)).to(tl.int32)
-            _, matched = tl.associative_scan((word, vote), 0, _segment_min)
-            matched = tl.where(word == carry_word, tl.minimum(matched, carry_vote), matched)
-            last = entry == start + BAD_BLOCK - 1
-            carry_word = tl.sum(tl.where(last, word, 0))
-            carry_vote = tl.sum(tl.where(last, matched, 0))
-            ban = used & (back == 0) & (matched == 1) & (token >= begin) & (token < end)
-            old = tl.load(row_ptr + token, mask=ban, other=0.0)
-            ninf = tl.full((BAD_BLOCK,), float("-inf"), tl.float32)
-            tl.store(row_ptr + token, ninf, ban)
-            if HAS_TILE_MAX:
-                update_tiles(tile_row, token, old, ninf, ban, BLOCK_SIZE)
+    matched; a word spanning two blocks carries the previous block's last run. Used entries
+    come first: a block whose last entry is unused is the last one walked."""
+    carry_word, carry_vote, more = _ban_block(
+        entry, back, token, word, index, seen, drafted, -1, 1, 0, row_ptr, generated,
+        tile_row, begin, end, num_bad, HAS_DRAFTS, HAS_TILE_MAX, BAD_BLOCK, BLOCK_SIZE,
+    )  # fmt: skip
+    start = BAD_BLOCK
+    more &= start < num_bad
+    while more:
+        entry, back, token, word, index, seen, drafted = load_bad_block(
+            row, slot, generated, preceding, bad_tokens_ptr, bad_back_ptr, bad_word_ptr,
+            window_ptr, drafts_ptr, num_bad, window_len, num_drafts, start, HAS_DRAFTS,
+            BAD_BLOCK,
+        )  # fmt: skip
+        carry_word, carry_vote, more = _ban_block(
+            entry, back, token, word, index, seen, drafted, carry_word, carry_vote, start,
+            row_ptr, generated, tile_row, begin, end, num_bad, HAS_DRAFTS, HAS_TILE_MAX,
+            BAD_BLOCK, BLOCK_SIZE,
+        )  # fmt: skip
+        start += BAD_BLOCK
+        more &= start < num_bad
+
+
+@triton.jit
+def _ban_block(
+    entry, back, token, word, index, seen, drafted, carry_word, carry_vote, start, row_ptr,
+    generated, tile_row, begin, end, num_bad,
+    HAS_DRAFTS: tl.constexpr, HAS_TILE_MAX: tl.constexpr, BAD_BLOCK: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):  # fmt: skip
+    """One block of `ban_bad_words` -> (the word and vote its last entry carries into the
+    next block, whether its last entry is used: a next block may hold used entries)."""
+    used = entry < num_bad
+    if HAS_DRAFTS:
+        seen = tl.where(index >= generated, drafted, seen)
+        exists = index >= 0
+    else:
+        exists = generated >= back
+    # 1 where an entry lets its word match: not a prefix token, or it is seen there
+    vote = ((back < 1) | ((seen == token) & exists)).to(tl.int32)
+    _, matched = tl.associative_scan((word, vote), 0, _segment_min)
+    matched = tl.where(word == carry_word, tl.minimum(matched, carry_vote), matched)
+    last = entry == start + BAD_BLOCK - 1
+    ban = used & (back == 0) & (matched == 1) & (token >= begin) & (token < end)
+    old, tile = load_old(row_ptr, tile_row, token, ban, HAS_TILE_MAX, BLOCK_SIZE)
+    ninf = tl.full((BAD_BLOCK,), float("-inf"), tl.float32)
+    tl.store(row_ptr + token, ninf, ban)
+    if HAS_TILE_MAX:
+        update_tiles(tile_row, token, old, tile, ninf, ban, BLOCK_SIZE)
+    carry_word = tl.sum(tl.where(last, word, 0))
+    carry_vote = tl.sum(tl.where(last, matched, 0))
+    return carry_word, carry_vote, tl.sum(tl.where(last, back, 0)) >= 0

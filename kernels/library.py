@@ -120,16 +120,28 @@ def forget_tiles(tile_row, token, mask, BLOCK_SIZE: tl.constexpr):
 
 
 @triton.jit
-def update_tiles(tile_row, token, old, new, mask, BLOCK_SIZE: tl.constexpr):
+def load_old(row_ptr, tile_row, token, mask, HAS_TILE_MAX: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """(the logits of `token`, their tiles' entries: +inf without HAS_TILE_MAX) where `mask`
+    (elsewhere 0 and +inf), for `update_tiles`: loaded together, before the phase's store,
+    in one round of loads where loading the entry in `update_tiles` took a second."""
+    old = tl.load(row_ptr + token, mask=mask, other=0.0)
+    entry = tl.full(token.shape, float("inf"), tl.float32)
+    if HAS_TILE_MAX:
+        entry = tl.load(tile_row + token // BLOCK_SIZE, mask=mask, other=float("inf"))
+    return old, entry
+
+
+@triton.jit
+def update_tiles(tile_row, token, old, entry, new, mask, BLOCK_SIZE: tl.constexpr):
     """After a phase past the dense pass changed `token`'s logit from `old` to `new` (where
-    `mask`; `old` loaded before the phase's store), keep its tile's entry exact: the max of
-    the entry and `new`, unless the token held the tile's max and fell (the next largest is
-    not at hand) or `new` is NaN: then +inf, unknown. Lanes sharing a tile combine by an
-    atomic max, which lets a lane read the entry before or after another's: an entry
-    raised by a lane is the new max whichever the falling token was, and +inf wins."""
-    at = tile_row + token // BLOCK_SIZE
-    entry = tl.load(at, mask=mask, other=float("inf"))
+    `mask`; `old` and its tile's `entry` from `load_old`, before the phase's store), keep
+    the tile's entry exact: the max of the entry and `new`, unless the token held the
+    tile's max and fell (the next largest is not at hand) or `new` is NaN: then +inf,
+    unknown. Lanes sharing a tile combine by an atomic max, which lets a lane read the
+    entry before or after another's: an entry raised by a lane is the new max whichever the
+    falling token was, and +inf wins."""
     known = ((old < entry) | (new >= old)) & (new == new)
+    at = tile_row + token // BLOCK_SIZE
     tl.atomic_max(at, tl.where(known, tl.maximum(entry, new), float("inf")), mask=mask)
 
 

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .bad_words import ban_bad_words
+from .bad_words import ban_bad_words, load_bad_block
 from .constants import GREEDY_TEMPERATURE, SATURATED
 from .library import (
     PIPELINE_STAGES,
@@ -32,104 +32,20 @@ from .library import (
     check_rows,
     check_table,
     check_tile_max,
-    divide_by,
-    forget_tiles,
     hoisted_reciprocal,
     inplace_op,
     raw_tile_stats,
     split_chunks,
-    update_tiles,
 )
-
-
-@triton.jit
-def _bit_is_set(words_ptr, word, bit):
-    """Bit `bit` = t % 32 of int32 word `word` = t // 32 (xgrammar's layout); a column `word`
-    [N / 32, 1] against a row `bit` [1, 32] loads each word once. Unmasked: callers pass
-    words of the row (a token id, a masked-off one included, is always in [0, V))."""
-    words = tl.load(words_ptr + word)
-    # an arithmetic shift of a negative word still leaves the wanted bit at position 0
-    return ((words >> bit) & 1) != 0
-
-
-@triton.jit
-def _penalise_and_scale(
-    x,  # [N] float32 logits of tokens `cols`, after the bias
-    cols,  # [N] int32 token ids
-    word,  # [N] (or [N / 32, 1]) int32: cols // 32, the tokens' words in the bitmasks
-    bit,  # [N] (or [1, 32]) int32: cols % 32, their bits there
-    in_row,  # [N] bool
-    row,
-    allowed_row,  # the slot's allowed bitmask
-    grammar_row,  # the row's grammar bitmask (HAS_GRAMMAR)
-    prompt_row,  # the slot's prompt bitmask
-    counts_row,  # the slot's count bytes
-    drafts_ptr,
-    preceding,
-    num_drafts,
-    penalties_on,
-    repetition,  # (d, RN(1/d)): the divisor and `library.hoisted_reciprocal`'s reciprocal
-    frequency,
-    presence,
-    fix_excess,
-    scale_on,
-    temperature,  # (d, RN(1/d)), as repetition
-    SATURATED: tl.constexpr,
-    HAS_GRAMMAR: tl.constexpr,
-    HAS_DRAFTS: tl.constexpr,
-    EXACT: tl.constexpr,  # IEEE division (div_rn); else `library.divide_by`
-):
-    """Steps 3-6 on the tokens `cols` -> logits: a saturated token (byte 255, frequency on)
-    is left without its temperature, which step 7 applies after its excess. A token whose
-    quotient `divide_by` may not round as IEEE division (never with EXACT) comes out NaN
-    (`_divide`), for the caller to compute again with EXACT."""
-    # 3-4. bitmasks
-    keep = _bit_is_set(allowed_row, word, bit)
-    if HAS_GRAMMAR:
-        keep &= _bit_is_set(grammar_row, word, bit)
-    if EXACT:  # masked first: `keep` is not held over the penalties (the same values)
-        x = tl.where(keep, x, float("-inf"))
-    # 5. penalties with the byte count (a saturated token is charged 255 here)
-    saturated = cols < 0
-    if penalties_on:
-        byte = tl.load(counts_row + cols, mask=in_row, other=0).to(tl.int32)
-        count = byte
-        if HAS_DRAFTS:
-            # clamped to the row's D drafts, as the PyTorch mask `column < preceding` is:
-            # a device value past D must not read the next row's drafts
-            for j in range(0, tl.minimum(preceding, num_drafts)):
-                drafted = tl.load(drafts_ptr + row.to(tl.int64) * num_drafts + j)
-                count += (cols == drafted).to(tl.int32)
-        in_output = count > 0
-        seen = in_output | _bit_is_set(prompt_row, word, bit)
-        quotient = _divide(x, repetition, EXACT)
-        penalised = tl.where(x > 0.0, quotient, x * repetition[0])
-        x = tl.where(seen, penalised, x)
-        x = x - frequency * count.to(tl.float32)
-        x = x - presence * in_output.to(tl.float32)
-        # tl.where, not &: the interpreter cannot & a scalar bool with a block of them
-        saturated = tl.where(fix_excess, byte == SATURATED, False)
-    # 6. temperature, except where step 7 still subtracts the excess first
-    if scale_on:
-        x = tl.where(saturated, x, _divide(x, temperature, EXACT))
-    # the masks last, so that no -inf of theirs reaches a fast division (outside its
-    # range): a masked token is -inf either way, since -inf stays -inf through every step
-    # (penalties > 0), so its mark is dropped with it
-    if not EXACT:
-        x = tl.where(keep, x, float("-inf"))
-    return x
-
-
-@triton.jit
-def _divide(x, divisor, EXACT: tl.constexpr):
-    """x / d for divisor = (d, RN(1/d)): `library.divide_by`, NaN where x lies outside its
-    range (the mark travels with the value: a quotient the next steps drop needs no second
-    pass, a kept one makes its tile's max NaN), or with EXACT IEEE division."""
-    if EXACT:
-        return tl.math.div_rn(x, divisor[0])
-    else:
-        quotient, outside = divide_by(x, divisor[0], divisor[1])
-        return tl.where(outside, float("nan"), quotient)
+from .sparse_phases import (
+    apply_bias,
+    apply_excess,
+    ban_stop_ids,
+    load_bias_block,
+    load_excess_head,
+    load_stop_block,
+)
+from .token_steps import penalise_and_scale
 
 
 @triton.jit
@@ -161,8 +77,8 @@ def _dense_tile(
         raw_max, raw_sum = raw_tile_stats(x, in_row)
         tl.store(raw_row + (start // BLOCK_SIZE) * 2, raw_max)
         tl.store(raw_row + (start // BLOCK_SIZE) * 2 + 1, raw_sum)
-    x = _penalise_and_scale(
-        x, cols, word, bit, in_row, row, allowed_row, grammar_row, prompt_row, counts_row,
+    x = penalise_and_scale(
+        x, None, cols, word, bit, in_row, row, allowed_row, grammar_row, prompt_row, counts_row,
         drafts_ptr, preceding, num_drafts, penalties_on, repetition, frequency, presence,
         fix_excess, scale_on, temperature, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, EXACT,
     )  # fmt: skip
@@ -185,7 +101,7 @@ def _process_logits_kernel(
     logits_stride,  # elements between rows
     slots_ptr,  # [num_rows] int64 row -> slot
     bias_ids_ptr,  # [num_slots, C] int32
-    bias_values_ptr,  # [num_slots, C] float32 (0 = unused)
+    bias_values_ptr,  # [num_slots, C] float32 (used entries first; unused: 0 or the first's)
     min_tokens_ptr,  # [num_slots] int32
     num_generated_ptr,  # [num_slots] int32
     stop_ids_ptr,  # [num_slots, S] int32
@@ -257,6 +173,9 @@ def _process_logits_kernel(
     fix_excess = frequency != 0.0
     temperature = tl.load(temperature_ptr + slot)
     scale_on = (temperature >= GREEDY_BELOW) & (temperature != 1.0)
+    # step 2's, loaded with the others: after the dense pass a load here starts a round
+    generated = tl.load(num_generated_ptr + slot)
+    min_tokens = tl.load(min_tokens_ptr + slot)
     allowed_row = allowed_ptr + slot * num_words
     prompt_row = prompt_mask_ptr + slot * num_words
     grammar_row = grammar_ptr + row.to(tl.int64) * num_words
@@ -264,8 +183,8 @@ def _process_logits_kernel(
     tile_row = tile_max_ptr + row.to(tl.int64) * tl.cdiv(vocab_size, BLOCK_SIZE)
     raw_row = raw_tiles_ptr + row.to(tl.int64) * tl.cdiv(vocab_size, BLOCK_SIZE) * 2
 
-    # the divisors with their reciprocals, for the dense pass's divisions (see _divide); a
-    # divisor outside divide_by's range has the whole chunk made with IEEE division
+    # the divisors with their reciprocals, for the dense pass's divisions (token_steps'
+    # `divide`); a divisor outside divide_by's range has the chunk made with IEEE division
     repetition_inv, repetition_in_range = hoisted_reciprocal(repetition)
     temperature_inv, temperature_in_range = hoisted_reciprocal(temperature)
     repetition_divisor = (repetition, repetition_inv)
@@ -296,91 +215,56 @@ def _process_logits_kernel(
                 scale_on, temperature_divisor, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX,
                 HAS_RAW_TILES, BLOCK_SIZE, True,
             )  # fmt: skip
+    # The sparse phases' tables (their first blocks) depend on the slot alone: loaded here,
+    # in one round, and the bad words' ring in the next, beside the bias phase's loads
+    # (sparse_phases.py: loaded phase by phase, each table waited behind the phase before)
+    bias_block = load_bias_block(
+        bias_ids_ptr, bias_values_ptr, slot, num_bias, 0, SPARSE_BLOCK
+    )  # fmt: skip
+    excess_head = load_excess_head(overflow_token_ptr, overflow_excess_ptr, slot, num_overflow)
+    stop_block = load_stop_block(stop_ids_ptr, slot, num_stop, 0, SPARSE_BLOCK)
+    if HAS_BAD_WORDS:
+        bad_block = load_bad_block(
+            row, slot, generated, preceding, bad_tokens_ptr, bad_back_ptr, bad_word_ptr,
+            window_ptr, drafts_ptr, num_bad, window_len, num_drafts, 0, HAS_DRAFTS, BAD_BLOCK,
+        )  # fmt: skip
     # the biased tokens are rewritten below, by other threads than the dense pass's
     tl.debug_barrier()
 
-    # 1. logit bias, then steps 3-6 again on those tokens: keys are unique within a slot
-    # and unused entries repeat the first, so lanes that share a token store one value
-    for start in range(0, num_bias, SPARSE_BLOCK):
-        entry = start + tl.arange(0, SPARSE_BLOCK)
-        used = entry < num_bias
-        value = tl.load(bias_values_ptr + slot * num_bias + entry, mask=used, other=0.0)
-        used &= value != 0.0
-        token = tl.load(bias_ids_ptr + slot * num_bias + entry, mask=used, other=0)
-        used &= (token >= begin) & (token < end)
-        x = tl.load(source_row + token, mask=used, other=0.0).to(tl.float32) + value
-        x = _penalise_and_scale(
-            x, token, token // 32, token % 32, used, row, allowed_row, grammar_row, prompt_row,
-            counts_row, drafts_ptr, preceding, num_drafts, penalties_on, repetition_divisor,
-            frequency, presence, fix_excess, scale_on, temperature_divisor, SATURATED,
-            HAS_GRAMMAR, HAS_DRAFTS, True,
-        )  # fmt: skip
-        old = tl.load(row_ptr + token, mask=used, other=0.0)  # the dense pass's
-        tl.store(row_ptr + token, x, mask=used)
-        if HAS_TILE_MAX:
-            update_tiles(tile_row, token, old, x, used, BLOCK_SIZE)
-
+    # 1. logit bias, then steps 3-6 again on those tokens
+    apply_bias(
+        *bias_block, bias_ids_ptr, bias_values_ptr, slot, num_bias, source_row, row_ptr,
+        tile_row, begin, end, row, allowed_row, grammar_row, prompt_row, counts_row,
+        drafts_ptr, preceding, num_drafts, penalties_on, repetition_divisor, frequency,
+        presence, fix_excess, scale_on, temperature_divisor, SATURATED, HAS_GRAMMAR,
+        HAS_DRAFTS, HAS_TILE_MAX, SPARSE_BLOCK, BLOCK_SIZE,
+    )  # fmt: skip
     # step 7 reads what other threads of this program stored above
     tl.debug_barrier()
 
     # 7. the saturated tokens' excess, then their temperature
     if fix_excess:
-        table_row = slot.to(tl.int64) * (num_overflow + 1)
-        # the table fills in order: a used last entry means it is full (docs/kernels.md)
-        full = tl.load(overflow_token_ptr + table_row + num_overflow - 1) >= 0
-        scale_here = scale_on & ~full
-        index = 0
-        listed = tl.load(overflow_token_ptr + table_row)
-        while listed >= 0:
-            if (listed >= begin) & (listed < end):
-                excess = tl.load(overflow_excess_ptr + table_row + index)
-                value = tl.load(row_ptr + listed)
-                value = value - frequency * excess.to(tl.float32)
-                if scale_here:
-                    value = tl.math.div_rn(value, temperature)
-                tl.store(row_ptr + listed, value)
-                if HAS_TILE_MAX:
-                    forget_tiles(tile_row, listed, listed >= begin, BLOCK_SIZE)
-            index += 1
-            listed = tl.load(
-                overflow_token_ptr + table_row + index, mask=index < num_overflow, other=-1
-            )
-        if scale_on & full:
-            # a full table may leave tokens at 255 without an entry: every byte of 255 still
-            # lacks its temperature, listed or not
-            tl.debug_barrier()
-            for start in range(begin, end, BLOCK_SIZE):
-                cols = start + tl.arange(0, BLOCK_SIZE)
-                in_row = cols < end
-                count = tl.load(counts_row + cols, mask=in_row, other=0).to(tl.int32)
-                at_255 = in_row & (count == SATURATED)
-                x = tl.load(row_ptr + cols, mask=at_255, other=0.0)
-                tl.store(row_ptr + cols, tl.math.div_rn(x, temperature), mask=at_255)
-                if HAS_TILE_MAX:
-                    forget_tiles(tile_row, start, start >= begin, BLOCK_SIZE)
+        apply_excess(
+            *excess_head, overflow_token_ptr, overflow_excess_ptr, num_overflow, row_ptr,
+            tile_row, counts_row, begin, end, frequency, scale_on, temperature, SATURATED,
+            HAS_TILE_MAX, BLOCK_SIZE,
+        )  # fmt: skip
     # a stop id or a banned token may be stored above by another thread: -inf lands last
     tl.debug_barrier()
 
     # 2. min_tokens, and bad words: both store -inf, so neither orders against the other
     # (a masked or penalised -inf stays -inf through steps 3-7, so -inf last is the same)
-    generated = tl.load(num_generated_ptr + slot)
     if HAS_BAD_WORDS:
         ban_bad_words(
-            row_ptr, row, slot, generated, preceding, bad_tokens_ptr, bad_back_ptr, bad_word_ptr,
-            window_ptr, drafts_ptr, tile_row, begin, end, num_bad, window_len, num_drafts,
-            HAS_DRAFTS, HAS_TILE_MAX, BAD_BLOCK, BLOCK_SIZE,
+            *bad_block, row_ptr, row, slot, generated, preceding, bad_tokens_ptr, bad_back_ptr,
+            bad_word_ptr, window_ptr, drafts_ptr, tile_row, begin, end, num_bad, window_len,
+            num_drafts, HAS_DRAFTS, HAS_TILE_MAX, BAD_BLOCK, BLOCK_SIZE,
         )  # fmt: skip
-    if generated + preceding < tl.load(min_tokens_ptr + slot):
-        for start in range(0, num_stop, SPARSE_BLOCK):
-            entry = start + tl.arange(0, SPARSE_BLOCK)
-            used = entry < num_stop
-            token = tl.load(stop_ids_ptr + slot * num_stop + entry, mask=used, other=0)
-            used &= (token >= begin) & (token < end)
-            old = tl.load(row_ptr + token, mask=used, other=0.0)
-            ninf = tl.full((SPARSE_BLOCK,), float("-inf"), tl.float32)
-            tl.store(row_ptr + token, ninf, used)
-            if HAS_TILE_MAX:
-                update_tiles(tile_row, token, old, ninf, used, BLOCK_SIZE)
+    if generated + preceding < min_tokens:
+        ban_stop_ids(
+            *stop_block, stop_ids_ptr, slot, num_stop, row_ptr, tile_row, begin, end,
+            HAS_TILE_MAX, SPARSE_BLOCK, BLOCK_SIZE,
+        )  # fmt: skip
 
 
 process_splits = SplitPolicy(ctas_per_sm=4)
@@ -503,7 +387,9 @@ def process_logits(
     may be strided) processed into `logits` [num_rows, V] float32 (written; not overlapping
     `source`), in one pass (docs/kernels.md, logits processing).
 
-    Per slot ([num_slots, ...]): bias_ids int32 / bias_values float32 [C]; min_tokens,
+    Per slot ([num_slots, ...]): bias_ids int32 / bias_values float32 [C] (keys unique,
+    used entries first, unused ones +0.0 or repeating the first: the logit-bias stage's
+    layout); min_tokens,
     num_generated int32; stop_ids int32 [S]; allowed, prompt_mask int32 [ceil(V/32)];
     counts uint8 [V] (the output count, 255 = saturated); overflow_token (-1 unused, used
     entries first) / overflow_excess int32 [E + 1] (a saturated token's count - 255; column

@@ -71,6 +71,29 @@ def _top_k_top_p_kernel(
     off the merged buffer, or searched for where the buffer cannot settle it
     (docs/kernels.md, top-k/top-p)."""
     row = tl.program_id(0)
+    # The chunks' statistics and lists ([SPLIT_BLOCK] each, [SPLIT_BLOCK, PARTIAL]) depend on
+    # the row alone: all loaded first, with the slot, in one round (a warp issues in order,
+    # and each reduction waits for its load: loaded between them, each took a round). An
+    # unfiltered row's are never written, nor used.
+    parts = tl.arange(0, SPLIT_BLOCK)
+    used = parts < splits
+    at = stats_ptr + (row.to(tl.int64) * splits + parts) * STATS
+    maxes = tl.load(at + 0, mask=used, other=float("-inf"))
+    mins = tl.load(at + 1, mask=used, other=float("inf"))
+    nans = tl.load(at + 2, mask=used, other=0.0)
+    masses = tl.load(at + 3, mask=used, other=0.0)
+    completes = tl.load(at + 4, mask=used, other=float("-inf"))
+    listed = tl.load(at + 5, mask=used, other=0.0)
+    ranks = tl.arange(0, CANDIDATES)
+    lists = lists_ptr + row.to(tl.int64) * splits * PARTIAL
+    if SPLIT_BLOCK == 1:
+        union = tl.load(lists + ranks)  # PARTIAL == CANDIDATES: already merged
+    else:
+        entry = tl.arange(0, PARTIAL)
+        union = tl.load(
+            lists + parts[:, None] * PARTIAL + entry[None, :], mask=used[:, None],
+            other=float("-inf"),
+        )  # fmt: skip
     k, top_p, min_p = _row_filters(
         row, slots_ptr, top_k_ptr, top_p_ptr, min_p_ptr, vocab_size, HAS_MIN_P
     )
@@ -81,14 +104,9 @@ def _top_k_top_p_kernel(
     if k_on | p_on | (min_p != 0.0):
         row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
         use_buffer = (buffer_size > 0) & ((k_on & (k <= buffer_size)) | (~k_on & p_on))
-        # the chunks' statistics: [SPLIT_BLOCK]
-        parts = tl.arange(0, SPLIT_BLOCK)
-        used = parts < splits
-        at = stats_ptr + (row.to(tl.int64) * splits + parts) * STATS
-        maxes = tl.load(at + 0, mask=used, other=float("-inf"))
         row_max = tl.max(maxes, axis=0)
-        row_min = tl.min(tl.load(at + 1, mask=used, other=float("inf")), axis=0)
-        nan_count = tl.sum(tl.load(at + 2, mask=used, other=0.0), axis=0).to(tl.int32)
+        row_min = tl.min(mins, axis=0)
+        nan_count = tl.sum(nans, axis=0).to(tl.int32)
         reads += 1
         max_key = _float_to_key(row_max)
         if HAS_MIN_P:  # noqa: SIM102 (a constexpr guard: Triton cannot `and` it with a tensor)
@@ -98,7 +116,6 @@ def _top_k_top_p_kernel(
                 threshold = row_max + tl.log(min_p)
         # The merged buffer: the CANDIDATES largest of the chunks' lists, descending, -inf
         # padded; every logit of the row above `complete` is in it.
-        ranks = tl.arange(0, CANDIDATES)
         values = tl.full((CANDIDATES,), float("-inf"), tl.float32)
         complete = tl.full((), float("-inf"), tl.float32)
         total = tl.zeros((), tl.float32)
@@ -106,20 +123,12 @@ def _top_k_top_p_kernel(
             # each chunk's mass against its own max, rescaled to the row's
             bases = tl.where(maxes > float("-inf"), maxes, 0.0)
             shift = tl.where(row_max > float("-inf"), row_max, 0.0)
-            masses = tl.load(at + 3, mask=used, other=0.0)
             total = tl.sum(masses * exp_ftz(bases - shift), axis=0)
-            complete = tl.max(tl.load(at + 4, mask=used, other=float("-inf")), axis=0)
-            entries = tl.sum(tl.load(at + 5, mask=used, other=0.0), axis=0)
-            lists = lists_ptr + row.to(tl.int64) * splits * PARTIAL
+            complete = tl.max(completes, axis=0)
+            entries = tl.sum(listed, axis=0)
             if SPLIT_BLOCK == 1:
-                values = tl.load(lists + ranks)  # PARTIAL == CANDIDATES: already merged
+                values = union
             else:
-                entry = tl.arange(0, PARTIAL)
-                union = tl.load(
-                    lists + parts[:, None] * PARTIAL + entry[None, :],
-                    mask=used[:, None],
-                    other=float("-inf"),
-                )
                 values = tl.topk(tl.reshape(union, (SPLIT_BLOCK * PARTIAL,)), CANDIDATES)
             if entries > CANDIDATES:  # the merge left some out: at or below its last
                 complete = tl.maximum(complete, tl.min(values, axis=0))

@@ -324,8 +324,14 @@ def _launch_entry(
     ]
     ctas = ctas_per_sm(variant.num_warps, variant.registers, variant.shared_bytes, gpu)
     # outside the tile loops: the longest path of the code a program runs, leaving out the
-    # tile loops no row walks (the redo pass, a settled row's search) and the `if` around them
-    unwalked = {(e.file, e.line) for e in loops if e.tile_loop and not e.walks_per_row}
+    # loops no row runs (the redo pass, a settled row's search, a sparse table's blocks past
+    # its first: the access table names them) and the `if` around them
+    unwalked = {
+        (e.file, e.line)
+        for e in loops
+        if (e.tile_loop and not e.walks_per_row)
+        or ((e.file, e.line) in work.walks and not float(work.walks[e.file, e.line].max()))
+    }
     path = variant.straight_line(unwalked)
     timing = launch_time(
         read + written, programs, ctas, variant.num_warps, serial, gpu, path.load_rounds,
@@ -467,6 +473,10 @@ def format_report(model: dict[str, Any]) -> str:
                 )
                 constants = " ".join(f"{k}={v}" for k, v in e["constexprs"].items())
                 out.append(f"      {constants}")
+                out.append(
+                    f"      outside the tile loops: {e['load_rounds']} round(s) of dependent "
+                    f"loads, {e['straight_instructions']} instr on the longest path"
+                )
                 for loop in e["loops"]:
                     per_element = (
                         f"{loop['instructions_per_element']:.2f} instr/elem "

@@ -615,6 +615,41 @@ def test_full_overflow_table(vocab: int, splits: int, kernel_device: torch.devic
     )
 
 
+@pytest.mark.parametrize("splits", [1, 2])
+def test_sparse_tables_past_their_first_block(splits: int, kernel_device: torch.device) -> None:
+    """Blocks of 2 entries: slot 0's 8 biases and 5 stop ids span 4 and 3 blocks, which
+    the phases walk past their first (loaded with the others, before the phases): bit for
+    bit the PyTorch backend. A bias table in the logit-bias stage's layout (the unused
+    entries repeating the first, the block holding that repeat the last walked) gives the
+    same logits as the same biases with unused entries of +0.0."""
+    gen = _gen()
+    rows, vocab = 3, 1023
+    state = _random_state(rows + 1, vocab, gen, device=kernel_device)
+    assert bool((state.bias_values[0] != 0).all())  # slot 0: a table full of biases
+    state.min_tokens[0] = state.batch.num_generated.device[0] + 1  # its stop ids: all -inf
+    slots = torch.tensor([0, 2, 1], device=kernel_device)
+    logits = (torch.randn(rows, vocab, generator=gen) * 4).to(kernel_device)
+    args = (*state.kernel_args(), None, *state.penalty_args())
+
+    def run(bias_ids: torch.Tensor, bias_values: torch.Tensor) -> torch.Tensor:
+        got = torch.full_like(logits, float("nan"))
+        launch_process_logits(
+            logits, got, slots, bias_ids, bias_values, *args[2:], splits=splits, sparse_block=2
+        )  # fmt: skip
+        return got
+
+    got = run(state.bias_ids, state.bias_values)
+    assert torch.equal(got, _torch_backend(logits, slots, state, None))
+    # slot 2: 5 biases (three blocks), then 3 repeats of its first entry
+    ids, values = state.bias_ids.clone(), state.bias_values.clone()
+    keys = torch.randperm(vocab, generator=gen)[:5].to(kernel_device)
+    ids[2], values[2] = keys[0].int(), 0.0
+    ids[2, :5], values[2, :5] = keys.int(), torch.randn(5, generator=gen).to(kernel_device) + 2
+    repeated_ids, repeated_values = ids.clone(), values.clone()
+    repeated_values[2, 5:] = values[2, 0]
+    assert torch.equal(run(repeated_ids, repeated_values), run(ids, values))
+
+
 def test_padding_slot_changes_nothing(kernel_device: torch.device) -> None:
     gen = _gen()
     state = _random_state(2, 333, gen, device=kernel_device)

@@ -169,9 +169,11 @@ def test_process_logits_orders_its_phases(report: dict[str, Any]) -> None:
     from graphsafe_sampler.kernels.logits_processing import _process_logits_kernel
 
     lines, start = inspect.getsourcelines(_process_logits_kernel.fn)
-    bias = _line_of(lines, start, "tl.store(row_ptr + token, x, mask=used)")
-    excess = _line_of(lines, start, "tl.store(row_ptr + listed, value)")
-    min_tokens = _line_of(lines, start, "tl.store(row_ptr + token, ninf, used)")
+    # the sparse phases' stores, from the helpers of sparse_phases.py it inlines: the calls'
+    # lines in the kernel
+    bias = _line_of(lines, start, "apply_bias(")
+    excess = _line_of(lines, start, "apply_excess(")
+    min_tokens = _line_of(lines, start, "ban_stop_ids(")
     # the dense pass's stores, from the tile helper it inlines: the calls' lines in the
     # kernel (its first pass, and the pass with IEEE division)
     dense = _line_of(lines, start, "redo |= _dense_tile(")

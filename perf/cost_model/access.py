@@ -139,6 +139,7 @@ def unknown_tiles(a: dict[str, Any], c: dict[str, Any]) -> torch.Tensor:
 
 
 def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
+    from graphsafe_sampler.kernels import bad_words, sparse_phases
     from graphsafe_sampler.kernels import logits_processing as k
 
     slots, vocab = a["slots_ptr"], a["vocab_size"]
@@ -164,7 +165,15 @@ def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         bad_rows = (entries_used * block + blocks - entries_used) / back.shape[1]
         ring = _f(entries_used > 0)
     bias = (a["bias_values_ptr"][slots] != 0.0).sum(1)
+    # the bias table's entries up to the first repeat of its first key (the used ones)
+    ids = a["bias_ids_ptr"][slots]
+    repeats = (ids == ids[:, :1]) & (torch.arange(ids.shape[1]) > 0)
+    bias_used = torch.where(repeats.any(1), repeats.int().argmax(1), ids.shape[1])
     drafts = ones if c["HAS_DRAFTS"] else zeros
+    sparse_block, bad_block = c["SPARSE_BLOCK"], c["BAD_BLOCK"]
+    bad_more = zeros
+    if c["HAS_BAD_WORDS"] and a["num_bad"] > bad_block:
+        bad_more = _f(a["bad_back_ptr"][slots][:, bad_block - 1] >= 0)
     return Work(
         reads={
             # the dense pass, and the biased tokens again from their source value
@@ -195,7 +204,15 @@ def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             # the pass again with IEEE division: a tile held a quotient outside the hoisted
             # reciprocal's range, NaN or +inf, never in an LLM-like row
             tile_loop(k._process_logits_kernel, 1): 0 * ones,
-            tile_loop(k._process_logits_kernel, 2): full,
+            tile_loop(sparse_phases.apply_excess, 0): full,
+            # the sparse tables' blocks past the first (the first is loaded with the others):
+            # run where a row's used entries fill the first block; the overflow table's walk
+            # over its used entries
+            source_line(sparse_phases.apply_bias, "while more:"): _f(bias_used > sparse_block),
+            source_line(sparse_phases.ban_stop_ids, "for start in range(BLOCK,"): ones
+            * float(a["num_stop"] > sparse_block),
+            source_line(bad_words.ban_bad_words, "while more:"): bad_more,
+            source_line(sparse_phases.apply_excess, "while listed >= 0:"): _f(used > 0),
         },
     )
 

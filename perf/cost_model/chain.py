@@ -18,9 +18,10 @@ paths meet the later round of each register (and of `progress`) holds: the longe
 Branches back (loop iterations) are not followed, so a loop that is not a tile loop counts
 once. Loads inside a tile loop, and the asynchronous copies (LDGSTS) that start a pipelined
 one, add no round: the tile-loop formula already charges each tile's wait; their
-instructions are not counted here either. A tile loop the access table walks zero times
-(the redo pass, the radix search of a settled row) is left out with the innermost `if`
-around it, whose block no program then runs.
+instructions are not counted here either. A loop the access table runs zero times (the redo
+pass, the radix search of a settled row, the blocks of a sparse table past its first when
+no row fills them) is left out with the innermost `if` around it, whose block no program
+then runs.
 
 Limits: the longest path is an upper bound where a rarely taken block holds a load; every
 load costs a full memory latency (no cache); a barrier is taken as all warps arriving
@@ -97,9 +98,9 @@ def _never_run(
     code: list[tuple[int, str]], labels: dict[str, int], loops: list[Loop],
     unwalked: Collection[tuple[str, int]],
 ) -> list[tuple[int, int]]:  # fmt: skip
-    """(first, last) offsets of the blocks no program runs: for each tile loop at (file,
-    line) in `unwalked`, the innermost forward branch's block around the outermost loop
-    holding it (a search's passes: the `while` around the walk), or that loop alone."""
+    """(first, last) offsets of the blocks no program runs: for each loop at (file, line)
+    in `unwalked`, the innermost forward branch's block around the outermost loop holding
+    it (a search's passes: the `while` around the walk), or that loop alone."""
     forward = []
     for offset, text in code:
         branch = _BRANCH.search(text)
@@ -107,7 +108,7 @@ def _never_run(
             forward.append((offset + 16, labels[branch.group(1)] - 16))
     blocks = []
     for loop in loops:
-        if loop.tile_loop and (loop.file, loop.line) in unwalked:
+        if (loop.file, loop.line) in unwalked:
             first, last = min(
                 ((o.head, o.end) for o in loops if o.head <= loop.head and loop.end <= o.end),
                 key=lambda r: r[0],
@@ -121,7 +122,7 @@ def straight_line(
     sass: str, loops: list[Loop], unwalked: Collection[tuple[str, int]] = ()
 ) -> StraightLine:
     """The module docstring's walk over `sass` (nvdisasm output) with its `loops`
-    (`sass.find_loops`); `unwalked`: the (file, line) of tile loops no program walks."""
+    (`sass.find_loops`); `unwalked`: the (file, line) of loops no program runs."""
     code, labels = _code(sass)
     tiles = [(loop.head, loop.end) for loop in loops if loop.tile_loop]
     skipped = _never_run(code, labels, loops, unwalked)

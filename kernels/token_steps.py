@@ -1,0 +1,118 @@
+"""Steps 3-6 of logits processing on a set of tokens, in Triton: the allowed and grammar
+bitmasks, the repetition, frequency and presence penalties, and the temperature, in float32
+rounded as the PyTorch stage rounds (docs/kernels.md, logits processing). Shared by the
+dense pass over every tile (kernels/logits_processing.py) and the bias phase, which makes
+the biased tokens again (kernels/sparse_phases.py)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .library import divide_by
+
+
+@triton.jit
+def bit_is_set(words, bit):
+    """Bit `bit` = t % 32 of the int32 `words` loaded at t // 32 (xgrammar's layout); a
+    column of words [N / 32, 1] against a row `bit` [1, 32] loads each word once. The
+    callers load the words of the row (a token id, a masked-off one included, is always in
+    [0, V)), all of them before any is used: a warp issues in order, so a load after a use
+    of loaded data waits a memory latency more."""
+    # an arithmetic shift of a negative word still leaves the wanted bit at position 0
+    return ((words >> bit) & 1) != 0
+
+
+@triton.jit
+def penalise_and_scale(
+    x,  # [N] float32 logits of tokens `cols`
+    bias,  # [N] float32 added to x first (the bias phase), or None (a dense pass)
+    cols,  # [N] int32 token ids
+    word,  # [N] (or [N / 32, 1]) int32: cols // 32, the tokens' words in the bitmasks
+    bit,  # [N] (or [1, 32]) int32: cols % 32, their bits there
+    in_row,  # [N] bool
+    row,
+    allowed_row,  # the slot's allowed bitmask
+    grammar_row,  # the row's grammar bitmask (HAS_GRAMMAR)
+    prompt_row,  # the slot's prompt bitmask
+    counts_row,  # the slot's count bytes
+    drafts_ptr,
+    preceding,
+    num_drafts,
+    penalties_on,
+    repetition,  # (d, RN(1/d)): the divisor and `library.hoisted_reciprocal`'s reciprocal
+    frequency,
+    presence,
+    fix_excess,
+    scale_on,
+    temperature,  # (d, RN(1/d)), as repetition
+    SATURATED: tl.constexpr,
+    HAS_GRAMMAR: tl.constexpr,
+    HAS_DRAFTS: tl.constexpr,
+    EXACT: tl.constexpr,  # IEEE division (div_rn); else `library.divide_by`
+):
+    """Steps 3-6 on the tokens `cols` -> logits: a saturated token (byte 255, frequency on)
+    is left without its temperature, which step 7 applies after its excess. A token whose
+    quotient `divide_by` may not round as IEEE division (never with EXACT) comes out NaN
+    (`divide`), for the caller to compute again with EXACT."""
+    # 3-4. bitmasks
+    allowed_words = tl.load(allowed_row + word)
+    grammar_words = allowed_words
+    if HAS_GRAMMAR:
+        grammar_words = tl.load(grammar_row + word)
+    if bias is not None:
+        # the bias phase's tokens, a few, their loads unpipelined: the penalties' issued
+        # with the words, and the bias added after them all, since the add waits for x
+        # (tl.where, not &: the interpreter cannot & a scalar bool with a block of them)
+        counted = tl.where(penalties_on, in_row, False)
+        byte = tl.load(counts_row + cols, mask=counted, other=0).to(tl.int32)
+        prompt_words = tl.load(prompt_row + word, mask=tl.where(penalties_on, word >= 0, False))
+        x = x + bias
+    keep = bit_is_set(allowed_words, bit)
+    if HAS_GRAMMAR:
+        keep &= bit_is_set(grammar_words, bit)
+    if EXACT:  # masked first: `keep` is not held over the penalties (the same values)
+        x = tl.where(keep, x, float("-inf"))
+    # 5. penalties with the byte count (a saturated token is charged 255 here)
+    saturated = cols < 0
+    if penalties_on:
+        if bias is None:  # a dense pass's, from its pipelined loop
+            byte = tl.load(counts_row + cols, mask=in_row, other=0).to(tl.int32)
+            prompt_words = tl.load(prompt_row + word)
+        count = byte
+        if HAS_DRAFTS:
+            # clamped to the row's D drafts, as the PyTorch mask `column < preceding` is:
+            # a device value past D must not read the next row's drafts
+            for j in range(0, tl.minimum(preceding, num_drafts)):
+                drafted = tl.load(drafts_ptr + row.to(tl.int64) * num_drafts + j)
+                count += (cols == drafted).to(tl.int32)
+        in_output = count > 0
+        seen = in_output | bit_is_set(prompt_words, bit)
+        quotient = divide(x, repetition, EXACT)
+        penalised = tl.where(x > 0.0, quotient, x * repetition[0])
+        x = tl.where(seen, penalised, x)
+        x = x - frequency * count.to(tl.float32)
+        x = x - presence * in_output.to(tl.float32)
+        # tl.where, not &: the interpreter cannot & a scalar bool with a block of them
+        saturated = tl.where(fix_excess, byte == SATURATED, False)
+    # 6. temperature, except where step 7 still subtracts the excess first
+    if scale_on:
+        x = tl.where(saturated, x, divide(x, temperature, EXACT))
+    # the masks last, so that no -inf of theirs reaches a fast division (outside its
+    # range): a masked token is -inf either way, since -inf stays -inf through every step
+    # (penalties > 0), so its mark is dropped with it
+    if not EXACT:
+        x = tl.where(keep, x, float("-inf"))
+    return x
+
+
+@triton.jit
+def divide(x, divisor, EXACT: tl.constexpr):
+    """x / d for divisor = (d, RN(1/d)): `library.divide_by`, NaN where x lies outside its
+    range (the mark travels with the value: a quotient the next steps drop needs no second
+    pass, a kept one makes its tile's max NaN), or with EXACT IEEE division."""
+    if EXACT:
+        return tl.math.div_rn(x, divisor[0])
+    else:
+        quotient, outside = divide_by(x, divisor[0], divisor[1])
+        return tl.where(outside, float("nan"), quotient)
