@@ -75,19 +75,23 @@ def commit_row(
     scalar): shared with the sampling kernels, which commit the token where they make it.
     Its stores follow a barrier after its loads, and so after any load the calling program
     made before it (the sampling program's read of num_generated for the position)."""
+    # every load that needs only the slot and the token first, in one round (a warp
+    # issues in order: a load after a use of loaded data waits a memory latency more)
+    count_ptr = counts_ptr + slot * vocab_size + token
+    count = tl.load(count_ptr).to(tl.int32)
+    generated = tl.load(num_generated_ptr + slot)
     commit = slot != padding_slot
     if HAS_KEEP:
         commit &= tl.load(keep_ptr + row) != 0
 
     # 1. penalties
-    count_ptr = counts_ptr + slot * vocab_size + token
-    count = tl.load(count_ptr).to(tl.int32)
     table_row = slot * (num_overflow + 1)
     saturates = commit & (count == SATURATED - 1)
     grows = commit & (count == SATURATED)
     entry = num_overflow + tl.zeros((), tl.int32)  # the spare
     found = count < 0  # False, as a scalar tensor the branch below may reassign
-    if saturates | grows:
+    excess = tl.zeros((), tl.int32)
+    if saturates | grows:  # a byte at 254 or 255: rare
         used = tl.zeros((), tl.int32)
         first_match = tl.full((), num_overflow, tl.int32)
         for start in range(0, num_overflow, OVERFLOW_BLOCK):
@@ -100,20 +104,18 @@ def commit_row(
             first_match = tl.minimum(first_match, tl.min(tl.where(hit, index, num_overflow)))
         found = first_match < num_overflow
         entry = tl.where(saturates, used, first_match)
+        excess = tl.load(overflow_excess_ptr + table_row + entry)
     writes = saturates | (grows & found)
-    # a row that writes nothing (and a saturation into a full table) lands in the spare
+    # a row that writes nothing (and a saturation into a full table) lands in the spare; a
+    # written entry holds the token (a found one held it already)
     entry_ptr = overflow_token_ptr + table_row + entry
-    excess_ptr = overflow_excess_ptr + table_row + entry
-    new_token = tl.where(saturates, token.to(tl.int32), tl.load(entry_ptr))
-    excess = tl.load(excess_ptr)
-    generated = tl.load(num_generated_ptr + slot)
     # every thread loads, one stores: each thread's loads of what the stores below change
     # (the count byte above all: a warp that read it after the store would take the other
     # branch, and wait at a barrier of its reductions that the rest never reach) land first
     tl.debug_barrier()
-    tl.store(entry_ptr, tl.where(writes, new_token, -1))
+    tl.store(entry_ptr, tl.where(writes, token.to(tl.int32), -1))
     if grows & found:
-        tl.store(excess_ptr, excess + 1)
+        tl.store(overflow_excess_ptr + table_row + entry, excess + 1)
     if commit:
         tl.store(count_ptr, tl.minimum(count + 1, SATURATED).to(tl.uint8))
         # 2. bad words: the ring position is the token's index among the outputs

@@ -230,6 +230,9 @@ def _combine_kernel(
     a row of -inf gives chunk 0's start, 0. With COMMIT, the row's token is then committed,
     as `history.commit_history` would (the sampling programs have read their positions)."""
     row = tl.program_id(0)
+    slot = 0
+    if COMMIT:
+        slot = tl.load(slots_ptr + row)  # with the partials: one round of loads
     part = tl.arange(0, SPLIT_BLOCK)
     used = part < splits
     at = row.to(tl.int64) * splits + part
@@ -242,7 +245,7 @@ def _combine_kernel(
     tl.store(tokens_ptr + row, token.to(tokens_ptr.dtype.element_ty))
     if COMMIT:
         commit_row(
-            row, tl.load(slots_ptr + row), token, keep_ptr, num_generated_ptr, counts_ptr,
+            row, slot, token, keep_ptr, num_generated_ptr, counts_ptr,
             overflow_token_ptr, overflow_excess_ptr, window_ptr, counts_stride, num_overflow,
             window_len, padding_slot, SATURATED, HAS_KEEP, OVERFLOW_BLOCK,
         )  # fmt: skip

@@ -519,13 +519,15 @@ def _commit_access(a: dict[str, Any], c: dict[str, Any], vocab_size: int) -> Wor
     slots = a["slots_ptr"]
     keep = a["keep_ptr"] != 0 if c["HAS_KEEP"] else True
     commit = _f(keep & (slots != a["padding_slot"]))
+    from graphsafe_sampler.kernels import history
+
     count = commit / vocab_size  # one byte of the counts row
     spare = torch.ones_like(commit) / (a["num_overflow"] + 1)  # one overflow entry
     return Work(
         reads={
             "keep_ptr": torch.ones_like(commit) * float(c["HAS_KEEP"]),
             "counts_ptr": count,
-            "overflow_token_ptr": spare,
+            "overflow_token_ptr": 0 * spare,
             "overflow_excess_ptr": 0 * spare,
             "window_ptr": 0 * spare,
         },
@@ -535,6 +537,9 @@ def _commit_access(a: dict[str, Any], c: dict[str, Any], vocab_size: int) -> Wor
             "num_generated_ptr": commit,
             "window_ptr": commit / a["window_len"],
         },
+        # the overflow table's scan, for a token whose byte is 254 or 255 (its 255th output
+        # of a request, and later ones): taken as none
+        walks={source_line(history.commit_row, "for start in range(0, num_overflow,"): 0 * commit},
     )
 
 
@@ -549,7 +554,10 @@ def _with_commit(work: Work, a: dict[str, Any], c: dict[str, Any]) -> Work:
         unread = dict.fromkeys([*commit.reads, *commit.writes], 0 * commit.writes["counts_ptr"])
         return replace(work, reads={**unread, **work.reads})
     return replace(
-        work, reads={**work.reads, **commit.reads}, writes={**work.writes, **commit.writes}
+        work,
+        reads={**work.reads, **commit.reads},
+        writes={**work.writes, **commit.writes},
+        walks={**work.walks, **commit.walks},
     )
 
 
