@@ -11,7 +11,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .library import LISTED_STAGES, exp_ftz, kth_known, listed_tile, tiles_to_visit
+from .library import (
+    LISTED_STAGES,
+    chunk_bounds,
+    exp_ftz,
+    kth_known,
+    listed_tile,
+    tiles_to_visit,
+)
 
 
 @triton.jit
@@ -39,8 +46,7 @@ entries, padded to a power of two."""
 
 @triton.jit
 def _tile_floor(
-    tile_row,  # the row's tile maxima: exact, or +inf (unknown)
-    num_tiles,
+    bounds,  # [TILES_BLOCK] the row's tile maxima (exact, or +inf: unknown), -inf past them
     first,  # the chunk's tiles: [first, last)
     last,
     k,  # top-k, on
@@ -57,7 +63,6 @@ def _tile_floor(
     the largest is where `complete` starts, the smallest bounds the chunk's min (below
     every logit a cut may keep)."""
     tiles = tl.arange(0, TILES_BLOCK)
-    bounds = tl.load(tile_row + tiles, mask=tiles < num_tiles, other=float("-inf"))
     floor = kth_known(bounds, tiles, k)
     if HAS_MIN_P:  # noqa: SIM102 (a constexpr guard)
         if min_p != 0.0:
@@ -108,6 +113,16 @@ def _candidates_kernel(
     Rows without top-k read every tile: top-p alone needs the whole row's mass."""
     row = tl.program_id(0)
     part = tl.program_id(1)
+    begin = part * chunk
+    end = tl.minimum(begin + chunk, vocab_size)
+    first = begin // BLOCK_SIZE
+    visits = tl.cdiv(end, BLOCK_SIZE) - first
+    tile_row = tile_max_ptr + row.to(tl.int64) * num_tiles
+    if HAS_TILE_MAX:
+        # the row's tile maxima and the chunk's, loaded with the slot: they depend on the row
+        # alone (a warp issues in order: loaded after the parameters, a round more)
+        row_bounds = chunk_bounds(tile_row, 1, 0, num_tiles, TILES_BLOCK)
+        bounds = chunk_bounds(tile_row, 1, first, first + visits, TILES_BLOCK)
     k, top_p, min_p = _row_filters(
         row, slots_ptr, top_k_ptr, top_p_ptr, min_p_ptr, vocab_size, HAS_MIN_P
     )
@@ -132,27 +147,22 @@ def _candidates_kernel(
         # exact in any order): the smallest logit and the largest left out of the list
         low = tl.full((BLOCK_SIZE,), float("inf"), tl.float32)
         left_out = tl.full((BLOCK_SIZE,), float("-inf"), tl.float32)
-        begin = part * chunk
-        end = tl.minimum(begin + chunk, vocab_size)
-        tile_row = tile_max_ptr + row.to(tl.int64) * num_tiles
         skip_below = tl.full((), float("-inf"), tl.float32)
         if HAS_TILE_MAX:  # noqa: SIM102 (a constexpr guard)
             if use_buffer & k_on:
                 skip_below, complete, chunk_min = _tile_floor(
-                    tile_row, num_tiles, begin // BLOCK_SIZE, tl.cdiv(end, BLOCK_SIZE), k, min_p,
-                    log_min_p, HAS_MIN_P, TILES_BLOCK,
+                    row_bounds, first, first + visits, k, min_p, log_min_p, HAS_MIN_P,
+                    TILES_BLOCK,
                 )  # fmt: skip
                 # held in `low` over the walk: as a scalar of its own it spilled
                 low = tl.minimum(low, chunk_min)
         # the walk reads only the tiles at or above the floor, listed in column order
         # (`tiles_to_visit`); without the maxima, every tile of the chunk
-        first = begin // BLOCK_SIZE
-        visits = tl.cdiv(end, BLOCK_SIZE) - first
         # an int32 offset, not a 64-bit pointer, held over the walk (B x tiles < 2**31)
         listed = row * num_tiles + first
         if HAS_TILE_MAX:
             visits = tiles_to_visit(
-                tile_row, 1, first, first + visits, skip_below, visits_ptr + listed, TILES_BLOCK
+                bounds, first, first + visits, skip_below, visits_ptr + listed, TILES_BLOCK
             )
         for visit in tl.range(0, visits, num_stages=LISTED_STAGES):
             start = listed_tile(visits_ptr, listed, first, visit, HAS_TILE_MAX, BLOCK_SIZE)

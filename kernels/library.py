@@ -194,17 +194,26 @@ def raw_tile_stats(x, in_tile):
 
 
 @triton.jit
-def tiles_to_visit(tile_row, stride, first, last, floor, visits_row, TILES_BLOCK: tl.constexpr):
-    """The chunk's tiles [first, last) whose max (tile t's at tile_row[t * stride]) reaches
+def chunk_bounds(tile_row, stride, first, last, TILES_BLOCK: tl.constexpr):
+    """[TILES_BLOCK] the maxima of the chunk's tiles [first, last) (tile t's at tile_row[t *
+    stride]), -inf past it, for `tiles_to_visit`. They depend on the row alone: a program
+    loads them where it starts, with its other loads (a warp issues in order, so a load
+    after a use of loaded data, the row's parameters say, waits a memory latency more).
+    TILES_BLOCK: a power of two >= last - first."""
+    tiles = first + tl.arange(0, TILES_BLOCK)
+    return tl.load(tile_row + tiles * stride, mask=tiles < last, other=float("-inf"))
+
+
+@triton.jit
+def tiles_to_visit(bounds, first, last, floor, visits_row, TILES_BLOCK: tl.constexpr):
+    """The chunk's tiles [first, last) whose max (`bounds`, from `chunk_bounds`) reaches
     `floor` (entries +inf, unknown, always; every tile when the floor is -inf or NaN),
     written in column order to visits_row[0:n] -> n. A walk over the list reads no other
     tile and pays nothing for them, where a walk over every tile that skipped some paid a
     masked load and the loop's bookkeeping for each (about 75 SASS instructions a tile a
-    thread at 8 warps). A barrier orders the stores before the walk's loads of them.
-    TILES_BLOCK: a power of two >= last - first."""
+    thread at 8 warps). A barrier orders the stores before the walk's loads of them."""
     tiles = first + tl.arange(0, TILES_BLOCK)
     in_chunk = tiles < last
-    bounds = tl.load(tile_row + tiles * stride, mask=in_chunk, other=float("-inf"))
     # the mask's own comparison, which a NaN floor never makes true
     keep = in_chunk & ~(bounds < floor)
     position = tl.cumsum(keep.to(tl.int32), axis=0) - 1

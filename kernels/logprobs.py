@@ -21,6 +21,7 @@ from .library import (
     check_raw_tiles,
     check_rows,
     check_table,
+    chunk_bounds,
     exp_ftz,
     inplace_op,
     kth_known,
@@ -223,11 +224,12 @@ def _logprobs_kernel(
     visits = tl.cdiv(end, BLOCK_SIZE) - first
     listed = row * num_tiles + first  # int32: B x tiles < 2**31
     if HAS_TILES:
+        bounds = chunk_bounds(tile_row, 2, first, first + visits, TILES_BLOCK)
         run_max, run_sum, lowest, below = _from_tiles(
             tile_row, num_tiles, first, first + visits, sampled, K, TILES_BLOCK
         )
         visits = tiles_to_visit(
-            tile_row, 2, first, first + visits, lowest, visits_ptr + listed, TILES_BLOCK
+            bounds, first, first + visits, lowest, visits_ptr + listed, TILES_BLOCK
         )
     for visit in tl.range(0, visits, num_stages=LISTED_STAGES):
         start = listed_tile(visits_ptr, listed, first, visit, HAS_TILES, BLOCK_SIZE)

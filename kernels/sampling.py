@@ -29,6 +29,7 @@ from .library import (
     check_rows,
     check_table,
     check_tile_max,
+    chunk_bounds,
     inplace_op,
     listed_tile,
     split_chunks,
@@ -106,20 +107,38 @@ def _sample_kernel(
     split = tl.program_id(1)
     begin = split * chunk
     end = tl.minimum(begin + chunk, vocab_size)
+    # every load first, the row's then its slot's, in two rounds (a warp issues in order: a
+    # load after a use of loaded data waits a memory latency more); a greedy row's seed and
+    # position go unused
     slot = tl.load(slots_ptr + row)
-    is_random = tl.load(temperature_ptr + slot) >= GREEDY_BELOW
     row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
     threshold = tl.full((), float("-inf"), tl.float32)
     if HAS_THRESHOLD:
         threshold = tl.load(threshold_ptr + row)
+    num_tiles = tl.cdiv(vocab_size, BLOCK_SIZE)
+    tile_row = tile_max_ptr + row.to(tl.int64) * num_tiles
+    first = begin // BLOCK_SIZE
+    visits = tl.cdiv(end, BLOCK_SIZE) - first
+    if HAS_TILE_MAX:
+        bounds = chunk_bounds(tile_row, 1, first, first + visits, TILES_BLOCK)
+    if BY_SLOT:
+        position = tl.load(prompt_len_ptr + slot) + tl.load(num_generated_ptr + slot)
+    else:
+        position = tl.load(positions_ptr + row)
+    seed = tl.load(seeds_ptr + slot)
+    is_random = tl.load(temperature_ptr + slot) >= GREEDY_BELOW
+
+    # a tile wholly below the cut is all -inf: it changes neither the best nor the NaN, so
+    # the walk reads only the others, listed in column order (the list's comparison is the
+    # mask's own, which a NaN cut never makes true); without the maxima, every tile
+    listed = row * num_tiles + first  # int32: B x tiles < 2**31
+    if HAS_TILE_MAX:
+        visits = tiles_to_visit(bounds, first, first + visits, threshold, visits_ptr + listed,
+                                TILES_BLOCK)  # fmt: skip
     offset = tl.zeros((), tl.uint32)
     mult = tl.zeros((), tl.uint32)
     if is_random:
-        if BY_SLOT:
-            position = tl.load(prompt_len_ptr + slot) + tl.load(num_generated_ptr + slot)
-        else:
-            position = tl.load(positions_ptr + row)
-        offset, mult = row_key(tl.load(seeds_ptr + slot), position, SALT)
+        offset, mult = row_key(seed, position, SALT)
 
     # Running argmax with the lowest index on ties: a later tile replaces the best only when
     # strictly greater. An all -inf row never replaces index 0 (its first chunk's start),
@@ -127,18 +146,6 @@ def _sample_kernel(
     best = tl.full((), float("-inf"), tl.float32)
     best_index = begin
     first_nan = tl.full((), 2147483647, tl.int32)
-    num_tiles = tl.cdiv(vocab_size, BLOCK_SIZE)
-    tile_row = tile_max_ptr + row.to(tl.int64) * num_tiles
-    # a tile wholly below the cut is all -inf: it changes neither the best nor the NaN, so
-    # the walk reads only the others, listed in column order (the list's comparison is the
-    # mask's own, which a NaN cut never makes true); without the maxima, every tile
-    first = begin // BLOCK_SIZE
-    visits = tl.cdiv(end, BLOCK_SIZE) - first
-    listed = row * num_tiles + first  # int32: B x tiles < 2**31
-    if HAS_TILE_MAX:
-        visits = tiles_to_visit(
-            tile_row, 1, first, first + visits, threshold, visits_ptr + listed, TILES_BLOCK
-        )
     for visit in tl.range(0, visits, num_stages=LISTED_STAGES):
         start = listed_tile(visits_ptr, listed, first, visit, HAS_TILE_MAX, BLOCK_SIZE)
         cols = start + tl.arange(0, BLOCK_SIZE)

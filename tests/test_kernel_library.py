@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphsafe_sampler.kernels.library import tiles_to_visit, update_tiles
+from graphsafe_sampler.kernels.library import chunk_bounds, tiles_to_visit, update_tiles
 
 
 def _gen() -> torch.Generator:
@@ -29,10 +29,10 @@ def _list_kernel(
     first = tl.program_id(1) * chunk_tiles
     last = tl.minimum(first + chunk_tiles, num_tiles)
     listed = row * num_tiles + first
+    bounds = chunk_bounds(table_ptr + row * num_tiles * stride, stride, first, last, TILES_BLOCK)
     count = tiles_to_visit(
-        table_ptr + row * num_tiles * stride, stride, first, last, tl.load(floors_ptr + row),
-        visits_ptr + listed, TILES_BLOCK,
-    )  # fmt: skip
+        bounds, first, last, tl.load(floors_ptr + row), visits_ptr + listed, TILES_BLOCK
+    )
     tl.store(counts_ptr + row * tl.num_programs(1) + tl.program_id(1), count)
 
 
@@ -89,7 +89,8 @@ def _update_kernel(table_ptr, before_ptr, after_ptr, tokens_ptr, n, BLOCK_SIZE: 
     token = tl.load(tokens_ptr + lanes, mask=used, other=0)
     old = tl.load(before_ptr + token, mask=used, other=0.0)
     new = tl.load(after_ptr + token, mask=used, other=0.0)
-    update_tiles(table_ptr, token, old, new, used, BLOCK_SIZE)
+    entry = tl.load(table_ptr + token // BLOCK_SIZE, mask=used, other=float("inf"))
+    update_tiles(table_ptr, token, old, entry, new, used, BLOCK_SIZE)
 
 
 def test_update_tiles_keeps_each_entry_exact_or_unknown(kernel_device: torch.device) -> None:
