@@ -44,6 +44,7 @@ from .sparse_phases import (
     load_bias_block,
     load_excess_head,
     load_stop_block,
+    load_stop_olds,
 )
 from .token_steps import penalise_and_scale
 
@@ -253,18 +254,24 @@ def _process_logits_kernel(
     tl.debug_barrier()
 
     # 2. min_tokens, and bad words: both store -inf, so neither orders against the other
-    # (a masked or penalised -inf stays -inf through steps 3-7, so -inf last is the same)
+    # (a masked or penalised -inf stays -inf through steps 3-7, so -inf last is the same),
+    # and the stop ids' old logits are loaded before the bad words' stores: one round
+    stopping = generated + preceding < min_tokens
+    stop_entry, stop_token = stop_block
+    stop_olds = load_stop_olds(
+        stop_entry, stop_token, stopping, num_stop, row_ptr, tile_row, begin, end,
+        HAS_TILE_MAX, BLOCK_SIZE,
+    )  # fmt: skip
     if HAS_BAD_WORDS:
         ban_bad_words(
             *bad_block, row_ptr, row, slot, generated, preceding, bad_tokens_ptr, bad_back_ptr,
             bad_word_ptr, window_ptr, drafts_ptr, tile_row, begin, end, num_bad, window_len,
             num_drafts, HAS_DRAFTS, HAS_TILE_MAX, BAD_BLOCK, BLOCK_SIZE,
         )  # fmt: skip
-    if generated + preceding < min_tokens:
-        ban_stop_ids(
-            *stop_block, stop_ids_ptr, slot, num_stop, row_ptr, tile_row, begin, end,
-            HAS_TILE_MAX, SPARSE_BLOCK, BLOCK_SIZE,
-        )  # fmt: skip
+    ban_stop_ids(
+        stop_token, *stop_olds, stopping, stop_ids_ptr, slot, num_stop, row_ptr, tile_row,
+        begin, end, HAS_TILE_MAX, SPARSE_BLOCK, BLOCK_SIZE,
+    )  # fmt: skip
 
 
 process_splits = SplitPolicy(ctas_per_sm=4)

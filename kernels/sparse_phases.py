@@ -159,12 +159,24 @@ def load_stop_block(stop_ids_ptr, slot, num_stop, start, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _stop_block(
-    entry, token, num_stop, row_ptr, tile_row, begin, end,
+def load_stop_olds(
+    entry, token, stopping, num_stop, row_ptr, tile_row, begin, end,
+    HAS_TILE_MAX: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+):  # fmt: skip
+    """(lanes to ban, their old logits, their tiles' entries) for a block of stop ids of
+    [begin, end), none unless `stopping`: loaded by the caller before the bad words' phase
+    stores, so that both -inf phases wait for one round of loads, not two."""
+    # (tl.where, not &: the interpreter cannot & a scalar bool with a block of them)
+    used = tl.where(stopping, (entry < num_stop) & (token >= begin) & (token < end), False)
+    old, tile = load_old(row_ptr, tile_row, token, used, HAS_TILE_MAX, BLOCK_SIZE)
+    return used, old, tile
+
+
+@triton.jit
+def _ban_stops(
+    token, used, old, tile, row_ptr, tile_row,
     HAS_TILE_MAX: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SIZE: tl.constexpr,
 ):  # fmt: skip
-    used = (entry < num_stop) & (token >= begin) & (token < end)
-    old, tile = load_old(row_ptr, tile_row, token, used, HAS_TILE_MAX, BLOCK_SIZE)
     ninf = tl.full((BLOCK,), float("-inf"), tl.float32)
     tl.store(row_ptr + token, ninf, used)
     if HAS_TILE_MAX:
@@ -173,15 +185,20 @@ def _stop_block(
 
 @triton.jit
 def ban_stop_ids(
-    entry, token,  # the first block, from load_stop_block
-    stop_ids_ptr, slot, num_stop, row_ptr, tile_row, begin, end,
+    token, used, old, tile,  # the first block's, from load_stop_block and load_stop_olds
+    stopping, stop_ids_ptr, slot, num_stop, row_ptr, tile_row, begin, end,
     HAS_TILE_MAX: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SIZE: tl.constexpr,
 ):  # fmt: skip
-    """Step 2's min_tokens: the slot's stop ids in [begin, end) set to -inf (unused entries
-    repeat the first id), their tiles' entries kept exact; the first block the caller's."""
-    _stop_block(entry, token, num_stop, row_ptr, tile_row, begin, end, HAS_TILE_MAX, BLOCK,
-                BLOCK_SIZE)  # fmt: skip
-    for start in range(BLOCK, num_stop, BLOCK):
-        entry, token = load_stop_block(stop_ids_ptr, slot, num_stop, start, BLOCK)
-        _stop_block(entry, token, num_stop, row_ptr, tile_row, begin, end, HAS_TILE_MAX,
-                    BLOCK, BLOCK_SIZE)  # fmt: skip
+    """Step 2's min_tokens, while `stopping`: the slot's stop ids in [begin, end) set to
+    -inf (unused entries repeat the first id), their tiles' entries kept exact; the first
+    block loaded by the caller."""
+    _ban_stops(token, used, old, tile, row_ptr, tile_row, HAS_TILE_MAX, BLOCK, BLOCK_SIZE)
+    if stopping:
+        for start in range(BLOCK, num_stop, BLOCK):
+            entry, token = load_stop_block(stop_ids_ptr, slot, num_stop, start, BLOCK)
+            used, old, tile = load_stop_olds(
+                entry, token, stopping, num_stop, row_ptr, tile_row, begin, end, HAS_TILE_MAX,
+                BLOCK_SIZE,
+            )  # fmt: skip
+            _ban_stops(token, used, old, tile, row_ptr, tile_row, HAS_TILE_MAX, BLOCK,
+                       BLOCK_SIZE)  # fmt: skip
