@@ -314,24 +314,28 @@ def _logprobs_combine_kernel(
     selections), then the outputs as one program would have written them."""
     row = tl.program_id(0)
     row_ptr = source_ptr + row.to(tl.int64) * source_stride
+    # every load by row first, before any use (a warp issues in order: a load after a use
+    # of loaded data waits a memory latency more), then the sampled value at the token
     token = tl.load(tokens_ptr + row)
-    sampled = tl.load(row_ptr + token).to(tl.float32)
     parts = tl.arange(0, SPLIT_BLOCK)
     used = parts < splits
     at = (row.to(tl.int64) * splits + parts) * 4
     maxes = tl.load(stats_ptr + at + 0, mask=used, other=float("-inf"))
     sums = tl.load(stats_ptr + at + 1, mask=used, other=0.0)
-    count_ge = tl.sum(tl.load(stats_ptr + at + 2, mask=used, other=0.0), axis=0).to(tl.int32)
-    below = tl.max(tl.load(stats_ptr + at + 3, mask=used, other=float("-inf")), axis=0)
+    counts = tl.load(stats_ptr + at + 2, mask=used, other=0.0)
+    belows = tl.load(stats_ptr + at + 3, mask=used, other=float("-inf"))
+    lanes = tl.arange(0, K_BLOCK)
+    flat = (row.to(tl.int64) * splits + parts[:, None]) * K_BLOCK + lanes[None, :]
+    union_v = tl.load(part_v_ptr + flat, mask=used[:, None], other=float("-inf"))
+    union_i = tl.load(part_i_ptr + flat, mask=used[:, None], other=NO_TOKEN)
+    sampled = tl.load(row_ptr + token).to(tl.float32)
+    count_ge = tl.sum(counts, axis=0).to(tl.int32)
+    below = tl.max(belows, axis=0)
     run_max = tl.max(maxes, axis=0)
     # each chunk's sum is against its own max
     shift = tl.where(run_max == float("-inf"), 0.0, run_max)
     # an all -inf chunk adds nothing (its exp(-inf - shift) would be inf for a low shift)
     run_sum = tl.sum(tl.where(maxes == float("-inf"), 0.0, sums * exp_ftz(maxes - shift)), axis=0)
-    lanes = tl.arange(0, K_BLOCK)
-    flat = (row.to(tl.int64) * splits + parts[:, None]) * K_BLOCK + lanes[None, :]
-    union_v = tl.load(part_v_ptr + flat, mask=used[:, None], other=float("-inf"))
-    union_i = tl.load(part_i_ptr + flat, mask=used[:, None], other=NO_TOKEN)
     union_v = tl.reshape(union_v, (SPLIT_BLOCK * K_BLOCK,))
     union_i = tl.reshape(union_i, (SPLIT_BLOCK * K_BLOCK,))
     top_v = tl.full((K_BLOCK,), float("-inf"), tl.float32)
