@@ -33,7 +33,7 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from .sass import _BRANCH, _INSTRUCTION, _LABEL, Loop
+from .sass import _BRANCH, Loop, parse
 
 _NO_DESTINATION = {
     "STG", "STS", "ST", "STL", "RED", "REDG", "BAR", "DEPBAR", "LDGDEPBAR", "BRA", "EXIT",
@@ -81,19 +81,6 @@ def _destinations(opcode: str, operand: str) -> list[str]:
     return [f"{numbered.group(1)}{int(numbered.group(2)) + i}" for i in range(width)]
 
 
-def _code(sass: str) -> tuple[list[tuple[int, str]], dict[str, int]]:
-    code, labels, pending = [], {}, []
-    for text in sass.splitlines():
-        if label := _LABEL.match(text):
-            pending.append(label.group(1))
-        elif instruction := _INSTRUCTION.search(text):
-            offset = int(instruction.group(1), 16)
-            labels.update(dict.fromkeys(pending, offset))
-            pending = []
-            code.append((offset, instruction.group(2)))
-    return code, labels
-
-
 def _never_run(
     code: list[tuple[int, str]], labels: dict[str, int], loops: list[Loop],
     unwalked: Collection[tuple[str, int]],
@@ -123,7 +110,8 @@ def straight_line(
 ) -> StraightLine:
     """The module docstring's walk over `sass` (nvdisasm output) with its `loops`
     (`sass.find_loops`); `unwalked`: the (file, line) of loops no program runs."""
-    code, labels = _code(sass)
+    parsed, labels = parse(sass)
+    code = [(offset, text) for offset, text, *_ in parsed]
     tiles = [(loop.head, loop.end) for loop in loops if loop.tile_loop]
     skipped = _never_run(code, labels, loops, unwalked)
     incoming: dict[int, list[dict[str, int]]] = {}

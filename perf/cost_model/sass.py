@@ -81,6 +81,26 @@ class Loop:
         return total
 
 
+def parse(sass: str) -> tuple[list[tuple[int, str, str, int]], dict[str, int]]:
+    """`nvdisasm -c -g` output -> ([(offset, instruction, file, line)] in address order, the
+    offset each label marks)."""
+    labels: dict[str, int] = {}
+    pending: list[str] = []
+    code: list[tuple[int, str, str, int]] = []
+    file, line = "", 0
+    for text in sass.splitlines():
+        if located := _LINE.search(text):
+            file, line = located.group(1), int(located.group(2))
+        elif label := _LABEL.match(text):
+            pending.append(label.group(1))
+        elif ins := _INSTRUCTION.search(text):
+            offset = int(ins.group(1), 16)
+            labels.update(dict.fromkeys(pending, offset))
+            pending = []
+            code.append((offset, ins.group(2), file, line))
+    return code, labels
+
+
 def find_loops(
     sass: str, num_warps: int, block_size: int | None, source_dir: Path | None = None
 ) -> list[Loop]:
@@ -94,20 +114,7 @@ def find_loops(
     file exists. Triton's cache keys a kernel by its source and first line, not its path,
     so a cubin from the cache names the file of whichever checkout compiled it first, which
     may since hold other lines; the line numbers are this source's."""
-    labels: dict[str, int] = {}
-    pending: list[str] = []
-    code: list[tuple[int, str, str, int]] = []  # offset, text, file, line
-    file, line = "", 0
-    for text in sass.splitlines():
-        if located := _LINE.search(text):
-            file, line = located.group(1), int(located.group(2))
-        elif label := _LABEL.match(text):
-            pending.append(label.group(1))
-        elif ins := _INSTRUCTION.search(text):
-            offset = int(ins.group(1), 16)
-            labels.update(dict.fromkeys(pending, offset))
-            pending = []
-            code.append((offset, ins.group(2), file, line))
+    code, labels = parse(sass)
     ends: dict[int, tuple[int, str, int]] = {}  # head -> back edge: offset, file, line
     exits = [offset for offset, text, *_ in code if re.search(r"\bEXIT\b", text)]
     for offset, text, where, at in code:
