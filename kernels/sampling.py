@@ -239,7 +239,7 @@ def _combine_kernel(
     row = tl.program_id(0)
     slot = 0
     if COMMIT:
-        slot = tl.load(slots_ptr + row)  # with the partials: one round of loads
+        slot = tl.load(slots_ptr + row)  # first, though ptxas issues it after a reduction
     part = tl.arange(0, SPLIT_BLOCK)
     used = part < splits
     at = row.to(tl.int64) * splits + part
