@@ -42,6 +42,8 @@ def _bias_block(
 ):  # fmt: skip
     """One block of `apply_bias`: its tokens' loads in one round, then the stores."""
     used = (entry < num_bias) & (value != 0.0) & (token >= begin) & (token < end)
+    # an unused entry's id may lie anywhere: the bitmask words are loaded unmasked
+    token = tl.where(used, token, 0)
     x = tl.load(source_row + token, mask=used, other=0.0).to(tl.float32)
     old, tile = load_old(row_ptr, tile_row, token, used, HAS_TILE_MAX, BLOCK_SIZE)
     x = penalise_and_scale(

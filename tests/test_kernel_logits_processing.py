@@ -647,7 +647,14 @@ def test_sparse_tables_past_their_first_block(splits: int, kernel_device: torch.
     ids[2, :5], values[2, :5] = keys.int(), torch.randn(5, generator=gen).to(kernel_device) + 2
     repeated_ids, repeated_values = ids.clone(), values.clone()
     repeated_values[2, 5:] = values[2, 0]
-    assert torch.equal(run(repeated_ids, repeated_values), run(ids, values))
+    zero_padded = dataclasses.replace(state, bias_ids=ids, bias_values=values)
+    got = run(ids, values)
+    assert torch.equal(got, _torch_backend(logits, slots, zero_padded, None))
+    assert torch.equal(run(repeated_ids, repeated_values), got)
+    # unused (+0.0) entries padded with an id outside the row are never read as tokens
+    ids[1, 1:], values[1, 1:] = -1, 0.0
+    padded = dataclasses.replace(state, bias_ids=ids.clamp(min=0), bias_values=values)
+    assert torch.equal(run(ids, values), _torch_backend(logits, slots, padded, None))
 
 
 def test_padding_slot_changes_nothing(kernel_device: torch.device) -> None:

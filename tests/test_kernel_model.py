@@ -422,6 +422,58 @@ def test_straight_line_takes_the_longest_path_and_leaves_out_what_never_runs(
     assert chain.straight_line(text, [loop], unwalked).instructions == 5
 
 
+def test_straight_line_merges_paths_and_follows_divergence_checks(tmp_path: Path) -> None:
+    """At a branch target each register holds its later round of the two paths (the taken
+    one's here); BRA.DIV, a divergence check, branches on an operand and falls through;
+    only the innermost `if` around an unwalked tile loop is left out, not the block
+    holding it."""
+    src = tmp_path / "kernel.py"
+    src.write_text("for start in range(0, vocab_size, BLOCK_SIZE):\n", encoding="utf-8")
+
+    def rounds(body: str, unwalked: bool = False) -> int:
+        text = _sass(body).format(src=src)
+        loops = sass.find_loops(text, 4, 1024)
+        skip = {(loop.file, loop.line) for loop in loops} if unwalked else set()
+        return chain.straight_line(text, loops, skip).load_rounds
+
+    # taken, R2 is the loaded value (round 1); falling through, a constant
+    merged = """
+        00: LDG.E R2, desc[UR4][R10.64]
+        10: @P0 BRA `(.L_x_1)
+        20: MOV R2, RZ
+        .L_x_1:
+        30: LDG.E R4, desc[UR4][R2.64]
+        40: STG.E desc[UR4][R10.64], R4
+        50: EXIT
+    """
+    assert rounds(merged) == 2
+    # the divergence check's fall-through is the path with the loads
+    divergent = """
+        00: LDG.E R2, desc[UR4][R10.64]
+        10: BRA.DIV UR4, `(.L_x_1)
+        20: LDG.E R4, desc[UR4][R2.64]
+        30: STG.E desc[UR4][R10.64], R4
+        40: EXIT
+        .L_x_1:
+        50: EXIT
+    """
+    assert rounds(divergent) == 2
+    nested = """
+        00: @P0 BRA `(.L_x_9)
+        10: LDG.E R2, desc[UR4][R10.64]
+        20: @P1 BRA `(.L_x_8)
+        .L_x_0:
+        30: LDG.E R4, desc[UR4][R12.64]
+        40: @P2 BRA `(.L_x_0)
+        .L_x_8:
+        50: STG.E desc[UR4][R10.64], R2
+        .L_x_9:
+        60: EXIT
+    """
+    # the outer `if`'s load and store stay: only the loop's own `if` is left out
+    assert rounds(nested, unwalked=True) == 1
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The model at rows {1, 3}, V = 4,099, both cases, from the command line (~15 s)."""

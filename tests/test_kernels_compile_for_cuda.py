@@ -130,12 +130,12 @@ def test_tile_lists_land_before_the_walk_reads_them(report: dict[str, Any]) -> N
 
 
 def test_commits_store_after_a_barrier(report: dict[str, Any]) -> None:
-    """Every thread of a committing program loads the history (the count byte, the overflow
-    entry, num_generated) and one stores it: `history.commit_row` puts a barrier between,
-    or a warp that lags past the store reads the advanced count and takes the other
-    branch. In the unsplit sampling program the same barrier orders the position's read of
-    num_generated (at the start) before its advance; there and in the split rows' combine,
-    the token's store comes before it."""
+    """Every thread of a committing program loads the history (the count byte,
+    num_generated, the excess of a token at 255) and one stores it: `history.commit_row`
+    puts a barrier between, or a warp that lags past the store reads the advanced count and
+    takes the other branch. In the unsplit sampling program the same barrier orders the
+    position's read of num_generated (at the start) before its advance; there and in the
+    split rows' combine, the token's store comes before it."""
     from graphsafe_sampler.kernels import history, sampling
 
     committing = {

@@ -208,7 +208,9 @@ def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             # the sparse tables' blocks past the first (the first is loaded with the others):
             # run where a row's used entries fill the first block; the overflow table's walk
             # over its used entries
-            source_line(sparse_phases.apply_bias, "while more:"): _f(bias_used > sparse_block),
+            source_line(sparse_phases.apply_bias, "while more:"): _f(
+                (bias_used >= sparse_block) & (ids.shape[1] > sparse_block)
+            ),
             source_line(sparse_phases.ban_stop_ids, "for start in range(BLOCK,"): stopping
             * float(a["num_stop"] > sparse_block),
             source_line(bad_words.ban_bad_words, "while more:"): bad_more,

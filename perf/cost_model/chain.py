@@ -20,8 +20,7 @@ once. Loads inside a tile loop, and the asynchronous copies (LDGSTS) that start 
 one, add no round: the tile-loop formula already charges each tile's wait; their
 instructions are not counted here either. A loop the access table runs zero times (the redo
 pass, the radix search of a settled row, the blocks of a sparse table past its first when
-no row fills them) is left out with the innermost `if` around it, whose block no program
-then runs.
+no row fills them) is left out with the innermost `if` around it (`_never_run`).
 
 Limits: the longest path is an upper bound where a rarely taken block holds a load; every
 load costs a full memory latency (no cache); a barrier is taken as all warps arriving
@@ -77,7 +76,8 @@ def _destinations(opcode: str, operand: str) -> list[str]:
     numbered = re.fullmatch(r"(U?R)(\d+)", names[0])
     if not numbered:
         return names
-    width = 4 if ".128" in opcode else 2 if (".64" in opcode or ".WIDE" in opcode) else 1
+    wide = ".64" in opcode or ".WIDE" in opcode or "F64" in opcode or opcode.startswith("D")
+    width = 4 if ".128" in opcode else 2 if wide else 1
     return [f"{numbered.group(1)}{int(numbered.group(2)) + i}" for i in range(width)]
 
 
@@ -85,9 +85,11 @@ def _never_run(
     code: list[tuple[int, str]], labels: dict[str, int], loops: list[Loop],
     unwalked: Collection[tuple[str, int]],
 ) -> list[tuple[int, int]]:  # fmt: skip
-    """(first, last) offsets of the blocks no program runs: for each loop at (file, line)
-    in `unwalked`, the innermost forward branch's block around the outermost loop holding
-    it (a search's passes: the `while` around the walk), or that loop alone."""
+    """(first, last) offsets of the blocks left out: for each loop at (file, line) in
+    `unwalked`, the innermost forward branch's block around the outermost loop holding it
+    (a search's passes: the `while` around the walk), or that loop alone. That block is the
+    `if` guarding the loop, or the loop's own zero-trip guard, which leaves the code before
+    the loop in: what runs only with the loop, a few setup instructions, may be counted."""
     forward = []
     for offset, text in code:
         branch = _BRANCH.search(text)
@@ -129,7 +131,7 @@ def straight_line(
             continue
         guard = None
         if guarded := _GUARD.match(text):
-            if guarded.group(2) == "PT" and guarded.group(1) == "!":
+            if guarded.group(2) in ("PT", "UPT") and guarded.group(1) == "!":
                 continue  # @!PT: never issued (padding)
             guard, text = guarded.group(2), guarded.group(3)
         opcode, _, rest = text.partition(" ")
@@ -145,7 +147,8 @@ def straight_line(
         else:
             written = _destinations(opcode, operands[0])
             others = operands[1:]
-            if others and re.fullmatch(r"U?P\d", others[0]):  # a carry out (LEA, IADD3)
+            # carries out (LEA, IADD3: one or two predicates)
+            while others and len(written) < 4 and re.fullmatch(r"U?P\d", others[0]):
                 written, others = [*written, others[0]], others[1:]
             sources += [r for o in others for r in _registers(o)]
         in_tile_loop = any(first <= offset <= last for first, last in tiles)
@@ -158,7 +161,8 @@ def straight_line(
             target = labels.get(branch.group(1)) if branch else None
             if target is not None and target > offset:
                 incoming.setdefault(target, []).append(dict(state))
-            live = guard is not None
+            # BRA.DIV (a warp-divergence check) branches on an operand, not a guard
+            live = guard is not None or opcode != "BRA"
             continue
         if base == "EXIT":
             ends.append(dict(state))
