@@ -165,15 +165,15 @@ def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         bad_rows = (entries_used * block + blocks - entries_used) / back.shape[1]
         ring = _f(entries_used > 0)
     bias = (a["bias_values_ptr"][slots] != 0.0).sum(1)
-    # the bias table's entries up to the first repeat of its first key (the used ones)
-    ids = a["bias_ids_ptr"][slots]
+    # the sparse tables' blocks past their first, walked where a row's used entries fill the
+    # first (the bias table's: those before the first repeat of its first key)
+    ids, block, bad_block = a["bias_ids_ptr"][slots], c["SPARSE_BLOCK"], c["BAD_BLOCK"]
     repeats = (ids == ids[:, :1]) & (torch.arange(ids.shape[1]) > 0)
-    bias_used = torch.where(repeats.any(1), repeats.int().argmax(1), ids.shape[1])
-    drafts = ones if c["HAS_DRAFTS"] else zeros
-    sparse_block, bad_block = c["SPARSE_BLOCK"], c["BAD_BLOCK"]
+    bias_more = _f(~repeats[:, :block].any(1) & (ids.shape[1] > block))
     bad_more = zeros
     if c["HAS_BAD_WORDS"] and a["num_bad"] > bad_block:
         bad_more = _f(a["bad_back_ptr"][slots][:, bad_block - 1] >= 0)
+    drafts = ones if c["HAS_DRAFTS"] else zeros
     return Work(
         reads={
             # the dense pass, and the biased tokens again from their source value
@@ -205,14 +205,10 @@ def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             # reciprocal's range, NaN or +inf, never in an LLM-like row
             tile_loop(k._process_logits_kernel, 1): 0 * ones,
             tile_loop(sparse_phases.apply_excess, 0): full,
-            # the sparse tables' blocks past the first (the first is loaded with the others):
-            # run where a row's used entries fill the first block; the overflow table's walk
-            # over its used entries
-            source_line(sparse_phases.apply_bias, "while more:"): _f(
-                (bias_used >= sparse_block) & (ids.shape[1] > sparse_block)
-            ),
+            # (above); the overflow table's walk over its used entries
+            source_line(sparse_phases.apply_bias, "while more:"): bias_more,
             source_line(sparse_phases.ban_stop_ids, "for start in range(BLOCK,"): stopping
-            * float(a["num_stop"] > sparse_block),
+            * float(a["num_stop"] > block),
             source_line(bad_words.ban_bad_words, "while more:"): bad_more,
             source_line(sparse_phases.apply_excess, "while listed >= 0:"): _f(used > 0),
         },
