@@ -243,6 +243,41 @@ def kth_known(bounds, lanes, k):
     return tl.max(tl.where(lanes == k - 1, ordered, float("-inf")), axis=0)
 
 
+@triton.jit
+def last_to_arrive(counter_ptr, programs):
+    """Whether this program is the last of the `programs` that arrive at `counter_ptr` (an
+    int32 each launch finds at 0): a split row's merge is made by the row's last program to
+    finish, not by a launch of its own. The barrier puts every thread's stores before the
+    arrival, and the arrival's atomic add (one thread's) releases them at GPU scope; the
+    last arrival's acquire then makes every other program's stores visible to this
+    program's loads after it. The last program sets the counter back to 0, for the next
+    launch, which its stream orders after this one."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    last = arrived == programs - 1
+    if last:
+        tl.store(counter_ptr, 0)
+    return last
+
+
+def arrival_counters(
+    arrivals: torch.Tensor | None, num_rows: int, device: torch.device
+) -> torch.Tensor:
+    """The split rows' counters for `last_to_arrive`: `arrivals` ([>= num_rows] int32, all
+    0, which the launch leaves 0: a caller's persistent buffer, no launch a step) checked,
+    or a zeroed one allocated here (one fill launch)."""
+    if arrivals is None:
+        return torch.zeros(num_rows, dtype=torch.int32, device=device)
+    if arrivals.dtype != torch.int32 or arrivals.dim() != 1 or arrivals.shape[0] < num_rows:
+        raise ValueError(
+            f"arrivals must be an int32 vector of at least {num_rows} counters, got "
+            f"{arrivals.dtype} {tuple(arrivals.shape)}"
+        )
+    if not arrivals.is_contiguous() or arrivals.device != device:
+        raise ValueError(f"arrivals must be contiguous on {device}")
+    return arrivals
+
+
 def split_count(vocab_size: int, splits: int, block_size: int = 1024) -> int:
     """The programs a row really gets for `splits` asked: chunks of whole tiles, none
     empty."""

@@ -18,6 +18,7 @@ import triton.language as tl
 from .library import (
     LISTED_STAGES,
     SplitPolicy,
+    arrival_counters,
     check_raw_tiles,
     check_rows,
     check_table,
@@ -25,6 +26,7 @@ from .library import (
     exp_ftz,
     inplace_op,
     kth_known,
+    last_to_arrive,
     listed_tile,
     split_chunks,
     split_count,
@@ -148,13 +150,14 @@ def _logprobs_kernel(
     source_ptr,  # [num_rows, V] float32/float16/bfloat16, read only
     source_stride,  # elements between rows
     tokens_ptr,  # [num_rows] int32 or int64 sampled token per row
-    token_ids_ptr,  # [num_rows, K + 1] int32, written (not SPLIT): sampled, then top K
-    logprobs_ptr,  # [num_rows, K + 1] float32, written (not SPLIT)
-    ranks_ptr,  # [num_rows] int32, written (not SPLIT)
-    lse_ptr,  # [num_rows] float32, written (not SPLIT; 0 where not finite)
+    token_ids_ptr,  # [num_rows, K + 1] int32, written: sampled, then top K
+    logprobs_ptr,  # [num_rows, K + 1] float32, written
+    ranks_ptr,  # [num_rows] int32, written
+    lse_ptr,  # [num_rows] float32, written (0 where not finite)
     stats_ptr,  # [num_rows, splits, 4] float32, written (SPLIT): max, sum, count, below
     part_v_ptr,  # [num_rows, splits, K_BLOCK] float32, written (SPLIT): the chunk's top K
     part_i_ptr,  # [num_rows, splits, K_BLOCK] int32, written (SPLIT): their ids
+    arrivals_ptr,  # [num_rows] int32 (SPLIT): 0, counted up and left 0 (`last_to_arrive`)
     tiles_ptr,  # [num_rows, ceil(V / BLOCK_SIZE), 2] float32 (HAS_TILES): the raw tiles
     visits_ptr,  # [num_rows, ceil(V / BLOCK_SIZE)] int32 scratch (HAS_TILES): tiles read
     vocab_size,
@@ -167,6 +170,7 @@ def _logprobs_kernel(
     TILES_BLOCK: tl.constexpr,  # a power of two >= ceil(V / BLOCK_SIZE) (HAS_TILES)
     BLOCK_SIZE: tl.constexpr,
     NO_TOKEN: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr = 2,  # a power of two >= splits (SPLIT)
 ):
     """Per row r with sampled token t = tokens[r], over the source row x (raw or processed
     logits, as the logprobs mode says; float32, float16 or bfloat16, read as float32):
@@ -197,8 +201,9 @@ def _logprobs_kernel(
     order of its sum).
 
     With SPLIT the row is split over programs (grid rows x splits), each scanning a chunk of
-    whole tiles and writing its statistics and top K; `_logprobs_combine_kernel` merges them
-    (the top K of a row is the top K of its chunks' top Ks) and writes the outputs.
+    whole tiles and writing its statistics and top K; the row's last program to finish
+    (`library.last_to_arrive`) merges them (`_merge_chunks`: the top K of a row is the top K
+    of its chunks' top Ks) and writes the outputs, with no launch of its own.
     """
     row = tl.program_id(0)
     part = tl.program_id(1)
@@ -273,13 +278,20 @@ def _logprobs_kernel(
             kth_v = tl.max(tl.where(lanes == K - 1, top_v, float("-inf")), axis=0)
             kth_i = tl.min(tl.where(lanes == K - 1, top_i, NO_TOKEN), axis=0)
     if SPLIT:
-        at = row.to(tl.int64) * tl.num_programs(1) + part
+        splits = tl.num_programs(1)
+        at = row.to(tl.int64) * splits + part
         tl.store(stats_ptr + at * 4 + 0, run_max)
         tl.store(stats_ptr + at * 4 + 1, run_sum)
         tl.store(stats_ptr + at * 4 + 2, count_ge.to(tl.float32))  # exact: V < 2**24
         tl.store(stats_ptr + at * 4 + 3, below)
         tl.store(part_v_ptr + at * K_BLOCK + lanes, top_v)
         tl.store(part_i_ptr + at * K_BLOCK + lanes, top_i)
+        if last_to_arrive(arrivals_ptr + row, splits):
+            _merge_chunks(
+                row, row_ptr, vocab_size, splits, token, sampled, stats_ptr, part_v_ptr,
+                part_i_ptr, token_ids_ptr, logprobs_ptr, ranks_ptr, lse_ptr, K, K_BLOCK,
+                SUBTRACT_LSE, SPLIT_BLOCK, BLOCK_SIZE, NO_TOKEN,
+            )  # fmt: skip
     else:
         _finish_row(
             row, row_ptr, vocab_size, token, sampled, top_v, top_i, run_max, run_sum, count_ge,
@@ -289,34 +301,17 @@ def _logprobs_kernel(
 
 
 @triton.jit
-def _logprobs_combine_kernel(
-    source_ptr,  # [num_rows, V]: read only by the rare second pass
-    source_stride,
-    tokens_ptr,  # [num_rows] int32 or int64
-    token_ids_ptr,  # [num_rows, K + 1] int32, written
-    logprobs_ptr,  # [num_rows, K + 1] float32, written
-    ranks_ptr,  # [num_rows] int32, written
-    lse_ptr,  # [num_rows] float32, written
-    stats_ptr,  # [num_rows, splits, 4] float32
-    part_v_ptr,  # [num_rows, splits, K_BLOCK] float32
-    part_i_ptr,  # [num_rows, splits, K_BLOCK] int32
-    vocab_size,
-    splits,
-    K: tl.constexpr,
-    K_BLOCK: tl.constexpr,
-    SUBTRACT_LSE: tl.constexpr,
-    SPLIT_BLOCK: tl.constexpr,  # a power of two >= splits
-    BLOCK_SIZE: tl.constexpr,
+def _merge_chunks(
+    row, row_ptr, vocab_size, splits, token, sampled, stats_ptr, part_v_ptr, part_i_ptr,
+    token_ids_ptr, logprobs_ptr, ranks_ptr, lse_ptr, K: tl.constexpr, K_BLOCK: tl.constexpr,
+    SUBTRACT_LSE: tl.constexpr, SPLIT_BLOCK: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     NO_TOKEN: tl.constexpr,
-):
+):  # fmt: skip
     """A split row's chunks merged: the max, the sum rescaled to it, the counts added, the
     largest value below the sampled one, the top K of the chunks' top Ks (the same
     selections), then the outputs as one program would have written them."""
-    row = tl.program_id(0)
-    row_ptr = source_ptr + row.to(tl.int64) * source_stride
-    # every load by row first, before any use (a warp issues in order: a load after a use
-    # of loaded data waits a memory latency more), then the sampled value at the token
-    token = tl.load(tokens_ptr + row)
+    # every load before any use of one (a warp issues in order: a load after a use of
+    # loaded data waits a memory latency more): the statistics, then the top Ks' first group
     parts = tl.arange(0, SPLIT_BLOCK)
     used = parts < splits
     at = (row.to(tl.int64) * splits + parts) * 4
@@ -324,11 +319,23 @@ def _logprobs_combine_kernel(
     sums = tl.load(stats_ptr + at + 1, mask=used, other=0.0)
     counts = tl.load(stats_ptr + at + 2, mask=used, other=0.0)
     belows = tl.load(stats_ptr + at + 3, mask=used, other=float("-inf"))
+    # the top K of the chunks' top Ks, MERGE chunks at a time: their union is at most 512
+    # values (a whole 64 x 32 union spilled at K = 20); one group for K <= 8
+    MERGE: tl.constexpr = min(SPLIT_BLOCK, max(1, 512 // K_BLOCK))
     lanes = tl.arange(0, K_BLOCK)
-    flat = (row.to(tl.int64) * splits + parts[:, None]) * K_BLOCK + lanes[None, :]
-    union_v = tl.load(part_v_ptr + flat, mask=used[:, None], other=float("-inf"))
-    union_i = tl.load(part_i_ptr + flat, mask=used[:, None], other=NO_TOKEN)
-    sampled = tl.load(row_ptr + token).to(tl.float32)
+    top_v = tl.full((K_BLOCK,), float("-inf"), tl.float32)
+    top_i = tl.full((K_BLOCK,), NO_TOKEN, tl.int32)
+    for group in range(0, splits, MERGE):
+        chunks = group + tl.arange(0, MERGE)
+        flat = (row.to(tl.int64) * splits + chunks[:, None]) * K_BLOCK + lanes[None, :]
+        in_group = (chunks < splits)[:, None]
+        union_v = tl.load(part_v_ptr + flat, mask=in_group, other=float("-inf"))
+        union_i = tl.load(part_i_ptr + flat, mask=in_group, other=NO_TOKEN)
+        union_v = tl.reshape(union_v, (MERGE * K_BLOCK,))
+        union_i = tl.reshape(union_i, (MERGE * K_BLOCK,))
+        top_v, top_i = _top_k_update(
+            top_v, top_i, union_v, union_i, union_i != NO_TOKEN, lanes, K, NO_TOKEN
+        )
     count_ge = tl.sum(counts, axis=0).to(tl.int32)
     below = tl.max(belows, axis=0)
     run_max = tl.max(maxes, axis=0)
@@ -336,13 +343,6 @@ def _logprobs_combine_kernel(
     shift = tl.where(run_max == float("-inf"), 0.0, run_max)
     # an all -inf chunk adds nothing (its exp(-inf - shift) would be inf for a low shift)
     run_sum = tl.sum(tl.where(maxes == float("-inf"), 0.0, sums * exp_ftz(maxes - shift)), axis=0)
-    union_v = tl.reshape(union_v, (SPLIT_BLOCK * K_BLOCK,))
-    union_i = tl.reshape(union_i, (SPLIT_BLOCK * K_BLOCK,))
-    top_v = tl.full((K_BLOCK,), float("-inf"), tl.float32)
-    top_i = tl.full((K_BLOCK,), NO_TOKEN, tl.int32)
-    top_v, top_i = _top_k_update(
-        top_v, top_i, union_v, union_i, union_i != NO_TOKEN, lanes, K, NO_TOKEN
-    )
     _finish_row(
         row, row_ptr, vocab_size, token, sampled, top_v, top_i, run_max, run_sum, count_ge,
         below, token_ids_ptr, logprobs_ptr, ranks_ptr, lse_ptr, K, K_BLOCK, SUBTRACT_LSE,
@@ -351,8 +351,8 @@ def _logprobs_combine_kernel(
 
 
 MAX_SPLITS = 64
-"""At most this many chunks a row: the combine kernel selects the top K of their top Ks in
-one program."""
+"""At most this many chunks a row: a row's last program selects the top K of their top Ks
+(`_merge_chunks`), MERGE chunks at a time."""
 
 
 logprobs_splits = SplitPolicy(ctas_per_sm=6, max_splits=MAX_SPLITS)
@@ -375,10 +375,11 @@ def launch_logprobs(
     partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     tiles: torch.Tensor | None = None,  # [num_rows, ceil(V / block_size), 2] float32
     visits: torch.Tensor | None = None,  # [num_rows, ceil(V / block_size)] int32 (tiles)
+    # [>= num_rows] int32, all 0 (left so): each split row's count of finished programs
+    arrivals: torch.Tensor | None = None,
 ) -> None:
-    """Launch `_logprobs_kernel` over rows x splits, then (splits > 1)
-    `_logprobs_combine_kernel` over the rows; outputs must be contiguous. Allocates nothing,
-    returns None."""
+    """Launch `_logprobs_kernel` over rows x splits (a split row merged by its last
+    program); outputs must be contiguous. Allocates nothing, returns None."""
     num_rows, vocab_size = source.shape
     k = token_ids.shape[1] - 1
     k_block = logprobs_k_block(k)
@@ -394,20 +395,19 @@ def launch_logprobs(
         if visits is None:
             raise ValueError("the raw tiles need the visits scratch")
         check_table("visits", visits, torch.int32, (num_rows, num_tiles))
-    common = dict(K=k, K_BLOCK=k_block, SUBTRACT_LSE=subtract_lse, BLOCK_SIZE=block_size)
+    counters = lse  # unread without SPLIT
+    if split:
+        if arrivals is None:
+            raise ValueError(f"{splits} splits need the arrival counters")
+        counters = arrivals
     _logprobs_kernel[(num_rows, splits)](
         source, source.stride(0), tokens, token_ids, logprobs, ranks, lse, stats, part_v,
-        part_i, tiles if tiles is not None else lse, visits if tiles is not None else ranks,
-        vocab_size, chunk, SPLIT=split, HAS_TILES=tiles is not None,
-        TILES_BLOCK=triton.next_power_of_2(num_tiles),
-        NO_TOKEN=_NO_TOKEN, **common,
+        part_i, counters, tiles if tiles is not None else lse,
+        visits if tiles is not None else ranks, vocab_size, chunk, K=k, K_BLOCK=k_block,
+        SUBTRACT_LSE=subtract_lse, SPLIT=split, HAS_TILES=tiles is not None,
+        TILES_BLOCK=triton.next_power_of_2(num_tiles), BLOCK_SIZE=block_size,
+        NO_TOKEN=_NO_TOKEN, SPLIT_BLOCK=max(2, triton.next_power_of_2(splits)),
     )  # fmt: skip
-    if split:
-        _logprobs_combine_kernel[(num_rows,)](
-            source, source.stride(0), tokens, token_ids, logprobs, ranks, lse, stats, part_v,
-            part_i, vocab_size, splits, SPLIT_BLOCK=triton.next_power_of_2(splits),
-            NO_TOKEN=_NO_TOKEN, **common,
-        )  # fmt: skip
 
 
 def logprobs_k_block(k: int) -> int:
@@ -415,7 +415,7 @@ def logprobs_k_block(k: int) -> int:
     return max(triton.next_power_of_2(k), 2)
 
 
-@inplace_op("compute_logprobs", mutates_args=("token_ids", "logprobs", "ranks", "lse"))
+@inplace_op("compute_logprobs", mutates_args=("token_ids", "logprobs", "ranks", "lse", "arrivals"))
 def compute_logprobs(
     source: torch.Tensor,
     tokens: torch.Tensor,
@@ -426,6 +426,7 @@ def compute_logprobs(
     subtract_lse: bool,
     splits: int = 1,
     tiles: torch.Tensor | None = None,
+    arrivals: torch.Tensor | None = None,
 ) -> None:
     """The logprobs stage in one pass per row: column 0 the sampled token, columns 1..K the
     top K in descending order, minus the row's logsumexp when `subtract_lse` (the
@@ -435,11 +436,13 @@ def compute_logprobs(
     tokens [num_rows] int32 or int64 in [0, V). Written: token_ids [num_rows, K + 1] int32, logprobs
     [num_rows, K + 1] float32, ranks [num_rows] int32, lse [num_rows] float32 (the row's
     logsumexp, 0 where not finite). splits: programs per row, each scanning a chunk of whole
-    tiles, merged by a second kernel (`logprobs_splits` picks it; the outputs do not depend
-    on it beyond the float32 order of the sum). tiles: float32 [num_rows, ceil(V / TILE), 2]
-    or None: `source`'s tile statistics from `process_logits(raw_tiles=...)`; with them the
-    logsumexp is taken from the table and only the tiles that can matter are read (the same
-    outputs, lse up to the float32 order of its sum).
+    tiles, merged by the row's last program to finish (`logprobs_splits` picks it; the
+    outputs do not depend on it beyond the float32 order of the sum). tiles: float32
+    [num_rows, ceil(V / TILE), 2] or None: `source`'s tile statistics from
+    `process_logits(raw_tiles=...)`; with them the logsumexp is taken from the table and
+    only the tiles that can matter are read (the same outputs, lse up to the float32 order
+    of its sum). arrivals: int32 [>= num_rows], all 0, which the op leaves 0 (the split
+    rows' counters: a caller's persistent buffer saves a fill launch), or None: allocated.
     """
     if source.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"source must be float32, float16 or bfloat16, got {source.dtype}")
@@ -465,13 +468,14 @@ def compute_logprobs(
     if tiles is not None:  # the tiles each program reads
         visits = torch.empty(tiles.shape[:2], dtype=torch.int32, device=source.device)
     partials = None
-    if splits > 1:  # the chunks' statistics and top Ks, merged by the second kernel
+    if splits > 1:  # the chunks' statistics and top Ks, merged by each row's last program
         lanes, device = logprobs_k_block(k), source.device
         partials = (
             torch.empty((num_rows, splits, 4), dtype=torch.float32, device=device),
             torch.empty((num_rows, splits, lanes), dtype=torch.float32, device=device),
             torch.empty((num_rows, splits, lanes), dtype=torch.int32, device=device),
         )
+        arrivals = arrival_counters(arrivals, num_rows, device)
     launch_logprobs(
         source,
         tokens,
@@ -485,4 +489,5 @@ def compute_logprobs(
         partials,
         tiles,
         visits,
+        arrivals,
     )

@@ -25,12 +25,14 @@ from .library import (
     LISTED_STAGES,
     TILE,
     SplitPolicy,
+    arrival_counters,
     check_logits,
     check_rows,
     check_table,
     check_tile_max,
     chunk_bounds,
     inplace_op,
+    last_to_arrive,
     listed_tile,
     split_chunks,
     split_count,
@@ -61,10 +63,11 @@ def _sample_kernel(
     positions_ptr,  # [num_rows] int64 token position each row samples (not BY_SLOT)
     prompt_len_ptr,  # [num_slots] int64 (BY_SLOT): position = prompt_len + num_generated
     num_generated_ptr,  # [num_slots] int32 (BY_SLOT)
-    tokens_ptr,  # [num_rows] int32 or int64, written (not SPLIT)
+    tokens_ptr,  # [num_rows] int32 or int64, written
     partial_best_ptr,  # [num_rows, splits] float32, written (SPLIT): each chunk's best
     partial_index_ptr,  # [num_rows, splits] int32 (SPLIT): its lowest index
     partial_nan_ptr,  # [num_rows, splits] int32 (SPLIT): its first NaN, or INT32_MAX
+    arrivals_ptr,  # [num_rows] int32 (SPLIT): 0, counted up and left 0 (`last_to_arrive`)
     tile_max_ptr,  # [num_rows, ceil(V / BLOCK_SIZE)] float32 (HAS_TILE_MAX): upper bounds
     visits_ptr,  # [num_rows, ceil(V / BLOCK_SIZE)] int32 scratch (HAS_TILE_MAX): tiles read
     vocab_size,
@@ -81,7 +84,8 @@ def _sample_kernel(
     SPLIT: tl.constexpr,
     TILES_BLOCK: tl.constexpr,  # a power of two >= 2 and a chunk's tiles (HAS_TILE_MAX)
     BLOCK_SIZE: tl.constexpr,
-    COMMIT: tl.constexpr = False,  # without SPLIT: commit each row's token (history.py)
+    SPLIT_BLOCK: tl.constexpr = 2,  # a power of two >= splits (SPLIT)
+    COMMIT: tl.constexpr = False,  # commit each row's token (history.py)
     SATURATED: tl.constexpr = 255,
     HAS_KEEP: tl.constexpr = False,
     OVERFLOW_BLOCK: tl.constexpr = 2,
@@ -99,10 +103,11 @@ def _sample_kernel(
     tile whose bound lies below the cut is not even read: every token of it counts as -inf,
     and the walk goes over the others only (`library.tiles_to_visit`).
 
-    Program (row, split) scans columns [split * chunk, (split + 1) * chunk). With SPLIT, it
-    writes its chunk's best value (NaN left out), lowest index and first NaN for
-    `_combine_kernel`, so that a few rows still spread over every SM. Without SPLIT and with
-    COMMIT, the program then commits its row's token, as `history.commit_history` would."""
+    Program (row, split) scans columns [split * chunk, (split + 1) * chunk). With SPLIT (so
+    that a few rows still spread over every SM), it writes its chunk's best value (NaN left
+    out), lowest index and first NaN, and the row's last program to finish merges them
+    (`library.last_to_arrive`, `_merge_chunks`): no launch of its own. The program that makes a
+    row's token then commits it (COMMIT), as `history.commit_history` would."""
     row = tl.program_id(0)
     split = tl.program_id(1)
     begin = split * chunk
@@ -198,17 +203,25 @@ def _sample_kernel(
         better = tile_max > best
         best_index = tl.where(better, tile_index, best_index)
         best = tl.where(better, tile_max, best)
+    token = tl.where(first_nan < 2147483647, first_nan, best_index)
+    finish = True
     if SPLIT:
-        at = row.to(tl.int64) * tl.num_programs(1) + split
+        splits = tl.num_programs(1)
+        at = row.to(tl.int64) * splits + split
         tl.store(partial_best_ptr + at, best)
         tl.store(partial_index_ptr + at, best_index)
         tl.store(partial_nan_ptr + at, first_nan)
-    else:
-        token = tl.where(first_nan < 2147483647, first_nan, best_index)
+        finish = last_to_arrive(arrivals_ptr + row, splits)
+        if finish:
+            token = _merge_chunks(
+                row, splits, partial_best_ptr, partial_index_ptr, partial_nan_ptr, SPLIT_BLOCK
+            )  # fmt: skip
+    if finish:
         tl.store(tokens_ptr + row, token.to(tokens_ptr.dtype.element_ty))
         if COMMIT:
             # commit_row's barrier orders every thread's read of num_generated (the
-            # position, at the start) before the store that advances it
+            # position, at the start) before the store that advances it; the row's other
+            # programs read theirs before they arrived
             commit_row(
                 row, slot, token, keep_ptr, num_generated_ptr, counts_ptr, overflow_token_ptr,
                 overflow_excess_ptr, window_ptr, counts_stride, num_overflow, window_len,
@@ -217,29 +230,13 @@ def _sample_kernel(
 
 
 @triton.jit
-def _combine_kernel(
-    partial_best_ptr,  # [num_rows, splits] float32
-    partial_index_ptr,  # [num_rows, splits] int32
-    partial_nan_ptr,  # [num_rows, splits] int32
-    tokens_ptr,  # [num_rows] int32 or int64, written
-    splits,
-    # COMMIT: the rows' slots, then keep and the history as `history.commit_row` takes them
-    slots_ptr, keep_ptr, num_generated_ptr, counts_ptr, overflow_token_ptr,
-    overflow_excess_ptr, window_ptr, counts_stride, num_overflow, window_len, padding_slot,
+def _merge_chunks(
+    row, splits, partial_best_ptr, partial_index_ptr, partial_nan_ptr,
     SPLIT_BLOCK: tl.constexpr,
-    COMMIT: tl.constexpr = False,
-    SATURATED: tl.constexpr = 255,
-    HAS_KEEP: tl.constexpr = False,
-    OVERFLOW_BLOCK: tl.constexpr = 2,
 ):  # fmt: skip
-    """Per row, the chunks' answers merged in column order: the first NaN if any, else the
-    best value's lowest index (chunks are ordered, so the lowest chunk among equal bests);
-    a row of -inf gives chunk 0's start, 0. With COMMIT, the row's token is then committed,
-    as `history.commit_history` would (the sampling programs have read their positions)."""
-    row = tl.program_id(0)
-    slot = 0
-    if COMMIT:
-        slot = tl.load(slots_ptr + row)  # first, though ptxas issues it after a reduction
+    """Row `row`'s chunks' answers merged in column order -> its token: the first NaN if
+    any, else the best value's lowest index (chunks are ordered, so the lowest chunk among
+    equal bests); a row of -inf gives chunk 0's start, 0."""
     part = tl.arange(0, SPLIT_BLOCK)
     used = part < splits
     at = row.to(tl.int64) * splits + part
@@ -248,14 +245,7 @@ def _combine_kernel(
     first_nan = tl.min(tl.load(partial_nan_ptr + at, mask=used, other=2147483647), axis=0)
     top = tl.max(best, axis=0)
     best_index = tl.min(tl.where(used & (best == top), index, 2147483647), axis=0)
-    token = tl.where(first_nan < 2147483647, first_nan, best_index)
-    tl.store(tokens_ptr + row, token.to(tokens_ptr.dtype.element_ty))
-    if COMMIT:
-        commit_row(
-            row, slot, token, keep_ptr, num_generated_ptr, counts_ptr,
-            overflow_token_ptr, overflow_excess_ptr, window_ptr, counts_stride, num_overflow,
-            window_len, padding_slot, SATURATED, HAS_KEEP, OVERFLOW_BLOCK,
-        )  # fmt: skip
+    return tl.where(first_nan < 2147483647, first_nan, best_index)
 
 
 def launch_sample_tokens(
@@ -277,24 +267,26 @@ def launch_sample_tokens(
     tile_max: torch.Tensor | None = None,
     # [num_rows, ceil(V / block_size)] int32 scratch, needed with tile_max and threshold
     visits: torch.Tensor | None = None,
-    # the history each row's token is committed to, by the kernel that makes the token
-    # (`_combine_kernel`, or `_sample_kernel` unsplit); its num_generated must be
-    # `num_generated` where that is given
+    # the history each row's token is committed to, by the program that makes the token
+    # (a split row's last to finish); its num_generated must be `num_generated` where that
+    # is given
     commit: CommitTables | None = None,
     keep: torch.Tensor | None = None,  # [num_rows] bool: the rows that commit (None: all)
+    # [>= num_rows] int32, all 0 (left so): each split row's count of finished programs
+    arrivals: torch.Tensor | None = None,
 ) -> None:
-    """Launch `_sample_kernel` over rows x splits, then (splits > 1) `_combine_kernel` over
-    the rows; allocates nothing, returns None."""
+    """Launch `_sample_kernel` over rows x splits (a split row merged by its last
+    program); allocates nothing, returns None."""
     num_rows, vocab_size = logits.shape
     if vocab_size > _INT32_MAX - block_size:
         raise ValueError(f"vocab_size must be below 2**31 - {block_size}, got {vocab_size}")
     splits, chunk = split_chunks(vocab_size, splits, block_size)
     split = splits > 1
-    scratch = [tokens] * 3  # unread without SPLIT
+    scratch = [tokens] * 4  # unread without SPLIT
     if split:
-        if partials is None:
-            raise ValueError(f"{splits} splits need the partials' scratch")
-        scratch = [t.view(-1)[: num_rows * splits] for t in partials]
+        if partials is None or arrivals is None:
+            raise ValueError(f"{splits} splits need the partials' scratch and the counters")
+        scratch = [t.view(-1)[: num_rows * splits] for t in partials] + [arrivals]
     listing = tile_max is not None and threshold is not None
     if listing:
         if visits is None:
@@ -310,7 +302,6 @@ def launch_sample_tokens(
         history, committing = commit.launch_args(keep)
         committing["COMMIT"] = True
         num_generated = commit.num_generated
-    own = unused if split else history  # split rows commit in the combine
     _sample_kernel[(num_rows, splits)](
         logits,
         logits.stride(0),
@@ -327,8 +318,8 @@ def launch_sample_tokens(
         visits if listing else tokens,
         vocab_size,
         chunk,
-        own[0],  # keep; num_generated is the one above
-        *own[2:],
+        history[0],  # keep; num_generated is the one above
+        *history[2:],
         SALT=salt,
         GREEDY_BELOW=GREEDY_TEMPERATURE,
         HAS_THRESHOLD=threshold is not None,
@@ -339,20 +330,16 @@ def launch_sample_tokens(
         # its loop, which perf/kernel_model.py (it times tile loops) would no longer see
         TILES_BLOCK=max(2, triton.next_power_of_2(triton.cdiv(chunk, block_size))),
         BLOCK_SIZE=block_size,
-        **({} if split else committing),
+        SPLIT_BLOCK=max(2, triton.next_power_of_2(splits)),
+        **committing,
     )
-    if split:
-        _combine_kernel[(num_rows,)](
-            *scratch, tokens, splits, slots, *history,
-            SPLIT_BLOCK=triton.next_power_of_2(splits), **committing,
-        )  # fmt: skip
 
 
 sample_splits = SplitPolicy(ctas_per_sm=7)
 """Programs per row for `sample_tokens` (`library.SplitPolicy`: at least one tile each)."""
 
 
-@inplace_op("sample_tokens", mutates_args=("tokens",))
+@inplace_op("sample_tokens", mutates_args=("tokens", "arrivals"))
 def sample_tokens(
     logits: torch.Tensor,
     slots: torch.Tensor,
@@ -366,6 +353,7 @@ def sample_tokens(
     num_generated: torch.Tensor | None = None,
     splits: int = 1,
     tile_max: torch.Tensor | None = None,
+    arrivals: torch.Tensor | None = None,
 ) -> None:
     """Greedy argmax or the counter-based Gumbel-max race, merged per row into `tokens`.
 
@@ -375,22 +363,24 @@ def sample_tokens(
     temperature [num_slots] float32 (below GREEDY_TEMPERATURE is greedy); seeds [num_slots]
     int64; threshold [num_rows] float32 or None (tokens below it count as -inf); tokens
     [num_rows] int32 or int64 (written); salt: the random stream (constants.SALT_*);
-    splits: programs per row, each scanning a chunk of whole tiles, merged by a second
-    kernel (`sample_splits` picks it; the tokens do not depend on it). tile_max [num_rows,
-    ceil(V / TILE)] float32 or None: upper bounds of each tile's logits, +inf where a tile
-    holds NaN (`process_logits`' tile maxima, before any mask), with which a tile wholly
-    below the threshold is not read, and only the +inf tiles are searched for NaN.
+    splits: programs per row, each scanning a chunk of whole tiles, merged by the row's
+    last program to finish (`sample_splits` picks it; the tokens do not depend on it).
+    tile_max [num_rows, ceil(V / TILE)] float32 or None: upper bounds of each tile's
+    logits, +inf where a tile holds NaN (`process_logits`' tile maxima, before any mask),
+    with which a tile wholly below the threshold is not read, and only the +inf tiles are
+    searched for NaN. arrivals: int32 [>= num_rows], all 0, which the op leaves 0 (the split
+    rows' counters: a caller's persistent buffer saves a fill launch), or None: allocated.
     """
     _sample(
         logits, slots, temperature, seeds, positions, threshold, tokens, salt, prompt_len,
-        num_generated, splits, tile_max,
+        num_generated, splits, tile_max, arrivals=arrivals,
     )  # fmt: skip
 
 
 @inplace_op(
     "sample_and_commit",
     mutates_args=("tokens", "num_generated", "counts", "overflow_token", "overflow_excess",
-                  "window"),
+                  "window", "arrivals"),
 )  # fmt: skip
 def sample_and_commit(
     logits: torch.Tensor,
@@ -411,10 +401,11 @@ def sample_and_commit(
     overflow_excess: torch.Tensor,
     window: torch.Tensor,
     padding_slot: int,
+    arrivals: torch.Tensor | None = None,
 ) -> None:
     """`sample_tokens`, then `history.commit_history` of its tokens, with the commit made
-    by the kernel that makes each row's token (the split rows' combine, or the unsplit
-    sampling program): one launch fewer a step. The arguments are theirs; num_generated
+    by the program that makes each row's token (a split row's last to finish): one launch
+    fewer a step. The arguments are theirs; num_generated
     is always given, since the commit advances it, and with positions None it also gives
     the positions, read before the commit."""
     commit = CommitTables(
@@ -424,6 +415,7 @@ def sample_and_commit(
     _sample(
         logits, slots, temperature, seeds, positions, threshold, tokens, salt, prompt_len,
         None if positions is not None else num_generated, splits, tile_max, commit, keep,
+        arrivals,
     )  # fmt: skip
 
 
@@ -442,6 +434,7 @@ def _sample(
     tile_max: torch.Tensor | None,
     commit: CommitTables | None = None,
     keep: torch.Tensor | None = None,
+    arrivals: torch.Tensor | None = None,
 ) -> None:
     """The sampling ops' checks, their scratch, and the launch."""
     check_logits(logits)
@@ -474,18 +467,19 @@ def _sample(
         raise ValueError(f"splits must be >= 1, got {splits}")
     splits = split_count(logits.shape[1], splits)
     partials = None
-    if splits > 1:  # the chunks' answers, merged by the second kernel
+    if splits > 1:  # the chunks' answers, merged by each row's last program
         shape, device = (num_rows, splits), logits.device
         partials = (
             torch.empty(shape, dtype=torch.float32, device=device),
             torch.empty(shape, dtype=torch.int32, device=device),
             torch.empty(shape, dtype=torch.int32, device=device),
         )
+        arrivals = arrival_counters(arrivals, num_rows, device)
     visits = None
     if tile_max is not None and threshold is not None:  # the tiles each program reads
         visits = torch.empty_like(tile_max, dtype=torch.int32)
     launch_sample_tokens(
         logits, slots, temperature, seeds, positions, tokens, threshold, salt, prompt_len,
         num_generated, splits, partials, tile_max=tile_max, visits=visits, commit=commit,
-        keep=keep,
+        keep=keep, arrivals=arrivals,
     )  # fmt: skip

@@ -19,7 +19,8 @@ depends on it), and that no variant
 spills registers (`ptxas -v`: a spill is local-memory traffic in every loop iteration).
 Each variant's `store_phases` (the source lines of its global stores, grouped between the
 barriers of its TTGIR) let the test check that a kernel orders the stores that its threads
-would otherwise race on; the interpreter, one thread, never shows such a race.
+would otherwise race on, and its `released_stores` those another program reads after an
+atomic; the interpreter, one thread, never shows such a race.
 
 Run in its own process, with the interpreter off (it sets TRITON_INTERPRET=0 before Triton
 is imported, and refuses to run where Triton was already imported in interpreter mode):
@@ -99,6 +100,7 @@ class Compiled:
     spill_bytes: int | None = None  # spill stores a thread, from `ptxas -v`
     store_phases: list[list[int]] = field(default_factory=list)  # see `store_phases`
     fenced_stores: list[int] = field(default_factory=list)  # see `fenced_stores`
+    released_stores: list[int] = field(default_factory=list)  # see `released_stores`
 
 
 def _scalar_type(value: object) -> str:
@@ -283,14 +285,14 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
                     _t(rows) if threshold else None, SALT_SAMPLE, _i64(slots_n), _i32(slots_n),
                     splits, (_t(rows, splits), _i32(rows, splits), _i32(rows, splits)),
                     tile_max=_t(rows, 4) if tiles else None,
-                    visits=_i32(rows, 4) if tiles else None,
+                    visits=_i32(rows, 4) if tiles else None, arrivals=_i32(rows),
                 )  # fmt: skip
 
             label = f"sample_tokens threshold={threshold} by_slot splits={splits} tile_max={tiles}"
             calls.append((label, by_slot))
 
     # sample_and_commit: the Sampler's step, the commit in the unsplit sampling program or
-    # in the combine, with a commit mask or without
+    # in a split row's last program, with a commit mask or without
     for splits, keep in ((1, False), (3, False), (3, True)):
 
         def committed(splits: int = splits, keep: bool = keep) -> None:
@@ -304,7 +306,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
                     generated, _t(slots_n, 4096, dtype=torch.uint8), _i32(slots_n, 3),
                     _i32(slots_n, 3), _i32(slots_n, 8), slots_n - 1,
                 ),
-                keep=_t(rows, dtype=torch.bool) if keep else None,
+                keep=_t(rows, dtype=torch.bool) if keep else None, arrivals=_i32(rows),
             )  # fmt: skip
 
         calls.append((f"sample_and_commit splits={splits} keep={keep}", committed))
@@ -336,7 +338,8 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
         label = f"compute_logprobs {dtype} subtract_lse={subtract_lse} raw_tiles={raw}"
         calls.append((label, lp))
 
-    # split rows (a GPU's small batch): chunks' partials, merged by the combine kernel; K 20
+    # split rows (a GPU's small batch): chunks' partials, merged by each row's last
+    # program; K 20
     for raw in (False, True):
 
         def split_lp(raw: bool = raw) -> None:
@@ -344,7 +347,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
             logprobs.launch_logprobs(
                 _t(rows, 151_936), _i64(rows), _i32(rows, 21), _t(rows, 21), _i32(rows),
                 _t(rows), True, 1024, 64, partials, _t(rows, 149, 2) if raw else None,
-                _i32(rows, 149) if raw else None,
+                _i32(rows, 149) if raw else None, _i32(rows),
             )  # fmt: skip
 
         calls.append(
@@ -455,29 +458,39 @@ def _op_line(op: str, aliases: dict[str, str]) -> int:
 
 
 def store_phases(ttgir: str) -> list[list[int]]:
-    """The source lines of the kernel's `tt.store`s in program order (the text order: the
-    control flow is structured), in phases split at each barrier ordering global memory
-    (`tl.debug_barrier()` is `ttg.barrier all` in Triton 3.9). Only a barrier in the
-    function's top-level block splits: one inside an scf.if or a loop body runs on some paths
-    or iterations only, so the stores it orders stay in one phase (order under-reported,
-    never invented). A store with no source line is 0."""
+    """The source lines of the kernel's `tt.store`s by phase: barriers ordering global
+    memory (`tl.debug_barrier()` is `ttg.barrier all` in Triton 3.9) are numbered 1, 2, ...
+    in text order, and a store's phase is the number of the last one on every path that
+    reaches it (0 for none): the last before it in its own block or in a block enclosing
+    it (the control flow is structured). So a store of a lower phase that comes first in
+    the text is ordered before one of a higher phase by that barrier. A barrier counts past
+    the `scf.if` regions that hold it for no store (the other branch may skip it), and a
+    barrier in a loop body for none (an earlier iteration's stores come after it): order
+    is under-reported, never invented. A store with no source line is 0."""
     aliases = dict(re.findall(r"^(#loc\d*) = loc\((.*)\)$", ttgir, re.MULTILINE))
     phases: list[list[int]] = [[]]
-    depth, body = 0, sys.maxsize  # region nesting; the kernel body's, once its tt.func is seen
+    # the open regions: (whether a barrier in it counts, the phase at its entry); `body`,
+    # the kernel's tt.func, once seen
+    regions: list[tuple[bool, int]] = []
+    phase, body = 0, None
     for line in ttgir.splitlines():
         op = line.strip()
         if op.startswith("}"):  # `} loc(...)`, `} else {`, `} do {`
-            depth -= 1
-        if op.startswith("tt.func public"):
-            body = depth + 1
-        # a barrier names its address spaces: `all`, `local`, `global_read|global_write`, ...
-        elif body == depth and (barrier := re.match(r"ttg\.barrier (\S+)", op)):
-            if {"all", "global_write"} & set(barrier.group(1).split("|")):
+            _, phase = regions.pop()
+            if body is not None and len(regions) < body:
+                body = None
+        if body is not None and op.startswith("tt.store "):
+            phases[phase].append(_op_line(op, aliases))
+        elif body is not None and (barrier := re.match(r"ttg\.barrier (\S+)", op)):
+            counts = all(counted for counted, _ in regions[body:])
+            if counts and {"all", "global_write"} & set(barrier.group(1).split("|")):
                 phases.append([])
-        elif body <= depth and op.startswith("tt.store "):
-            phases[-1].append(_op_line(op, aliases))
+                phase = len(phases) - 1
         if op.endswith("{"):
-            depth += 1
+            branch = "scf.if " in op or op.startswith("} else {")
+            regions.append((branch or op.startswith("tt.func public"), phase))
+            if op.startswith("tt.func public"):
+                body = len(regions)
     return phases
 
 
@@ -501,6 +514,30 @@ def fenced_stores(ttgir: str) -> list[int]:
         elif re.search(r"= (tt\.load|ttg\.async_copy_global_to_local) ", op):
             pending = []
     return sorted(set(fenced))
+
+
+def released_stores(ttgir: str) -> list[int]:
+    """The source lines of the `tt.store`s that a barrier ordering global memory, then an
+    atomic that releases at GPU scope (`tt.atomic_rmw` acq_rel or release, gpu or sys),
+    follow in text order: the stores another program may read once it acquires the
+    atomic's location (`library.last_to_arrive`). Without the barrier only the atomic's
+    own thread's stores would be released."""
+    aliases = dict(re.findall(r"^(#loc\d*) = loc\((.*)\)$", ttgir, re.MULTILINE))
+    released: list[int] = []
+    pending: list[int] = []  # stores since the last barrier
+    fenced: list[int] = []  # stores a barrier orders, not yet released
+    for line in ttgir.splitlines():
+        op = line.strip()
+        if op.startswith("tt.store "):
+            pending.append(_op_line(op, aliases))
+        elif barrier := re.match(r"ttg\.barrier (\S+)", op):
+            if {"all", "global_write"} & set(barrier.group(1).split("|")):
+                fenced += pending
+                pending = []
+        elif re.search(r"= tt\.atomic_rmw \w+, (acq_rel|release), (gpu|sys),", op):
+            released += fenced
+            fenced = []
+    return sorted(set(released))
 
 
 def fma_lines(ptx: str) -> list[str]:
@@ -534,6 +571,7 @@ def compile_launch(launch: Launch, arch: int) -> Compiled:
         result.registers, result.spill_bytes = ptxas_usage(log)
         result.store_phases = store_phases(compiled.asm["ttgir"])
         result.fenced_stores = fenced_stores(compiled.asm["ttgir"])
+        result.released_stores = released_stores(compiled.asm["ttgir"])
         if options.get("enable_fp_fusion") is False:
             result.fma_lines = fma_lines(compiled.asm["ptx"])
             result.fma_in_ptx = any("tl.fma(" not in line for line in result.fma_lines)

@@ -187,8 +187,8 @@ def test_opcheck(kernel_device: torch.device) -> None:
 def test_sample_and_commit_equals_sample_then_commit(
     splits: int, by_slot: bool, kernel_device: torch.device
 ) -> None:
-    """`sample_and_commit` (the commit made by the unsplit sampling program, or by the split
-    rows' combine) against `sample_tokens` then `commit_history` from the same state, step
+    """`sample_and_commit` (the commit made by the unsplit sampling program, or by a split
+    row's last program) against `sample_tokens` then `commit_history` from the same state, step
     after step: the same tokens, every state tensor equal. Positions by slot (read before
     the same kernel advances num_generated) or given; a cut, a commit mask, greedy and
     random rows; the logits favour each row's hot tokens, so the commits saturate bytes and
@@ -213,6 +213,7 @@ def test_sample_and_commit_equals_sample_then_commit(
         near = ids[p.counts[s, ids.to(device)].cpu() < SATURATED]
         p.counts[s, near.to(device)] = SATURATED - 1
     tensors = history.tensors()
+    arrivals = torch.zeros(num_rows + 1, dtype=torch.int32, device=device)  # the pipeline's
     for step in range(12):
         logits = torch.randn(num_rows + 1, vocab, generator=gen) * 2
         for r, ids in enumerate(hot):
@@ -236,8 +237,9 @@ def test_sample_and_commit_equals_sample_then_commit(
         sample_and_commit(
             *common, tokens, 0, per_slot[0], generated, splits, None, keep, p.counts,
             p.overflow_token.device, p.overflow_excess.device, history.bad_words.window.device,
-            history.batch.padding_slot,
+            history.batch.padding_slot, arrivals,
         )  # fmt: skip
+        assert not arrivals.any(), (step, arrivals.tolist())  # left 0 for the next step
         assert torch.equal(tokens, want_tokens), step
         for name, t in tensors.items():
             assert torch.equal(t, want[name]), (step, name)

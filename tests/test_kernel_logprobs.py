@@ -36,13 +36,18 @@ def _kernel(
     splits: int = 1,
     tiles: torch.Tensor | None = None,
 ) -> tuple[LogprobsTensors, torch.Tensor]:
-    """Outputs poisoned first, so an element the kernel never wrote shows up."""
+    """Outputs poisoned first, so an element the kernel never wrote shows up; a split
+    row's counter (a caller's, longer than the batch) is back at 0 after the launch."""
     rows, device = source.shape[0], source.device
     ids = torch.full((rows, k + 1), -7, dtype=torch.int32, device=device)
     values = torch.full((rows, k + 1), float("nan"), device=device)
     ranks = torch.full((rows,), -7, dtype=torch.int32, device=device)
     lse = torch.full((rows,), float("nan"), device=device)
-    compute_logprobs(source, tokens, ids, values, ranks, lse, subtract_lse, splits, tiles)
+    arrivals = torch.zeros(rows + 2, dtype=torch.int32, device=device)
+    compute_logprobs(
+        source, tokens, ids, values, ranks, lse, subtract_lse, splits, tiles, arrivals
+    )  # fmt: skip
+    assert not arrivals.any(), arrivals.tolist()
     return LogprobsTensors(ids, values, ranks), lse
 
 
@@ -179,21 +184,27 @@ def test_a_tile_with_one_new_value_inserts_it_after_earlier_ties(
     assert torch.equal(got.logprobs[:, 1:], raw.gather(1, order))
 
 
-@pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logits"])
-def test_split_rows_merge_to_one_programs_outputs(mode: str, kernel_device: torch.device) -> None:
+@pytest.mark.parametrize(
+    ("mode", "k"), [("raw_logprobs", 20), ("processed_logits", 20), ("raw_logprobs", 100)]
+)
+def test_split_rows_merge_to_one_programs_outputs(
+    mode: str, k: int, kernel_device: torch.device
+) -> None:
     """A row split over 2 and 5 programs (chunks of whole 1,024-element tiles, the last of 3
     columns, fewer than K) merges to one program's outputs: the same ids, values and ranks
     (the logits modes bit for bit), lse within float32 rounding of its other summation
-    order; and, on quantised logits that tie everywhere, the same lowest-index-first ids."""
+    order; and, on quantised logits that tie everywhere, the same lowest-index-first ids.
+    K = 100 (128 lanes) merges the chunks' top Ks 4 chunks at a time: 5 chunks in 2 groups."""
     gen = _gen()
     raw, processed, tokens = _logits_and_tokens(3, 4099, gen, kernel_device)
     raw[1] = (raw[1] * 2).round()  # ties across the chunks
+    raw[0, -3:] = raw[0].max() + 1.0  # the row's 3 largest in the last chunk (group)
     source = raw if mode.startswith("raw") else processed
     subtract_lse = mode.endswith("logprobs")
-    want = _torch_logprobs(mode, 20, raw, processed, tokens)
-    whole, whole_lse = _kernel(source, tokens, 20, subtract_lse)
+    want = _torch_logprobs(mode, k, raw, processed, tokens)
+    whole, whole_lse = _kernel(source, tokens, k, subtract_lse)
     for splits in (2, 5):
-        got, lse = _kernel(source, tokens, 20, subtract_lse, splits)
+        got, lse = _kernel(source, tokens, k, subtract_lse, splits)
         _check(got, lse, want, source, tokens, subtract_lse)
         assert torch.equal(got.logprob_token_ids, whole.logprob_token_ids), splits
         torch.testing.assert_close(lse, whole_lse, rtol=2e-6, atol=1e-6)

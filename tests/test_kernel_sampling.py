@@ -267,12 +267,15 @@ def test_split_rows_merge_exactly(kernel_device: torch.device) -> None:
         torch.empty(rows, 13, dtype=torch.int32, device=kernel_device),
         torch.empty(rows, 13, dtype=torch.int32, device=kernel_device),
     )
+    # each row's last program to finish merges; every launch leaves the counters at 0
+    arrivals = torch.zeros(rows + 3, dtype=torch.int32, device=kernel_device)
     for splits in (1, 2, 3, 5, 13):
         tokens = torch.full((rows,), -1, dtype=torch.int32, device=kernel_device)
         launch_sample_tokens(
             logits, slots, temperature, seeds, positions, tokens, splits=splits,
-            partials=scratch, block_size=16,
+            partials=scratch, block_size=16, arrivals=arrivals,
         )  # fmt: skip
+        assert not arrivals.any(), f"{splits} splits left counters {arrivals.tolist()}"
         runs.append(tokens.cpu())
     for tokens in runs[1:]:
         assert torch.equal(tokens, runs[0])
@@ -308,12 +311,13 @@ def test_tiles_below_the_cut_are_not_read(splits: int, kernel_device: torch.devi
     moved = [t.to(kernel_device) for t in (logits, slots, temperature, seeds, positions)]
     cut, tile_max = cut.to(kernel_device), tile_max.to(kernel_device)
     visits = torch.full(tile_max.shape, -1, dtype=torch.int32, device=kernel_device)
+    arrivals = torch.zeros(rows, dtype=torch.int32, device=kernel_device)
 
     def tokens(x: torch.Tensor, table: torch.Tensor | None) -> list[int]:
         out = torch.full((rows,), -1, dtype=torch.int32, device=kernel_device)
         launch_sample_tokens(
             x, *moved[1:], out, cut, splits=splits, partials=scratch, block_size=block,
-            tile_max=table, visits=visits,
+            tile_max=table, visits=visits, arrivals=arrivals,
         )  # fmt: skip
         return out.tolist()
 
@@ -325,6 +329,7 @@ def test_tiles_below_the_cut_are_not_read(splits: int, kernel_device: torch.devi
             launch_sample_tokens(
                 moved[0], *moved[1:], torch.empty(rows, dtype=torch.int32), cut, splits=splits,
                 partials=scratch, block_size=block, tile_max=tile_max, visits=wrong,
+                arrivals=arrivals,
             )  # fmt: skip
     assert want[4] == 77  # the first NaN
     # rows 0 (greedy) and 1 (random): a tile wholly below the cut, its bound kept

@@ -56,6 +56,16 @@ class TritonPipeline:
             and state is not stages.bad_words
         ]
         self.commit_kernel = not hooks
+        # the split rows' counters of the sampling and logprobs kernels (each launch leaves
+        # them 0): persistent, so that no step fills them; a step of more rows (the
+        # rejection sampler's drafts) has the ops allocate its own
+        batch_state = stages.batch_state
+        self.arrivals = torch.zeros(
+            batch_state.max_num_reqs, dtype=torch.int32, device=batch_state.device
+        )
+
+    def _arrivals(self, num_rows: int) -> torch.Tensor | None:
+        return self.arrivals if num_rows <= self.arrivals.shape[0] else None
 
     def process(
         self,
@@ -173,12 +183,13 @@ class TritonPipeline:
         )  # fmt: skip
         if not commit:
             by_slot = generated if positions is None else None
-            sample_tokens(*args, by_slot, splits, processed.tile_max)
+            sample_tokens(*args, by_slot, splits, processed.tile_max, self._arrivals(num_rows))
             return tokens
         sample_and_commit(
             *args, generated, splits, processed.tile_max, keep, s.penalties.counts,
             s.penalties.overflow_token.device, s.penalties.overflow_excess.device,
             s.bad_words.window.device, s.batch_state.config.padding_slot,
+            self._arrivals(num_rows),
         )  # fmt: skip
         return tokens
 
@@ -231,7 +242,16 @@ class TritonPipeline:
         lse = torch.empty(num_rows, dtype=torch.float32, device=device)
         splits = logprobs_splits(*source.shape, device)
         compute_logprobs(
-            source, tokens, token_ids, values, ranks, lse, subtract_lse, splits, raw_tiles
+            source,
+            tokens,
+            token_ids,
+            values,
+            ranks,
+            lse,
+            subtract_lse,
+            splits,
+            raw_tiles,
+            self._arrivals(num_rows),
         )
         if requested is None:
             return LogprobsTensors(token_ids, values, ranks)

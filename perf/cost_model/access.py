@@ -423,23 +423,20 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             "prompt_len_ptr": random * by_slot,
             "num_generated_ptr": random * by_slot,
             "tokens_ptr": 0 * ones,
-            **dict.fromkeys(partials, 0 * ones),
+            # split rows: the last program reads the row's partials, after each program's
+            # atomic add on the row's counter
+            **dict.fromkeys(partials, ones * split),
+            "arrivals_ptr": ones * split,
         },
-        # split rows: each program writes its chunk's answer, one row of partials a row
-        writes={"tokens_ptr": ones * (1 - split), **dict.fromkeys(partials, ones * split)},
+        # split rows: each program writes its chunk's answer, one row of partials a row,
+        # and the last one resets the counter
+        writes={
+            "tokens_ptr": ones,
+            **dict.fromkeys(partials, ones * split),
+            "arrivals_ptr": ones * split,
+        },
         walks={tile_loop(k._sample_kernel, 0): visited},
         taken=taken,
-    )
-    return _with_commit(work, a, c)
-
-
-def _combine_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
-    """The split rows' merge: each row's partials read once, its token written."""
-    ones = torch.ones(a["tokens_ptr"].shape[0], dtype=torch.float64)
-    partials = ("partial_best_ptr", "partial_index_ptr", "partial_nan_ptr")
-    work = Work(
-        reads={**dict.fromkeys(partials, ones), "tokens_ptr": 0 * ones},
-        writes={"tokens_ptr": ones},
     )
     return _with_commit(work, a, c)
 
@@ -479,35 +476,19 @@ def _logprobs_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             "source_ptr": visited + 1 / vocab,
             # each program reads the row's table: its floor comes from every tile
             "tiles_ptr": ones * float(c["HAS_TILES"]) * math.ceil(tiles / chunk_tiles),
-            **dict.fromkeys(written + partials, 0 * ones),
+            **dict.fromkeys(written, 0 * ones),
+            # split rows: the last program to arrive reads the row's partials
+            **dict.fromkeys(partials, ones * split),
+            "arrivals_ptr": ones * split,
         },
         writes={
-            **dict.fromkeys(written, ones * (1 - split)),
+            **dict.fromkeys(written, ones),
             **dict.fromkeys(partials, ones * split),
+            "arrivals_ptr": ones * split,
         },
         # the walk's iterations are the listed tiles, a share `visited` of the chunk's
         walks={tile_loop(k._logprobs_kernel, 0): visited, tile_loop(k._finish_row, 0): 0 * ones},
         taken=taken,
-    )
-
-
-def _logprobs_combine_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
-    """The split rows' merge: each row's partials read once (and its sampled value), the
-    outputs written; the rare second pass never."""
-    from graphsafe_sampler.kernels import logprobs as k
-
-    rows, vocab = a["source_ptr"].shape
-    ones = torch.ones(rows, dtype=torch.float64)
-    written = ("token_ids_ptr", "logprobs_ptr", "ranks_ptr", "lse_ptr")
-    partials = ("stats_ptr", "part_v_ptr", "part_i_ptr")
-    return Work(
-        reads={
-            "source_ptr": ones / vocab,
-            **dict.fromkeys(partials, ones),
-            **dict.fromkeys(written, 0 * ones),
-        },
-        writes=dict.fromkeys(written, ones),
-        walks={tile_loop(k._finish_row, 0): 0 * ones},
     )
 
 
@@ -575,9 +556,7 @@ WORK: dict[str, Callable[[dict[str, Any], dict[str, Any]], Work]] = {
     "_candidates_kernel": _candidates_work,
     "_top_k_top_p_kernel": _top_k_top_p_work,
     "_sample_kernel": _sample_work,
-    "_combine_kernel": _combine_work,
     "_logprobs_kernel": _logprobs_work,
-    "_logprobs_combine_kernel": _logprobs_combine_work,
     "_commit_history_kernel": _commit_work,
     "_min_p_kernel": _min_p_work,
 }
