@@ -614,14 +614,20 @@ def _assert_near_ties(
 
 
 @pytest.mark.parametrize(
-    ("rows", "vocab", "mode", "candidates"),
+    ("rows", "vocab", "mode", "candidates", "splits"),
     [
-        pytest.param(3, 111, "raw_logprobs", None, id="R3-V111-raw_logprobs"),
-        pytest.param(17, 1023, "processed_logits", None, id="R17-V1023-processed_logits"),
-        pytest.param(5, 4099, "processed_logprobs", None, id="R5-V4099-processed_logprobs"),
+        pytest.param(3, 111, "raw_logprobs", None, None, id="R3-V111-raw_logprobs"),
+        pytest.param(17, 1023, "processed_logits", None, None, id="R17-V1023-processed_logits"),
+        pytest.param(
+            5, 4099, "processed_logprobs", None, None, id="R5-V4099-processed_logprobs"
+        ),
         # the top-k/top-p kernel's candidate buffer (off by default under the interpreter),
         # small enough that some rows' top-k lie beyond it
-        pytest.param(3, 111, "processed_logprobs", 16, id="R3-V111-candidates16"),
+        pytest.param(3, 111, "processed_logprobs", 16, None, id="R3-V111-candidates16"),
+        # every kernel's rows split over 3 programs, as on a GPU's small batch (off CUDA the
+        # policies give 1): the sampling and logprobs rows merged by their last program,
+        # through the pipeline's counters, step after step
+        pytest.param(4, 4099, "raw_logprobs", None, 3, id="R4-V4099-raw_logprobs-split3"),
     ],
 )
 def test_backends_agree_step_by_step(
@@ -629,6 +635,7 @@ def test_backends_agree_step_by_step(
     vocab: int,
     mode: str,
     candidates: int | None,
+    splits: int | None,
     kernel_device: torch.device,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -636,6 +643,12 @@ def test_backends_agree_step_by_step(
         from graphsafe_sampler.kernels import top_k_top_p
 
         monkeypatch.setattr(top_k_top_p, "default_candidates", lambda: candidates)
+    if splits is not None:
+        from graphsafe_sampler.pipelines import triton_pipeline
+
+        for policy in ("process_splits", "top_k_top_p_splits", "sample_splits",
+                       "logprobs_splits"):  # fmt: skip
+            monkeypatch.setattr(triton_pipeline, policy, lambda *_args: splits)
     samplers = {
         b: Sampler(_rich_config(rows, vocab, b, logprobs_mode=mode), kernel_device)
         for b in ("torch", "triton")
@@ -683,6 +696,8 @@ def test_backends_agree_step_by_step(
         want = samplers["torch"].state_tensors()
         for name, tensor in samplers["triton"].state_tensors().items():
             assert torch.equal(tensor, want[name]), name
+        # the split rows' counters, left at 0 for the next step
+        assert not samplers["triton"].pipeline.arrivals.any()
         driver.record_tokens(tokens.tolist())
     print(f"{mismatches} near-tie mismatches over 12 steps of {rows} rows")
 
