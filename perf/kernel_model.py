@@ -332,7 +332,10 @@ def _launch_entry(
         if (e.tile_loop and not e.walks_per_row)
         or ((e.file, e.line) in work.walks and not float(work.walks[e.file, e.line].max()))
     }
-    path = variant.straight_line(unwalked)
+    # and the `if`s the access table takes no row through (a rare path), whichever loop
+    # holds them
+    untaken = {where for where, fraction in work.taken.items() if not float(fraction.max())}
+    path = variant.straight_line(unwalked, untaken)
     timing = launch_time(
         read + written, programs, ctas, variant.num_warps, serial, gpu, path.load_rounds,
         path.instructions,

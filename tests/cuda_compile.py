@@ -246,18 +246,18 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
     calls.append(("top_k_top_p reads= candidates=16 block=64", counted))
 
     # stage 1 split over the vocabulary as at B = 1 on a GPU: the cut kernel merges 64 lists
-    # of 32 (the widest union it takes); and over 3, as at B = 256. `wide` is bound now: the
-    # sampling calls below rebind the name
+    # of 32 (the widest union it takes); and over 3, as at B = 256, with the tile maxima or
+    # without (custom processors). `wide` is bound now: the sampling calls below rebind it
     wide = _t(rows, 151_936)
-    for splits in (64, 3):
+    for splits, tiles in ((64, True), (3, True), (3, False)):
 
-        def split(splits: int = splits, wide: torch.Tensor = wide) -> None:
+        def split(splits: int = splits, tiles: bool = tiles, wide: torch.Tensor = wide) -> None:
             top_k_top_p.launch_top_k_top_p(
                 wide, slots, _i32(slots_n), _t(slots_n), _t(rows), False, _t(slots_n),
-                splits=splits, tile_max=_t(rows, 149),
+                splits=splits, tile_max=_t(rows, 149) if tiles else None,
             )  # fmt: skip
 
-        calls.append((f"top_k_top_p min_p=True splits={splits} tile_max=True", split))
+        calls.append((f"top_k_top_p min_p=True splits={splits} tile_max={tiles}", split))
 
     from graphsafe_sampler.kernels.constants import SALT_BONUS, SALT_RECOVER, SALT_SAMPLE
 

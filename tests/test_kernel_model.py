@@ -376,8 +376,8 @@ def test_straight_line_takes_the_longest_path_and_leaves_out_what_never_runs(
     tmp_path: Path,
 ) -> None:
     """Paths meet at a forward branch's target with the later round of each; a tile loop's
-    loads add no round (its formula charges them) nor instructions, and a tile loop no row
-    walks is left out with the `if` around it."""
+    loads add no round (its formula charges them) nor instructions, a tile loop no row
+    walks is left out with the `if` around it, and so is the block of an `if` no row takes."""
     src = tmp_path / "kernel.py"
     src.write_text("for start in range(0, vocab_size, BLOCK_SIZE):\nif redo:\n", encoding="utf-8")
     skipped_load = """
@@ -390,6 +390,11 @@ def test_straight_line_takes_the_longest_path_and_leaves_out_what_never_runs(
     """
     text = _sass(skipped_load).format(src=src)
     assert chain.straight_line(text, sass.find_loops(text, 4, 1024)) == chain.StraightLine(2, 5)
+    # an `if` the access table takes no row through: its block (0x20-0x30) is left out, and
+    # nothing else waits for the first load; an `if` on another line is still taken
+    untaken = chain.straight_line(text, [], untaken={("kernel.py", 1)})
+    assert untaken == chain.StraightLine(0, 3)
+    assert chain.straight_line(text, [], untaken={("kernel.py", 2)}) == chain.StraightLine(2, 5)
     tile_loop = """
         00: LDG.E R2, desc[UR4][R10.64]
         10: @P1 BRA `(.L_x_1)

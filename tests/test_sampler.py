@@ -618,9 +618,7 @@ def _assert_near_ties(
     [
         pytest.param(3, 111, "raw_logprobs", None, None, id="R3-V111-raw_logprobs"),
         pytest.param(17, 1023, "processed_logits", None, None, id="R17-V1023-processed_logits"),
-        pytest.param(
-            5, 4099, "processed_logprobs", None, None, id="R5-V4099-processed_logprobs"
-        ),
+        pytest.param(5, 4099, "processed_logprobs", None, None, id="R5-V4099-processed_logprobs"),
         # the top-k/top-p kernel's candidate buffer (off by default under the interpreter),
         # small enough that some rows' top-k lie beyond it
         pytest.param(3, 111, "processed_logprobs", 16, None, id="R3-V111-candidates16"),

@@ -39,7 +39,8 @@ class Work:
     writes: dict[str, torch.Tensor] = field(default_factory=dict)
     walks: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
     # the fraction of a tile loop's iterations in which the `if` at (file, line) runs its
-    # block (unnamed branches: always, the static upper bound)
+    # block (unnamed branches: always, the static upper bound); an `if` no row takes (0)
+    # is also left out of the straight-line path outside the tile loops (cost_model.chain)
     taken: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
 
 
@@ -516,9 +517,10 @@ def _commit_access(a: dict[str, Any], c: dict[str, Any], vocab_size: int) -> Wor
             "num_generated_ptr": commit,
             "window_ptr": commit / a["window_len"],
         },
-        # the overflow table's scan, for a token whose byte is 254 or 255 (its 255th output
-        # of a request, and later ones): taken as none
+        # the overflow table's scan and its entry's excess, for a token whose byte is 254
+        # or 255 (its 255th output of a request, and later ones): taken as none
         walks={source_line(history.commit_row, "for start in range(0, num_overflow,"): 0 * commit},
+        taken={source_line(history.commit_row, "if saturates | grows:"): 0 * commit},
     )
 
 
@@ -537,6 +539,7 @@ def _with_commit(work: Work, a: dict[str, Any], c: dict[str, Any]) -> Work:
         reads={**work.reads, **commit.reads},
         writes={**work.writes, **commit.writes},
         walks={**work.walks, **commit.walks},
+        taken={**work.taken, **commit.taken},
     )
 
 

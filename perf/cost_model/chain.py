@@ -20,7 +20,9 @@ once. Loads inside a tile loop, and the asynchronous copies (LDGSTS) that start 
 one, add no round: the tile-loop formula already charges each tile's wait; their
 instructions are not counted here either. A loop the access table runs zero times (the redo
 pass, the radix search of a settled row, the blocks of a sparse table past its first when
-no row fills them) is left out with the innermost `if` around it (`_never_run`).
+no row fills them) is left out with the innermost `if` around it (`_never_run`), and so
+is the block of an `if` the access table takes no row through (`_untaken_blocks`: the
+commit's path for a byte at 254 or 255).
 
 Limits: the longest path is an upper bound where a rarely taken block holds a load; every
 load costs a full memory latency (no cache); a barrier is taken as all warps arriving
@@ -28,6 +30,7 @@ together (they run the same code)."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -107,15 +110,35 @@ def _never_run(
     return blocks
 
 
+def _untaken_blocks(
+    parsed: list[tuple[int, str, str, int]], labels: dict[str, int],
+    untaken: Collection[tuple[str, int]],
+) -> list[tuple[int, int]]:  # fmt: skip
+    """(first, last) offsets of the blocks that a guarded forward branch at the line of an
+    `if` in `untaken` (file name, line) jumps over: that `if`'s block, which no program
+    runs."""
+    blocks = []
+    for offset, text, file, line in parsed:
+        branch = _BRANCH.search(text)
+        if branch and _GUARD.match(text) and (os.path.basename(file), line) in untaken:
+            target = labels.get(branch.group(1), 0)
+            if target > offset:
+                blocks.append((offset + 16, target - 16))
+    return blocks
+
+
 def straight_line(
-    sass: str, loops: list[Loop], unwalked: Collection[tuple[str, int]] = ()
-) -> StraightLine:
+    sass: str, loops: list[Loop], unwalked: Collection[tuple[str, int]] = (),
+    untaken: Collection[tuple[str, int]] = (),
+) -> StraightLine:  # fmt: skip
     """The module docstring's walk over `sass` (nvdisasm output) with its `loops`
-    (`sass.find_loops`); `unwalked`: the (file, line) of loops no program runs."""
+    (`sass.find_loops`); `unwalked`: the (file, line) of loops no program runs; `untaken`:
+    the (file, line) of `if`s whose block no program runs (a rare path)."""
     parsed, labels = parse(sass)
     code = [(offset, text) for offset, text, *_ in parsed]
     tiles = [(loop.head, loop.end) for loop in loops if loop.tile_loop]
     skipped = _never_run(code, labels, loops, unwalked)
+    skipped += _untaken_blocks(parsed, labels, untaken)
     incoming: dict[int, list[dict[str, int]]] = {}
     state: dict[str, int] = {"progress": 0, "issued": 0}
     live, ends = True, []

@@ -176,16 +176,20 @@ class Variant:
     loops: list[Loop]
     seconds: float
     sass: str = field(default="", repr=False)  # nvdisasm's text, for cost_model.chain
-    _paths: dict[frozenset[tuple[str, int]], Any] = field(default_factory=dict, repr=False)
+    _paths: dict[tuple[frozenset[tuple[str, int]], ...], Any] = field(
+        default_factory=dict, repr=False
+    )
 
-    def straight_line(self, unwalked: Collection[tuple[str, int]]) -> Any:
+    def straight_line(
+        self, unwalked: Collection[tuple[str, int]], untaken: Collection[tuple[str, int]] = ()
+    ) -> Any:
         """`chain.straight_line` of this variant's SASS (a `chain.StraightLine`), once for
-        each set of unwalked tile loops."""
+        each set of unwalked loops and untaken `if`s."""
         from .chain import straight_line
 
-        key = frozenset(unwalked)
+        key = (frozenset(unwalked), frozenset(untaken))
         if key not in self._paths:
-            self._paths[key] = straight_line(self.sass, self.loops, key)
+            self._paths[key] = straight_line(self.sass, self.loops, *key)
         return self._paths[key]
 
 
