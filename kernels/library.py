@@ -265,7 +265,8 @@ def arrival_counters(
 ) -> torch.Tensor:
     """The split rows' counters for `last_to_arrive`: `arrivals` ([>= num_rows] int32, all
     0, which the launch leaves 0: a caller's persistent buffer, no launch a step) checked,
-    or a zeroed one allocated here (one fill launch)."""
+    or a zeroed one allocated here (one fill launch). One launch at a time may count in a
+    buffer: two on different streams would count each other's programs."""
     if arrivals is None:
         return torch.zeros(num_rows, dtype=torch.int32, device=device)
     if arrivals.dtype != torch.int32 or arrivals.dim() != 1 or arrivals.shape[0] < num_rows:

@@ -64,8 +64,11 @@ class TritonPipeline:
             batch_state.max_num_reqs, dtype=torch.int32, device=batch_state.device
         )
 
-    def _arrivals(self, num_rows: int) -> torch.Tensor | None:
-        return self.arrivals if num_rows <= self.arrivals.shape[0] else None
+    def _arrivals(self, num_rows: int, splits: int) -> torch.Tensor | None:
+        """The counters for a launch of `splits` programs a row (none for whole rows)."""
+        if splits == 1 or num_rows > self.arrivals.shape[0]:
+            return None
+        return self.arrivals
 
     def process(
         self,
@@ -183,13 +186,14 @@ class TritonPipeline:
         )  # fmt: skip
         if not commit:
             by_slot = generated if positions is None else None
-            sample_tokens(*args, by_slot, splits, processed.tile_max, self._arrivals(num_rows))
+            arrivals = self._arrivals(num_rows, splits)
+            sample_tokens(*args, by_slot, splits, processed.tile_max, arrivals)
             return tokens
         sample_and_commit(
             *args, generated, splits, processed.tile_max, keep, s.penalties.counts,
             s.penalties.overflow_token.device, s.penalties.overflow_excess.device,
             s.bad_words.window.device, s.batch_state.config.padding_slot,
-            self._arrivals(num_rows),
+            self._arrivals(num_rows, splits),
         )  # fmt: skip
         return tokens
 
@@ -251,7 +255,7 @@ class TritonPipeline:
             subtract_lse,
             splits,
             raw_tiles,
-            self._arrivals(num_rows),
+            self._arrivals(num_rows, splits),
         )
         if requested is None:
             return LogprobsTensors(token_ids, values, ranks)
