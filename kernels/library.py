@@ -318,7 +318,7 @@ def row_splits(
     151,936 is 149 tiles, which one program would walk alone): the count s whose waves times
     walk are the shortest, ceil(num_rows * s / (num_sms * ctas_per_sm)) * (ceil(tiles / s)
     + PROGRAM_OVERHEAD_TILES), the fewest programs among equals; at least `min_tiles` tiles
-    each, at most `max_splits` (a merge kernel reads them all in one program), at least
+    each, at most `max_splits` (one program merges a row's partials), at least
     `min_splits` where the row has the tiles for them. ctas_per_sm:
     the kernel's occupancy on sm_90 (tests/test_kernel_model.py holds each kernel's figure
     to its compiled registers). num_sms: the device's (default: asked of CUDA); off CUDA

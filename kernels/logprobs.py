@@ -359,7 +359,8 @@ logprobs_splits = SplitPolicy(ctas_per_sm=6, max_splits=MAX_SPLITS)
 """Programs per row for `compute_logprobs` (`library.SplitPolicy`: at least one tile each,
 at most MAX_SPLITS). 6 CTAs an SM (at most 85 registers): the cubins Triton builds (its own
 ptxas flags) take 40-72 at K = 5, a split row's merge included (tests/cuda_compile.py,
-perf/kernel_model.py); K = 20's split rows take 91, 5 CTAs."""
+perf/kernel_model.py); K = 20's split rows take 91 without the raw tiles (5 CTAs), 80 with
+them."""
 
 
 def launch_logprobs(

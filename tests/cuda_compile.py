@@ -17,7 +17,7 @@ It also checks that a kernel launched with `enable_fp_fusion=False` has no fused
 in its PTX but those its source writes (`tl.fma`: its bit-identity with the PyTorch stages
 depends on it), and that no variant
 spills registers (`ptxas -v`: a spill is local-memory traffic in every loop iteration).
-Each variant's `store_phases` (the source lines of its global stores, grouped between the
+Each variant's `store_phases` (the source lines of its global stores, numbered by the
 barriers of its TTGIR) let the test check that a kernel orders the stores that its threads
 would otherwise race on, and its `released_stores` those another program reads after an
 atomic; the interpreter, one thread, never shows such a race.
@@ -42,7 +42,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -457,41 +457,70 @@ def _op_line(op: str, aliases: dict[str, str]) -> int:
     return (_source_line(at.group(1), aliases) if at else None) or 0
 
 
-def store_phases(ttgir: str) -> list[list[int]]:
-    """The source lines of the kernel's `tt.store`s by phase: barriers ordering global
-    memory (`tl.debug_barrier()` is `ttg.barrier all` in Triton 3.9) are numbered 1, 2, ...
-    in text order, and a store's phase is the number of the last one on every path that
-    reaches it (0 for none): the last before it in its own block or in a block enclosing
-    it (the control flow is structured). So a store of a lower phase that comes first in
-    the text is ordered before one of a higher phase by that barrier. A barrier counts past
-    the `scf.if` regions that hold it for no store (the other branch may skip it), and a
-    barrier in a loop body for none (an earlier iteration's stores come after it): order
-    is under-reported, never invented. A store with no source line is 0."""
-    aliases = dict(re.findall(r"^(#loc\d*) = loc\((.*)\)$", ttgir, re.MULTILINE))
-    phases: list[list[int]] = [[]]
-    # the open regions: (whether a barrier in it counts, the phase at its entry); `body`,
-    # the kernel's tt.func, once seen
-    regions: list[tuple[bool, int]] = []
-    phase, body = 0, None
+_MEMORY_BARRIER = re.compile(r"ttg\.barrier (\S+)")
+
+
+def _orders_memory(barrier: re.Match[str]) -> bool:
+    """Whether a `ttg.barrier` orders global memory (`tl.debug_barrier()` is `ttg.barrier
+    all` in Triton 3.9; a barrier names its address spaces: `local`, `global_write`, ...)."""
+    return bool({"all", "global_write"} & set(barrier.group(1).split("|")))
+
+
+def _walk_regions(ttgir: str) -> Iterator[tuple[str, tuple[int, ...], bool]]:
+    """The kernel body's ops in text order, each with its region path (ids of the regions
+    open around it, the tt.func's first) and whether every region on that path runs its
+    ops at most once a program (the tt.func and `scf.if` branches; not a loop body, whose
+    ops repeat)."""
+    regions: list[tuple[int, bool]] = []  # (id, runs at most once)
+    count, body = 0, None
     for line in ttgir.splitlines():
         op = line.strip()
         if op.startswith("}"):  # `} loc(...)`, `} else {`, `} do {`
-            _, phase = regions.pop()
+            regions.pop()
             if body is not None and len(regions) < body:
                 body = None
-        if body is not None and op.startswith("tt.store "):
-            phases[phase].append(_op_line(op, aliases))
-        elif body is not None and (barrier := re.match(r"ttg\.barrier (\S+)", op)):
-            counts = all(counted for counted, _ in regions[body:])
-            if counts and {"all", "global_write"} & set(barrier.group(1).split("|")):
-                phases.append([])
-                phase = len(phases) - 1
+        if body is not None:
+            once = all(single for _, single in regions[body - 1 :])
+            yield op, tuple(i for i, _ in regions[body - 1 :]), once
         if op.endswith("{"):
+            count += 1
             branch = "scf.if " in op or op.startswith("} else {")
-            regions.append((branch or op.startswith("tt.func public"), phase))
+            regions.append((count, branch or op.startswith("tt.func public")))
             if op.startswith("tt.func public"):
                 body = len(regions)
-    return phases
+
+
+def store_phases(ttgir: str) -> list[list[int]]:
+    """The kernel's `tt.store`s in text order, each as [source line, phase]: barriers
+    ordering global memory are numbered 1, 2, ... in text order, and a store's phase is
+    the number of the last one on every path that reaches it (0 for none): the last before
+    it in its own block or in a block enclosing it (the control flow is structured). A
+    barrier counts past the `scf.if` regions that hold it for no store (the other branch
+    may skip it), and a barrier in a loop body for none (an earlier iteration's stores come
+    after it). So of two stores, the one first in the text and of the lower phase is
+    ordered before the other by a barrier (test_kernels_compile_for_cuda.py's `_ordered`);
+    phases alone, out of text order, say nothing. Order is under-reported, never invented.
+    A store with no source line is line 0."""
+    aliases = dict(re.findall(r"^(#loc\d*) = loc\((.*)\)$", ttgir, re.MULTILINE))
+    stores: list[list[int]] = []
+    # the phase each open region was entered in: a barrier inside it counts for no store
+    # after it closes
+    entered: dict[int, int] = {}
+    phase, barriers, path = 0, 0, ()
+    for op, here, once in _walk_regions(ttgir):
+        common = next((i for i, (a, b) in enumerate(zip(path, here, strict=False)) if a != b), None)
+        common = min(len(path), len(here)) if common is None else common
+        if common < len(path):  # regions closed: back to the outermost one's entry phase
+            phase = entered[path[common]]
+        for region in here[common:]:
+            entered[region] = phase
+        path = here
+        if op.startswith("tt.store "):
+            stores.append([_op_line(op, aliases), phase])
+        elif once and (barrier := _MEMORY_BARRIER.match(op)) and _orders_memory(barrier):
+            barriers += 1
+            phase = barriers
+    return stores
 
 
 def fenced_stores(ttgir: str) -> list[int]:
@@ -518,25 +547,26 @@ def fenced_stores(ttgir: str) -> list[int]:
 
 def released_stores(ttgir: str) -> list[int]:
     """The source lines of the `tt.store`s that a barrier ordering global memory, then an
-    atomic that releases at GPU scope (`tt.atomic_rmw` acq_rel or release, gpu or sys),
-    follow in text order: the stores another program may read once it acquires the
-    atomic's location (`library.last_to_arrive`). Without the barrier only the atomic's
-    own thread's stores would be released."""
+    atomic that acquires and releases at GPU scope (`tt.atomic_rmw` acq_rel, gpu or sys),
+    follow on every path: the barrier in the store's block or one enclosing it, the atomic
+    in the barrier's or one enclosing that, neither in a loop body. Those are the stores
+    another program may read once its own acq_rel atomic on the location reads this one's
+    (`library.last_to_arrive`): without the barrier only the atomic's thread's stores would
+    be released, and without the acquire the last program's loads may read stale lines."""
     aliases = dict(re.findall(r"^(#loc\d*) = loc\((.*)\)$", ttgir, re.MULTILINE))
     released: list[int] = []
-    pending: list[int] = []  # stores since the last barrier
-    fenced: list[int] = []  # stores a barrier orders, not yet released
-    for line in ttgir.splitlines():
-        op = line.strip()
+    pending: list[tuple[int, tuple[int, ...]]] = []  # (line, region path): no barrier yet
+    fenced: list[tuple[int, tuple[int, ...]]] = []  # (line, the barrier's path)
+    atomic = re.compile(r"= tt\.atomic_rmw \w+, acq_rel, (gpu|sys),")
+    for op, path, once in _walk_regions(ttgir):
         if op.startswith("tt.store "):
-            pending.append(_op_line(op, aliases))
-        elif barrier := re.match(r"ttg\.barrier (\S+)", op):
-            if {"all", "global_write"} & set(barrier.group(1).split("|")):
-                fenced += pending
-                pending = []
-        elif re.search(r"= tt\.atomic_rmw \w+, (acq_rel|release), (gpu|sys),", op):
-            released += fenced
-            fenced = []
+            pending.append((_op_line(op, aliases), path))
+        elif once and (barrier := _MEMORY_BARRIER.match(op)) and _orders_memory(barrier):
+            fenced += [(line, path) for line, at in pending if at[: len(path)] == path]
+            pending = [(line, at) for line, at in pending if at[: len(path)] != path]
+        elif once and atomic.search(op):
+            released += [line for line, at in fenced if at[: len(path)] == path]
+            fenced = [(line, at) for line, at in fenced if at[: len(path)] != path]
     return sorted(set(released))
 
 

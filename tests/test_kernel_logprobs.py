@@ -51,6 +51,26 @@ def _kernel(
     return LogprobsTensors(ids, values, ranks), lse
 
 
+def test_only_a_rows_last_program_merges_it(kernel_device: torch.device) -> None:
+    """A split row is merged by the program that reads its last arrival: with one row's
+    counter preset far past it, that row's outputs stay as they were (poisoned), and the
+    other rows get the unsplit outputs."""
+    gen = _gen()
+    raw, _, tokens = _logits_and_tokens(3, 4099, gen, kernel_device)
+    whole, _ = _kernel(raw, tokens, 5, True)
+    ids = torch.full((3, 6), -7, dtype=torch.int32, device=kernel_device)
+    values = torch.full((3, 6), float("nan"), device=kernel_device)
+    ranks = torch.full((3,), -7, dtype=torch.int32, device=kernel_device)
+    lse = torch.full((3,), float("nan"), device=kernel_device)
+    arrivals = torch.tensor([0, 1000, 0], dtype=torch.int32, device=kernel_device)
+    compute_logprobs(raw, tokens, ids, values, ranks, lse, True, 3, None, arrivals)
+    assert arrivals.tolist() == [0, 1003, 0]
+    assert (ids[1] == -7).all() and values[1].isnan().all() and ranks[1] == -7
+    for r in (0, 2):
+        assert torch.equal(ids[r], whole.logprob_token_ids[r])
+        assert torch.equal(ranks[r], whole.selected_token_ranks[r])
+
+
 def _raw_tiles(source: torch.Tensor) -> torch.Tensor:
     """The raw-tile table `process_logits` writes of `source` (tests/tile_maxima.py)."""
     from tile_maxima import raw_tiles

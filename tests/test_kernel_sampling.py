@@ -280,6 +280,17 @@ def test_split_rows_merge_exactly(kernel_device: torch.device) -> None:
     for tokens in runs[1:]:
         assert torch.equal(tokens, runs[0])
     assert runs[0][[0, 2, 3, 4, 5, 6, 7]].tolist() == [37, 0, 0, 150, 150, 197, 197]
+    # only the last program to arrive merges: a row whose counter never reads its last
+    # arrival (preset far past it) is never merged, and the others are unchanged
+    arrivals[3] = 1000
+    tokens = torch.full((rows,), -1, dtype=torch.int32, device=kernel_device)
+    launch_sample_tokens(
+        logits, slots, temperature, seeds, positions, tokens, splits=3, partials=scratch,
+        block_size=16, arrivals=arrivals,
+    )  # fmt: skip
+    assert tokens[3] == -1 and arrivals[3] == 1003
+    keep = torch.arange(rows) != 3
+    assert torch.equal(tokens.cpu()[keep], runs[0][keep])
 
 
 @pytest.mark.parametrize("splits", [1, 3])

@@ -641,12 +641,25 @@ def test_backends_agree_step_by_step(
         from graphsafe_sampler.kernels import top_k_top_p
 
         monkeypatch.setattr(top_k_top_p, "default_candidates", lambda: candidates)
+    counted: list[str] = []
     if splits is not None:
+        from graphsafe_sampler.kernels import library, logprobs, sampling
         from graphsafe_sampler.pipelines import triton_pipeline
 
         for policy in ("process_splits", "top_k_top_p_splits", "sample_splits",
                        "logprobs_splits"):  # fmt: skip
             monkeypatch.setattr(triton_pipeline, policy, lambda *_args: splits)
+
+        def persistent(
+            arrivals: torch.Tensor | None, num_rows: int, device: torch.device
+        ) -> torch.Tensor:
+            # the pipeline's own counters, never a buffer filled for the step
+            assert arrivals is samplers["triton"].pipeline.arrivals  # type: ignore[attr-defined]
+            counted.append("op")
+            return library.arrival_counters(arrivals, num_rows, device)
+
+        for module in (sampling, logprobs):
+            monkeypatch.setattr(module, "arrival_counters", persistent)
     samplers = {
         b: Sampler(_rich_config(rows, vocab, b, logprobs_mode=mode), kernel_device)
         for b in ("torch", "triton")
@@ -694,8 +707,10 @@ def test_backends_agree_step_by_step(
         want = samplers["torch"].state_tensors()
         for name, tensor in samplers["triton"].state_tensors().items():
             assert torch.equal(tensor, want[name]), name
-        # the split rows' counters, left at 0 for the next step
+        # the split rows' counters (sampling's and logprobs'), left at 0 for the next step
         assert not samplers["triton"].pipeline.arrivals.any()
+        assert len(counted) == (2 if splits is not None else 0)
+        counted.clear()
         driver.record_tokens(tokens.tolist())
     print(f"{mismatches} near-tie mismatches over 12 steps of {rows} rows")
 

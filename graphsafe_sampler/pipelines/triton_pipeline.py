@@ -57,8 +57,8 @@ class TritonPipeline:
         ]
         self.commit_kernel = not hooks
         # the split rows' counters of the sampling and logprobs kernels (each launch leaves
-        # them 0): persistent, so that no step fills them; a step of more rows (the
-        # rejection sampler's drafts) has the ops allocate its own
+        # them 0): persistent, so that no step fills them; a launch of more rows than a
+        # Sampler's max_num_reqs (none calls these) would have the ops allocate its own
         batch_state = stages.batch_state
         self.arrivals = torch.zeros(
             batch_state.max_num_reqs, dtype=torch.int32, device=batch_state.device

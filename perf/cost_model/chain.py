@@ -116,13 +116,15 @@ def _untaken_blocks(
 ) -> list[tuple[int, int]]:  # fmt: skip
     """(first, last) offsets of the blocks that a guarded forward branch at the line of an
     `if` in `untaken` (file name, line) jumps over: that `if`'s block, which no program
-    runs."""
+    runs. A range holding an EXIT is no such block (a cold path placed out of line), and is
+    kept."""
+    exits = [offset for offset, text, *_ in parsed if re.search(r"\bEXIT\b", text)]
     blocks = []
     for offset, text, file, line in parsed:
         branch = _BRANCH.search(text)
         if branch and _GUARD.match(text) and (os.path.basename(file), line) in untaken:
             target = labels.get(branch.group(1), 0)
-            if target > offset:
+            if target > offset and not any(offset < e < target for e in exits):
                 blocks.append((offset + 16, target - 16))
     return blocks
 
