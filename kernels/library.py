@@ -269,6 +269,13 @@ def arrival_counters(
     buffer: two on different streams would count each other's programs."""
     if arrivals is None:
         return torch.zeros(num_rows, dtype=torch.int32, device=device)
+    check_arrivals(arrivals, num_rows, device)
+    return arrivals
+
+
+def check_arrivals(arrivals: torch.Tensor, num_rows: int, device: torch.device) -> None:
+    """Raise unless `arrivals` is a contiguous int32 vector of at least `num_rows` counters
+    on `device` (its values, which must be 0, are the device's: not read here)."""
     if arrivals.dtype != torch.int32 or arrivals.dim() != 1 or arrivals.shape[0] < num_rows:
         raise ValueError(
             f"arrivals must be an int32 vector of at least {num_rows} counters, got "
@@ -276,7 +283,6 @@ def arrival_counters(
         )
     if not arrivals.is_contiguous() or arrivals.device != device:
         raise ValueError(f"arrivals must be contiguous on {device}")
-    return arrivals
 
 
 def split_count(vocab_size: int, splits: int, block_size: int = 1024) -> int:

@@ -19,6 +19,7 @@ from .library import (
     LISTED_STAGES,
     SplitPolicy,
     arrival_counters,
+    check_arrivals,
     check_raw_tiles,
     check_rows,
     check_table,
@@ -401,6 +402,7 @@ def launch_logprobs(
     if split:
         if arrivals is None:
             raise ValueError(f"{splits} splits need the arrival counters")
+        check_arrivals(arrivals, num_rows, source.device)
         counters = arrivals
     _logprobs_kernel[(num_rows, splits)](
         source, source.stride(0), tokens, token_ids, logprobs, ranks, lse, stats, part_v,

@@ -26,6 +26,7 @@ from .library import (
     TILE,
     SplitPolicy,
     arrival_counters,
+    check_arrivals,
     check_logits,
     check_rows,
     check_table,
@@ -286,6 +287,7 @@ def launch_sample_tokens(
     if split:
         if partials is None or arrivals is None:
             raise ValueError(f"{splits} splits need the partials' scratch and the counters")
+        check_arrivals(arrivals, num_rows, logits.device)
         scratch = [t.view(-1)[: num_rows * splits] for t in partials] + [arrivals]
     listing = tile_max is not None and threshold is not None
     if listing:

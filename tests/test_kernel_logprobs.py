@@ -69,6 +69,8 @@ def test_only_a_rows_last_program_merges_it(kernel_device: torch.device) -> None
     for r in (0, 2):
         assert torch.equal(ids[r], whole.logprob_token_ids[r])
         assert torch.equal(ranks[r], whole.selected_token_ranks[r])
+    with pytest.raises(ValueError, match="arrivals"):  # int64 counters: refused
+        compute_logprobs(raw, tokens, ids, values, ranks, lse, True, 3, None, arrivals.long())
 
 
 def _raw_tiles(source: torch.Tensor) -> torch.Tensor:

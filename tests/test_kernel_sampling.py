@@ -291,6 +291,14 @@ def test_split_rows_merge_exactly(kernel_device: torch.device) -> None:
     assert tokens[3] == -1 and arrivals[3] == 1003
     keep = torch.arange(rows) != 3
     assert torch.equal(tokens.cpu()[keep], runs[0][keep])
+    # counters of another type, too few of them, or strided: refused before any launch
+    strided = torch.zeros(rows, 2, dtype=torch.int32, device=kernel_device)[:, 0]
+    for wrong in (arrivals.long(), arrivals[: rows - 1], strided):
+        with pytest.raises(ValueError, match="arrivals"):
+            launch_sample_tokens(
+                logits, slots, temperature, seeds, positions, tokens, splits=3,
+                partials=scratch, block_size=16, arrivals=wrong,
+            )  # fmt: skip
 
 
 @pytest.mark.parametrize("splits", [1, 3])

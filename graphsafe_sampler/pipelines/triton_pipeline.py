@@ -246,17 +246,9 @@ class TritonPipeline:
         lse = torch.empty(num_rows, dtype=torch.float32, device=device)
         splits = logprobs_splits(*source.shape, device)
         compute_logprobs(
-            source,
-            tokens,
-            token_ids,
-            values,
-            ranks,
-            lse,
-            subtract_lse,
-            splits,
-            raw_tiles,
+            source, tokens, token_ids, values, ranks, lse, subtract_lse, splits, raw_tiles,
             self._arrivals(num_rows, splits),
-        )
+        )  # fmt: skip
         if requested is None:
             return LogprobsTensors(token_ids, values, ranks)
         # the chosen ids: a gather and C counts, in PyTorch, with the kernel's logsumexp (0
