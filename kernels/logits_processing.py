@@ -105,7 +105,7 @@ def _process_logits_kernel(
     bias_values_ptr,  # [num_slots, C] float32 (used entries first; unused: 0 or the first's)
     min_tokens_ptr,  # [num_slots] int32
     num_generated_ptr,  # [num_slots] int32
-    stop_ids_ptr,  # [num_slots, S] int32
+    stop_ids_ptr,  # [num_slots, S] int32 (unique, used entries first, the rest the first)
     allowed_ptr,  # [num_slots, W] int32 bitmask
     grammar_ptr,  # [num_rows, W] int32 bitmask (HAS_GRAMMAR)
     counts_ptr,  # [num_slots, V] uint8: output count, 255 = saturated
@@ -396,8 +396,9 @@ def process_logits(
 
     Per slot ([num_slots, ...]): bias_ids int32 / bias_values float32 [C] (keys unique,
     used entries first, unused ones +0.0 or repeating the first: the logit-bias stage's
-    layout); min_tokens,
-    num_generated int32; stop_ids int32 [S]; allowed, prompt_mask int32 [ceil(V/32)];
+    layout); min_tokens, num_generated int32; stop_ids int32 [S] (ids unique, used entries
+    first, unused ones repeating the first: the min-tokens stage's layout); allowed,
+    prompt_mask int32 [ceil(V/32)];
     counts uint8 [V] (the output count, 255 = saturated); overflow_token (-1 unused, used
     entries first) / overflow_excess int32 [E + 1] (a saturated token's count - 255; column
     E is the commit's spare, never read): the penalties stage's layout; repetition,

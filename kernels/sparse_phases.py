@@ -192,15 +192,24 @@ def ban_stop_ids(
     HAS_TILE_MAX: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SIZE: tl.constexpr,
 ):  # fmt: skip
     """Step 2's min_tokens, while `stopping`: the slot's stop ids in [begin, end) set to
-    -inf (unused entries repeat the first id), their tiles' entries kept exact; the first
-    block loaded by the caller."""
+    -inf, their tiles' entries kept exact; the first block loaded by the caller. The table
+    is the min-tokens stage's: ids unique within a slot, the used entries first, the rest
+    repeating the first, so the block holding the first id again past entry 0 is the last
+    with a used entry (a table of C = 129 entries, EOS's room included, holding a few ids:
+    one block of 128, not two)."""
     _ban_stops(token, used, old, tile, row_ptr, tile_row, HAS_TILE_MAX, BLOCK, BLOCK_SIZE)
-    if stopping:
-        for start in range(BLOCK, num_stop, BLOCK):
-            entry, token = load_stop_block(stop_ids_ptr, slot, num_stop, start, BLOCK)
-            used, old, tile = load_stop_olds(
-                entry, token, stopping, num_stop, row_ptr, tile_row, begin, end, HAS_TILE_MAX,
-                BLOCK_SIZE,
-            )  # fmt: skip
-            _ban_stops(token, used, old, tile, row_ptr, tile_row, HAS_TILE_MAX, BLOCK,
-                       BLOCK_SIZE)  # fmt: skip
+    entry = tl.arange(0, BLOCK)
+    first_id = tl.sum(tl.where(entry == 0, token, 0))
+    repeated = (entry > 0) & (entry < num_stop) & (token == first_id)
+    start = BLOCK
+    more = stopping & (start < num_stop) & (tl.max(repeated.to(tl.int32)) == 0)
+    while more:
+        entry, token = load_stop_block(stop_ids_ptr, slot, num_stop, start, BLOCK)
+        used, old, tile = load_stop_olds(
+            entry, token, stopping, num_stop, row_ptr, tile_row, begin, end, HAS_TILE_MAX,
+            BLOCK_SIZE,
+        )  # fmt: skip
+        _ban_stops(token, used, old, tile, row_ptr, tile_row, HAS_TILE_MAX, BLOCK, BLOCK_SIZE)
+        repeated = (entry < num_stop) & (token == first_id)
+        start += BLOCK
+        more = (start < num_stop) & (tl.max(repeated.to(tl.int32)) == 0)

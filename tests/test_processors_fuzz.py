@@ -107,3 +107,18 @@ def test_padding_rows_are_untouched() -> None:
             if req is None:
                 assert torch.equal(out[row], logits[row])
     assert not math.isnan(float(logits.sum()))
+
+
+def test_min_tokens_table_holds_each_stop_id_once() -> None:
+    """The stop-id table the kernels walk: each id once, in the order first given (EOS
+    appended), and the unused entries repeating the first, so that the block holding the
+    first id again past entry 0 is the last holding a used one (kernels/sparse_phases.py,
+    ban_stop_ids); a repeated id would end that walk early."""
+    from graphsafe_sampler import BatchUpdate, SamplingParams
+
+    state = BatchState(CONFIG, "cpu")
+    min_tokens = MinTokensLogitsProcessor(CONFIG, torch.device("cpu"), False, batch_state=state)
+    params = SamplingParams(stop_token_ids=[5, 9, 5, 7, 9], min_tokens=3)  # 7 is EOS
+    state.update(BatchUpdate(1, added=[(0, params, [1, 2], [])]))
+    slot = int(state.row_to_slot.device[0])
+    assert min_tokens.stop_ids.device[slot].tolist() == [5, 9, 7, 5, 5, 5, 5]

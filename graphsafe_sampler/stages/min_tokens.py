@@ -42,6 +42,10 @@ class MinTokensLogitsProcessor(SlotLogitsProcessor):
         if self.config.eos_token_id is not None:
             stop.append(self.config.eos_token_id)
         ids = self.batch_state.shard.local_ids(stop)
+        # each id once, in its first place: the kernel's walk over the table ends at the
+        # block that holds the first id again (kernels/sparse_phases.py, ban_stop_ids)
+        _, first = np.unique(ids, return_index=True)
+        ids = ids[np.sort(first)]
         if params.min_tokens == 0 or not len(ids):
             self.min_tokens.write(slot, 0)
             self.stop_ids.write(slot, 0)

@@ -171,6 +171,11 @@ def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     ids, block, bad_block = a["bias_ids_ptr"][slots], c["SPARSE_BLOCK"], c["BAD_BLOCK"]
     repeats = (ids == ids[:, :1]) & (torch.arange(ids.shape[1]) > 0)
     bias_more = _f(~repeats[:, :block].any(1) & (ids.shape[1] > block))
+    # the stop ids' blocks past the first: where its entries past entry 0 hold no repeat of
+    # the first id (the min-tokens stage's layout)
+    stop_ids = a["stop_ids_ptr"][slots]
+    stop_repeat = (stop_ids[:, 1:block] == stop_ids[:, :1]).any(1)
+    stop_more = _f(~stop_repeat & (stop_ids.shape[1] > block))
     bad_more = zeros
     if c["HAS_BAD_WORDS"] and a["num_bad"] > bad_block:
         bad_more = _f(a["bad_back_ptr"][slots][:, bad_block - 1] >= 0)
@@ -208,8 +213,7 @@ def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             tile_loop(sparse_phases.apply_excess, 0): full,
             # (above); the overflow table's walk over its used entries
             source_line(sparse_phases.apply_bias, "while more:"): bias_more,
-            source_line(sparse_phases.ban_stop_ids, "for start in range(BLOCK,"): stopping
-            * float(a["num_stop"] > block),
+            source_line(sparse_phases.ban_stop_ids, "while more:"): stopping * stop_more,
             source_line(bad_words.ban_bad_words, "while more:"): bad_more,
             source_line(sparse_phases.apply_excess, "while listed >= 0:"): _f(used > 0),
         },
