@@ -457,6 +457,11 @@ def _op_line(op: str, aliases: dict[str, str]) -> int:
     return (_source_line(at.group(1), aliases) if at else None) or 0
 
 
+def _aliases(ttgir: str) -> dict[str, str]:
+    """The TTGIR's location aliases (`#loc21 = loc(...)`), for `_op_line`."""
+    return dict(re.findall(r"^(#loc\d*) = loc\((.*)\)$", ttgir, re.MULTILINE))
+
+
 _MEMORY_BARRIER = re.compile(r"ttg\.barrier (\S+)")
 
 
@@ -501,15 +506,16 @@ def store_phases(ttgir: str) -> list[list[int]]:
     ordered before the other by a barrier (test_kernels_compile_for_cuda.py's `_ordered`);
     phases alone, out of text order, say nothing. Order is under-reported, never invented.
     A store with no source line is line 0."""
-    aliases = dict(re.findall(r"^(#loc\d*) = loc\((.*)\)$", ttgir, re.MULTILINE))
+    aliases = _aliases(ttgir)
     stores: list[list[int]] = []
     # the phase each open region was entered in: a barrier inside it counts for no store
     # after it closes
     entered: dict[int, int] = {}
     phase, barriers, path = 0, 0, ()
     for op, here, once in _walk_regions(ttgir):
-        common = next((i for i, (a, b) in enumerate(zip(path, here, strict=False)) if a != b), None)
-        common = min(len(path), len(here)) if common is None else common
+        common = 0  # the regions still open since the last op
+        while common < min(len(path), len(here)) and path[common] == here[common]:
+            common += 1
         if common < len(path):  # regions closed: back to the outermost one's entry phase
             phase = entered[path[common]]
         for region in here[common:]:
@@ -529,17 +535,16 @@ def fenced_stores(ttgir: str) -> list[int]:
     nesting: a store the same program reads back (a tile list, `library.tiles_to_visit`)
     must be one, or another thread may load the entry before it lands. The pipeliner puts a
     walk's first loads before its loop, so they count as next."""
-    aliases = dict(re.findall(r"^(#loc\d*) = loc\((.*)\)$", ttgir, re.MULTILINE))
+    aliases = _aliases(ttgir)
     fenced: list[int] = []
     pending: list[int] = []  # stores since the last barrier or load
     for line in ttgir.splitlines():
         op = line.strip()
         if op.startswith("tt.store "):
             pending.append(_op_line(op, aliases))
-        elif barrier := re.match(r"ttg\.barrier (\S+)", op):
-            if {"all", "global_write"} & set(barrier.group(1).split("|")):
-                fenced += pending
-                pending = []
+        elif (barrier := _MEMORY_BARRIER.match(op)) and _orders_memory(barrier):
+            fenced += pending
+            pending = []
         elif re.search(r"= (tt\.load|ttg\.async_copy_global_to_local) ", op):
             pending = []
     return sorted(set(fenced))
@@ -553,7 +558,7 @@ def released_stores(ttgir: str) -> list[int]:
     another program may read once its own acq_rel atomic on the location reads this one's
     (`library.last_to_arrive`): without the barrier only the atomic's thread's stores would
     be released, and without the acquire the last program's loads may read stale lines."""
-    aliases = dict(re.findall(r"^(#loc\d*) = loc\((.*)\)$", ttgir, re.MULTILINE))
+    aliases = _aliases(ttgir)
     released: list[int] = []
     pending: list[tuple[int, tuple[int, ...]]] = []  # (line, region path): no barrier yet
     fenced: list[tuple[int, tuple[int, ...]]] = []  # (line, the barrier's path)

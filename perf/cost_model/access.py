@@ -167,15 +167,10 @@ def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         ring = _f(entries_used > 0)
     bias = (a["bias_values_ptr"][slots] != 0.0).sum(1)
     # the sparse tables' blocks past their first, walked where a row's used entries fill the
-    # first (the bias table's: those before the first repeat of its first key)
-    ids, block, bad_block = a["bias_ids_ptr"][slots], c["SPARSE_BLOCK"], c["BAD_BLOCK"]
-    repeats = (ids == ids[:, :1]) & (torch.arange(ids.shape[1]) > 0)
-    bias_more = _f(~repeats[:, :block].any(1) & (ids.shape[1] > block))
-    # the stop ids' blocks past the first: where its entries past entry 0 hold no repeat of
-    # the first id (the min-tokens stage's layout)
-    stop_ids = a["stop_ids_ptr"][slots]
-    stop_repeat = (stop_ids[:, 1:block] == stop_ids[:, :1]).any(1)
-    stop_more = _f(~stop_repeat & (stop_ids.shape[1] > block))
+    # first (the bias and stop tables': those before the first repeat of their first id)
+    block, bad_block = c["SPARSE_BLOCK"], c["BAD_BLOCK"]
+    bias_more = _walks_past_first(a["bias_ids_ptr"][slots], block)
+    stop_more = _walks_past_first(a["stop_ids_ptr"][slots], block)
     bad_more = zeros
     if c["HAS_BAD_WORDS"] and a["num_bad"] > bad_block:
         bad_more = _f(a["bad_back_ptr"][slots][:, bad_block - 1] >= 0)
@@ -495,6 +490,15 @@ def _logprobs_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         walks={tile_loop(k._logprobs_kernel, 0): visited, tile_loop(k._finish_row, 0): 0 * ones},
         taken=taken,
     )
+
+
+def _walks_past_first(ids: torch.Tensor, block: int) -> torch.Tensor:
+    """Per row of a sparse table [rows, C] (used ids first, unique, the rest repeating the
+    first): 1.0 where its walk goes past the first block (`sparse_phases.apply_bias` and
+    `ban_stop_ids`),
+    i.e. the table is wider and the first block holds no repeat of its first id."""
+    repeat = (ids[:, 1:block] == ids[:, :1]).any(1)
+    return _f(~repeat & (ids.shape[1] > block))
 
 
 def _commit_access(a: dict[str, Any], c: dict[str, Any], vocab_size: int) -> Work:
