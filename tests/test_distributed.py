@@ -26,6 +26,7 @@ from graphsafe_sampler.examples.tensor_parallel import main
 from graphsafe_sampler.stages.grammar import shard_bitmask
 from graphsafe_sampler.stages.threshold_search import top_k_threshold, top_p_threshold
 from graphsafe_sampler.testing.distributed import Comparison, compare_all, run_ranks
+from graphsafe_sampler.testing.reference import is_top_p_set_within
 from graphsafe_sampler.vocab_shard import VocabShard
 
 
@@ -219,4 +220,16 @@ def test_the_split_search_finds_the_single_device_thresholds() -> None:
     torch.testing.assert_close(split_floor, floor, rtol=0, atol=0, equal_nan=True)
     expected = top_p_threshold(logits, top_p, floor)
     split = top_p_threshold(logits, top_p, floor, one)
-    torch.testing.assert_close(split, expected, rtol=0, atol=0, equal_nan=True)
+    # the two searches add float32 masses in different orders: where top_p lies within
+    # rounding of a cumulative mass (top_p 0.999 on a row's tail: 3e-3 of the runs) they
+    # may cut a boundary token apart, and both sets must then be valid top-p sets within
+    # 1e-5 (test_top_k_top_p's MASS_TOL), NaN left out; the +inf row's cut stays exact
+    for row in range(6):
+        both_nan = bool((split[row].isnan() & expected[row].isnan()).all())
+        if torch.equal(split[row], expected[row]) or both_nan:
+            continue
+        assert row != 4 and 0.0 < float(top_p[row]) < 1.0, (row, split[row], expected[row])
+        x = torch.where(logits[row] >= floor[row], logits[row], float("-inf")).double().numpy()
+        for threshold in (split[row], expected[row]):
+            kept = (logits[row] >= threshold).numpy() & (x > float("-inf"))
+            assert is_top_p_set_within(kept, x, float(top_p[row]), 1e-5), (row, threshold)

@@ -172,3 +172,24 @@ def pipeline(
     x = x / (1.0 if is_greedy else req.params.temperature)
     x = min_p(x, req)
     return top_k_top_p(x, req.params.top_k, req.params.top_p), greedy, is_greedy
+
+
+def is_top_p_set_within(kept: np.ndarray, row: np.ndarray, top_p: float, tol: float) -> bool:
+    """Whether `kept` ([V] bool) is a valid top-p set of `row` ([V] float64 logits, -inf
+    where an earlier step cut: masks, min_p, top-k) for some top_p within `tol` of `top_p`:
+    every token at or above its lowest value, with a mass (the softmax over the finite
+    tokens) that reaches top_p - tol while the tokens above its lowest value stay under
+    top_p + tol. Two float32 searches that add masses in different orders may keep sets
+    that differ by the tokens at the boundary where the target lies within rounding of a
+    cumulative mass; both pass this, a cut off by more than rounding does not."""
+    finite = row > -math.inf
+    if not kept.any() or (kept & ~finite).any():
+        return False
+    lowest = row[kept].min()
+    if not np.array_equal(kept, finite & (row >= lowest)):
+        return False
+    probs = np.exp(row[finite] - row[finite].max())
+    probs /= probs.sum()
+    mass = float(probs[kept[finite]].sum())
+    above = float(probs[(kept & (row > lowest))[finite]].sum())
+    return mass >= top_p - tol and above < top_p + tol
