@@ -104,7 +104,9 @@ def test_update_tiles_keeps_each_entry_exact_or_unknown(kernel_device: torch.dev
     block, tiles = 16, 12
     vocab = block * tiles
     before = torch.round(torch.randn(1, vocab, generator=gen) * 8) / 4  # ties happen
-    tokens = torch.randperm(vocab, generator=gen)[:60]
+    # drawn from the first 9 tiles: the last 3 keep exact entries (the check below), where
+    # over all 12 tiles 10 or more went unknown in 4.5e-5 of the draws
+    tokens = torch.randperm(9 * block, generator=gen)[:60]
     after = before.clone()
     draws = torch.rand(len(tokens), generator=gen)
     for token, draw in zip(tokens.tolist(), draws.tolist(), strict=True):

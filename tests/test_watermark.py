@@ -61,8 +61,10 @@ def test_200_watermarked_tokens_are_detected_and_unwatermarked_ones_are_not() ->
     # other text scored with this key, and the watermarked text with another: nothing found
     plain_p = [detect_watermark(plain, key, N, prompt).p_value for plain in plains]
     plain_p.append(detect_watermark(marked, key ^ 1, N, prompt).p_value)
-    # p is uniform on text without the watermark: at most a few of 21 below 0.01
-    assert sum(p <= 0.01 for p in plain_p) <= 2, plain_p
+    # p is uniform on text without the watermark: at most 5 of 21 below 0.01 (a correct
+    # detector has more in 4.8e-8 of the runs; "at most 2" failed in 1.2e-3 of them), where
+    # a detector that fires on plain text has most of them near 0
+    assert sum(p <= 0.01 for p in plain_p) <= 5, plain_p
     # and not all large either (a detector that never fires would pass the above)
     assert min(plain_p) < 0.9
 
