@@ -155,7 +155,9 @@ def compare_with_sampler(rank: int, world_size: int, spec: Comparison) -> None:
     (`_check_logprobs`), the rank's token-indexed state equal to the matching columns of
     the single-device sampler's after every step; a make_fx trace taken at the first step
     must replay every later one as eager runs it, which runs under `SyncOpDetector`; bad
-    updates are refused alike on every rank (`_check_refusals`)."""
+    updates are refused alike on every rank (`_check_refusals`). A step whose top-p cut
+    parts from the whole rows' at a boundary within rounding ends the steps on every rank
+    (`_filtered_logits_agree`), the histories being free to part from there."""
     config = SamplerConfig(**spec.config)
     reference = Sampler(config, "cpu")
     sampler = VocabParallelSampler(config, device="cpu")
