@@ -42,7 +42,7 @@ from graphsafe_sampler.testing.batch_driver import (
     refill,
 )
 from graphsafe_sampler.testing.graph_safety import state_fingerprint
-from graphsafe_sampler.testing.reference import is_top_p_set_within
+from graphsafe_sampler.testing.reference import is_top_p_set_within, top_k_top_p
 from graphsafe_sampler.testing.replay import MakeFxReplayer, StateTensors
 from graphsafe_sampler.testing.sync_detector import SyncOpDetector
 
@@ -262,22 +262,18 @@ def _filtered_logits_agree(
     top_k = stages.top_k_top_p.top_k.device[slots].tolist()
     top_p = stages.top_k_top_p.top_p.device[slots].tolist()
     for r in range(rows):
-        mine, ref = own[r] > float("-inf"), theirs[r] > float("-inf")
         if torch.equal(own[r], theirs[r]):
             continue
+        mine, ref = own[r] > float("-inf"), theirs[r] > float("-inf")
         kept_values_intact = torch.equal(own[r][mine], before_cut[r, start:end][mine])
-        nested = bool((mine & ~ref).sum() == 0) or bool((ref & ~mine).sum() == 0)
-        x = before_cut[r].double().numpy()
-        if 0 < top_k[r] < x.shape[0]:
-            x = np.where(x >= np.sort(x)[::-1][top_k[r] - 1], x, -np.inf)
+        nested = not (mine & ~ref).any() or not (ref & ~mine).any()
+        x = top_k_top_p(before_cut[r].double().numpy(), top_k[r], 1.0)  # top-k alone
         shard = np.zeros(x.shape[0], dtype=bool)
         shard[start:end] = True
         if bool((mine & ~ref).any()):  # the shards keep more: down to their lowest here
-            lowest = float(own[r][mine].min())
-            split = (x >= lowest) & (x > -np.inf)
+            split = x >= float(own[r][mine].min())
         else:  # fewer: above the highest value they dropped here
-            dropped = float(theirs[r][ref & ~mine].max())
-            split = (x > dropped) & (x > -np.inf)
+            split = x > float(theirs[r][ref & ~mine].max())
         whole_kept = (whole[1][r] > float("-inf")).numpy()
         explained = (
             kept_values_intact
