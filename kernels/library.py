@@ -183,12 +183,28 @@ def exp_ftz(x):
 
 
 @triton.jit
+def _maximum_or_nan(a, b):
+    """Reduction operator: the larger of a and b, NaN where either is (PTX max.NaN)."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def max_or_nan(x):
+    """The largest element of the block x (float32, any shape), NaN where x holds one: one
+    FMNMX.NAN a step, where `tl.max` (NaN-ignoring) needs each NaN made +inf first, a
+    comparison and a select an element (16 SASS instructions a tile a thread of the dense
+    pass, for its two maxima)."""
+    return tl.reduce(x, None, _maximum_or_nan)
+
+
+@triton.jit
 def raw_tile_stats(x, in_tile):
     """(max, sum(exp(x - max))) of a tile's raw logits `x` (float32, any shape) over
     `in_tile`: the max +inf where the tile holds NaN (an upper bound every consumer reads),
     and a -inf max shifts by 0, so that -inf - -inf never makes NaN. NaN or +inf make the
     sum NaN, as the logsumexp of the row is then."""
-    top = tl.max(tl.where(x == x, tl.where(in_tile, x, float("-inf")), float("inf")))
+    top = max_or_nan(tl.where(in_tile, x, float("-inf")))
+    top = tl.where(top == top, top, float("inf"))  # a scalar select, not one an element
     shift = tl.where(top == float("-inf"), 0.0, top)
     return top, tl.sum(tl.where(in_tile, exp_ftz(x - shift), 0.0))
 

@@ -34,6 +34,7 @@ from .library import (
     check_tile_max,
     hoisted_reciprocal,
     inplace_op,
+    max_or_nan,
     raw_tile_stats,
     split_chunks,
 )
@@ -87,11 +88,13 @@ def _dense_tile(
     if HAS_TILE_MAX:
         # the tile's largest logit, +inf where it holds NaN (a tile every consumer reads;
         # a marked quotient's tile is made again, with the table's entry)
-        top = tl.max(tl.where(in_row, tl.where(x == x, x, float("inf")), float("-inf")))
+        top = max_or_nan(tl.where(in_row, x, float("-inf")))
+        top = tl.where(top == top, top, float("inf"))
         tl.store(tile_row + start // BLOCK_SIZE, top)
         return top == float("inf")
     else:
-        return tl.max((x != x).to(tl.int32)) > 0  # off the row: 0.0, never NaN
+        top = max_or_nan(x)  # off the row: 0.0, never NaN
+        return top != top
 
 
 @triton.jit

@@ -1,7 +1,7 @@
 """kernels/library.py's shared Triton helpers on their own (the arithmetic ones, divide_by and
 hoisted_reciprocal, are tested beside processing, their one user): `tiles_to_visit`, the
-tile list every consumer of the tile maxima walks, and `update_tiles`, which keeps the
-table exact through processing's sparse phases."""
+tile list every consumer of the tile maxima walks, `update_tiles`, which keeps the table
+exact through processing's sparse phases, and `max_or_nan`, the tile maxima's reduction."""
 
 from __future__ import annotations
 
@@ -10,7 +10,12 @@ import torch
 import triton
 import triton.language as tl
 
-from graphsafe_sampler.kernels.library import chunk_bounds, tiles_to_visit, update_tiles
+from graphsafe_sampler.kernels.library import (
+    chunk_bounds,
+    max_or_nan,
+    tiles_to_visit,
+    update_tiles,
+)
 
 
 def _gen() -> torch.Generator:
@@ -130,3 +135,36 @@ def test_update_tiles_keeps_each_entry_exact_or_unknown(kernel_device: torch.dev
     want = torch.where(unknown, float("inf"), exact_tile_maxima(after, block)[0])
     assert torch.equal(got, want), (got, want)
     assert bool(unknown.any()) and bool(torch.isfinite(want).sum() >= 3)
+
+
+@triton.jit
+def _max_kernel(x_ptr, out_ptr, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Program b reduces block b, [ROWS, COLS] (the dense pass's tile shape)."""
+    at = tl.program_id(0) * ROWS * COLS
+    block = at + tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
+    tl.store(out_ptr + tl.program_id(0), max_or_nan(tl.load(x_ptr + block)))
+
+
+def test_max_or_nan_is_the_max_or_nan_where_a_block_holds_one(
+    kernel_device: torch.device,
+) -> None:
+    """Each block's max, NaN wherever it holds a NaN (at any position, beside +inf or
+    alone), -inf for an all -inf block: `torch.amax`, which propagates NaN the same way.
+    A NaN-ignoring max (tl.max) returns a finite max or +inf for the NaN blocks."""
+    gen = _gen()
+    blocks, rows, cols = 12, 32, 32
+    x = torch.randn(blocks, rows * cols, generator=gen) * 8
+    nan_at = torch.randint(0, rows * cols, (blocks,), generator=gen)
+    for b in (1, 2, 3, 4):
+        x[b, nan_at[b]] = float("nan")  # one NaN somewhere in an otherwise finite block
+    x[3, (nan_at[3] + 1) % (rows * cols)] = float("inf")  # and beside a +inf
+    x[4] = float("nan")
+    x[5, nan_at[5]] = float("inf")  # +inf, no NaN
+    x[6] = float("-inf")
+    x[7, nan_at[7]] = float("-inf")
+    out = torch.full((blocks,), -7.0)
+    moved = [t.to(kernel_device) for t in (x, out)]
+    _max_kernel[(blocks,)](*moved, ROWS=rows, COLS=cols)
+    got, want = moved[1].cpu(), x.amax(dim=1)
+    assert want[1:5].isnan().all() and want[5] == float("inf") and want[6] == float("-inf")
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
