@@ -57,20 +57,25 @@ def _dense_tile(
     repetition, frequency, presence, fix_excess, scale_on, temperature,
     SATURATED: tl.constexpr, HAS_GRAMMAR: tl.constexpr, HAS_DRAFTS: tl.constexpr,
     HAS_TILE_MAX: tl.constexpr, HAS_RAW_TILES: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    EXACT: tl.constexpr,
+    EXACT: tl.constexpr, FULL: tl.constexpr,
 ):  # fmt: skip
     """Steps 3-6 on the tile at `start`, read once and written once, with its raw and
     processed statistics -> whether the tile must be made again with EXACT: it holds NaN
     (a quotient outside the fast divisions' range, or a NaN logit) or, with HAS_TILE_MAX,
     +inf. The tile is [BLOCK_SIZE / 32, 32], a bitmask word a row: each word loaded once,
-    and the bit positions loop-invariant."""
+    and the bit positions loop-invariant. FULL: the tile lies inside the row (start +
+    BLOCK_SIZE <= end), so no load, store or reduction is masked."""
     WORD_COLS: tl.constexpr = min(32, BLOCK_SIZE)
     tile_row_ids = tl.arange(0, BLOCK_SIZE // WORD_COLS)[:, None]
     tile_col_ids = tl.arange(0, WORD_COLS)[None, :]
     cols = start + tile_row_ids * WORD_COLS + tile_col_ids  # [BLOCK_SIZE / 32, 32]
-    in_row = cols < end
-    # clamped, not masked (a mask spilled): tokens past the end are out of `in_row`
-    word = tl.minimum(start // 32 + tile_row_ids, num_words - 1)
+    if FULL:  # a constant: the masks and the selects on them fold away
+        in_row = tl.full([BLOCK_SIZE // WORD_COLS, WORD_COLS], True, tl.int1)
+        word = start // 32 + tile_row_ids
+    else:
+        in_row = cols < end
+        # clamped, not masked (a mask spilled): tokens past the end are out of `in_row`
+        word = tl.minimum(start // 32 + tile_row_ids, num_words - 1)
     bit = tile_col_ids  # [1, 32]
     if BLOCK_SIZE < 32:
         bit += start % 32
@@ -197,15 +202,26 @@ def _process_logits_kernel(
     # 3-6. the dense pass: every token read once, written once. If a tile held a quotient
     # the hoisted reciprocals may round apart from IEEE division (or a NaN; with the tile
     # maxima, a +inf), the program makes its chunk again with IEEE division: never, for an
-    # LLM's logits
+    # LLM's logits. The row's last tile, when V is no multiple of BLOCK_SIZE, is made alone
+    # and first (its loads issued with the row's parameters'), so that the loop's tiles
+    # are whole and unmasked (about 14 SASS instructions a tile a thread fewer)
+    full_end = begin + (end - begin) // BLOCK_SIZE * BLOCK_SIZE
     redo = (penalties_on & ~repetition_in_range) | (scale_on & ~temperature_in_range)
-    for start in tl.range(begin, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
+    if full_end < end:
+        redo |= _dense_tile(
+            full_end, end, num_words, source_row, row_ptr, tile_row, raw_row, row,
+            allowed_row, grammar_row, prompt_row, counts_row, drafts_ptr, preceding,
+            num_drafts, penalties_on, repetition_divisor, frequency, presence, fix_excess,
+            scale_on, temperature_divisor, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX,
+            HAS_RAW_TILES, BLOCK_SIZE, HAS_DRAFTS, False,
+        )  # fmt: skip
+    for start in tl.range(begin, full_end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
         redo |= _dense_tile(
             start, end, num_words, source_row, row_ptr, tile_row, raw_row, row, allowed_row,
             grammar_row, prompt_row, counts_row, drafts_ptr, preceding, num_drafts,
             penalties_on, repetition_divisor, frequency, presence, fix_excess, scale_on,
             temperature_divisor, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX,
-            HAS_RAW_TILES, BLOCK_SIZE, HAS_DRAFTS,
+            HAS_RAW_TILES, BLOCK_SIZE, HAS_DRAFTS, True,
         )  # fmt: skip
     # with drafts (the rejection sampler's rows) the first pass is already IEEE division:
     # the drafts' counts and the range checks together spilled under the register cap
@@ -217,7 +233,7 @@ def _process_logits_kernel(
                 allowed_row, grammar_row, prompt_row, counts_row, drafts_ptr, preceding,
                 num_drafts, penalties_on, repetition_divisor, frequency, presence, fix_excess,
                 scale_on, temperature_divisor, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX,
-                HAS_RAW_TILES, BLOCK_SIZE, True,
+                HAS_RAW_TILES, BLOCK_SIZE, True, False,
             )  # fmt: skip
     # The sparse phases' tables (their first blocks) depend on the slot alone: loaded here,
     # in one round, and the bad words' ring in the next, beside the bias phase's loads

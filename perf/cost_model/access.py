@@ -212,6 +212,10 @@ def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             source_line(bad_words.ban_bad_words, "while more:"): bad_more,
             source_line(sparse_phases.apply_excess, "while listed >= 0:"): _f(used > 0),
         },
+        # the row's last tile made alone where V is no multiple of BLOCK_SIZE: by the last
+        # program of the row only, whose chunk is no longer than the others' (split_chunks)
+        # and whose loop walks that tile fewer, so the slowest program's path never holds it
+        taken={source_line(k._process_logits_kernel, "if full_end < end:"): zeros},
     )
 
 

@@ -26,7 +26,7 @@ _BRANCH = re.compile(r"\bBRA\b.*`\((\.L\w+)\)")
 # a walk over the row's tiles: the whole row, or a program's chunk of it (split rows), or
 # the chunk's tiles listed by `library.tiles_to_visit` (one iteration a listed tile)
 TILE_LOOP = re.compile(
-    r"for \w+ in (tl\.)?range\((0, vocab_size|begin, end), BLOCK_SIZE\b"
+    r"for \w+ in (tl\.)?range\((0, vocab_size|begin, end|begin, full_end), BLOCK_SIZE\b"
     r"|for \w+ in tl\.range\(0, visits\b"
 )
 """A kernel's walk over its row's tiles, as every kernel in kernels/ writes it."""
