@@ -10,6 +10,7 @@ interpreter (inductor would otherwise trace into the kernel).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -182,6 +183,11 @@ def exp_ftz(x):
     return tl.math.exp2(x * 1.4426950408889634)
 
 
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+"""Whether Triton runs the kernels in its interpreter: read when this module is imported,
+as Triton reads it when `triton.jit` wraps a kernel."""
+
+
 @triton.jit
 def _maximum_or_nan(a, b):
     """Reduction operator: the larger of a and b, NaN where either is (PTX max.NaN)."""
@@ -189,12 +195,19 @@ def _maximum_or_nan(a, b):
 
 
 @triton.jit
-def max_or_nan(x):
-    """The largest element of the block x (float32, any shape), NaN where x holds one: one
-    FMNMX.NAN a step, where `tl.max` (NaN-ignoring) needs each NaN made +inf first, a
-    comparison and a select an element (16 SASS instructions a tile a thread of the dense
-    pass, for its two maxima)."""
-    return tl.reduce(x, None, _maximum_or_nan)
+def max_or_nan(x, BY_OPERATOR: tl.constexpr = not INTERPRETED):
+    """The largest element of the block x (float32, any shape), NaN where x holds one.
+    Compiled, a reduction by `_maximum_or_nan`: one FMNMX.NAN a step, where `tl.max`
+    (NaN-ignoring) needs each NaN made +inf first, a comparison and a select an element (16
+    SASS instructions a tile a thread of the dense pass, for its two maxima). The
+    interpreter runs a reduction by a jit operator element by element in Python (about
+    1,000 calls a tile), so there (BY_OPERATOR False) the same value comes from two of its
+    vectorized reductions, the NaN-ignoring max and a NaN count."""
+    if BY_OPERATOR:
+        top = tl.reduce(x, None, _maximum_or_nan)
+    else:
+        top = tl.where(tl.max((x != x).to(tl.int32)) > 0, float("nan"), tl.max(x))
+    return top
 
 
 @triton.jit

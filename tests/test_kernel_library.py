@@ -138,19 +138,24 @@ def test_update_tiles_keeps_each_entry_exact_or_unknown(kernel_device: torch.dev
 
 
 @triton.jit
-def _max_kernel(x_ptr, out_ptr, ROWS: tl.constexpr, COLS: tl.constexpr):
+def _max_kernel(
+    x_ptr, out_ptr, ROWS: tl.constexpr, COLS: tl.constexpr, BY_OPERATOR: tl.constexpr
+):  # fmt: skip
     """Program b reduces block b, [ROWS, COLS] (the dense pass's tile shape)."""
     at = tl.program_id(0) * ROWS * COLS
     block = at + tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
-    tl.store(out_ptr + tl.program_id(0), max_or_nan(tl.load(x_ptr + block)))
+    tl.store(out_ptr + tl.program_id(0), max_or_nan(tl.load(x_ptr + block), BY_OPERATOR))
 
 
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # numpy's, on block 4
+@pytest.mark.parametrize("by_operator", [True, False], ids=["operator", "vectorized"])
 def test_max_or_nan_is_the_max_or_nan_where_a_block_holds_one(
-    kernel_device: torch.device,
+    by_operator: bool, kernel_device: torch.device
 ) -> None:
     """Each block's max, NaN wherever it holds a NaN (at any position, beside +inf or
     alone), -inf for an all -inf block: `torch.amax`, which propagates NaN the same way.
-    A NaN-ignoring max (tl.max) returns a finite max or +inf for the NaN blocks."""
+    Both forms: the compiled one (the NaN-propagating operator) and the interpreter's. A
+    NaN-ignoring max (tl.max) returns a finite max or +inf for the NaN blocks."""
     gen = _gen()
     blocks, rows, cols = 12, 32, 32
     x = torch.randn(blocks, rows * cols, generator=gen) * 8
@@ -164,7 +169,7 @@ def test_max_or_nan_is_the_max_or_nan_where_a_block_holds_one(
     x[7, nan_at[7]] = float("-inf")
     out = torch.full((blocks,), -7.0)
     moved = [t.to(kernel_device) for t in (x, out)]
-    _max_kernel[(blocks,)](*moved, ROWS=rows, COLS=cols)
+    _max_kernel[(blocks,)](*moved, ROWS=rows, COLS=cols, BY_OPERATOR=by_operator)
     got, want = moved[1].cpu(), x.amax(dim=1)
     assert want[1:5].isnan().all() and want[5] == float("inf") and want[6] == float("-inf")
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
