@@ -203,13 +203,15 @@ def _process_logits_kernel(
     # the hoisted reciprocals may round apart from IEEE division (or a NaN; with the tile
     # maxima, a +inf), the program makes its chunk again with IEEE division: never, for an
     # LLM's logits. The row's last tile, when V is no multiple of BLOCK_SIZE, is made alone
-    # and first (its loads issued with the row's parameters'), so that the loop's tiles
-    # are whole and unmasked (about 14 SASS instructions a tile a thread fewer)
+    # and first, so that the main loop's tiles are whole and unmasked (about 14 SASS
+    # instructions a tile a thread fewer); a pipelined loop of at most one tile, so that
+    # its loads are all issued at once, as the main loop's are (straight-line code issued
+    # them in program order: three rounds of loads for the tile, not one)
     full_end = begin + (end - begin) // BLOCK_SIZE * BLOCK_SIZE
     redo = (penalties_on & ~repetition_in_range) | (scale_on & ~temperature_in_range)
-    if full_end < end:
+    for start in tl.range(full_end, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
         redo |= _dense_tile(
-            full_end, end, num_words, source_row, row_ptr, tile_row, raw_row, row,
+            start, end, num_words, source_row, row_ptr, tile_row, raw_row, row,
             allowed_row, grammar_row, prompt_row, counts_row, drafts_ptr, preceding,
             num_drafts, penalties_on, repetition_divisor, frequency, presence, fix_excess,
             scale_on, temperature_divisor, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX,

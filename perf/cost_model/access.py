@@ -201,10 +201,15 @@ def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             "raw_tiles_ptr": ones * float(c["HAS_RAW_TILES"]),
         },
         walks={
-            tile_loop(k._process_logits_kernel, 0): ones,
+            # the row's partial last tile, alone where V is no multiple of BLOCK_SIZE: in
+            # the last program of a row, whose chunk is no longer than the others'
+            # (split_chunks) and whose main loop walks one tile fewer, so that no program
+            # is slower than one walking a whole chunk in the main loop
+            tile_loop(k._process_logits_kernel, 0): 0 * ones,
+            tile_loop(k._process_logits_kernel, 1): ones,
             # the pass again with IEEE division: a tile held a quotient outside the hoisted
             # reciprocal's range, NaN or +inf, never in an LLM-like row
-            tile_loop(k._process_logits_kernel, 1): 0 * ones,
+            tile_loop(k._process_logits_kernel, 2): 0 * ones,
             tile_loop(sparse_phases.apply_excess, 0): full,
             # (above); the overflow table's walk over its used entries
             source_line(sparse_phases.apply_bias, "while more:"): bias_more,
@@ -212,10 +217,6 @@ def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             source_line(bad_words.ban_bad_words, "while more:"): bad_more,
             source_line(sparse_phases.apply_excess, "while listed >= 0:"): _f(used > 0),
         },
-        # the row's last tile made alone where V is no multiple of BLOCK_SIZE: by the last
-        # program of the row only, whose chunk is no longer than the others' (split_chunks)
-        # and whose loop walks that tile fewer, so the slowest program's path never holds it
-        taken={source_line(k._process_logits_kernel, "if full_end < end:"): zeros},
     )
 
 

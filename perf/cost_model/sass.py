@@ -23,10 +23,12 @@ _LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
 _LABEL = re.compile(r"^\s*(\.L\w+):")
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
 _BRANCH = re.compile(r"\bBRA\b.*`\((\.L\w+)\)")
-# a walk over the row's tiles: the whole row, or a program's chunk of it (split rows), or
-# the chunk's tiles listed by `library.tiles_to_visit` (one iteration a listed tile)
+# a walk over the row's tiles: the whole row, or a program's chunk of it (split rows; its
+# whole tiles and its partial last one apart, in processing), or the chunk's tiles listed by
+# `library.tiles_to_visit` (one iteration a listed tile)
 TILE_LOOP = re.compile(
-    r"for \w+ in (tl\.)?range\((0, vocab_size|begin, end|begin, full_end), BLOCK_SIZE\b"
+    r"for \w+ in (tl\.)?range\((0, vocab_size|begin, end|begin, full_end|full_end, end), "
+    r"BLOCK_SIZE\b"
     r"|for \w+ in tl\.range\(0, visits\b"
 )
 """A kernel's walk over its row's tiles, as every kernel in kernels/ writes it."""
