@@ -209,21 +209,21 @@ def _process_logits_kernel(
     # them in program order: three rounds of loads for the tile, not one)
     full_end = begin + (end - begin) // BLOCK_SIZE * BLOCK_SIZE
     redo = (penalties_on & ~repetition_in_range) | (scale_on & ~temperature_in_range)
+    # what every tile of the row takes besides its start and its constexprs
+    row_args = (
+        end, num_words, source_row, row_ptr, tile_row, raw_row, row, allowed_row, grammar_row,
+        prompt_row, counts_row, drafts_ptr, preceding, num_drafts, penalties_on,
+        repetition_divisor, frequency, presence, fix_excess, scale_on, temperature_divisor,
+    )  # fmt: skip
     for start in tl.range(full_end, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
         redo |= _dense_tile(
-            start, end, num_words, source_row, row_ptr, tile_row, raw_row, row,
-            allowed_row, grammar_row, prompt_row, counts_row, drafts_ptr, preceding,
-            num_drafts, penalties_on, repetition_divisor, frequency, presence, fix_excess,
-            scale_on, temperature_divisor, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX,
-            HAS_RAW_TILES, BLOCK_SIZE, HAS_DRAFTS, False,
+            start, *row_args, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX, HAS_RAW_TILES,
+            BLOCK_SIZE, EXACT=HAS_DRAFTS, FULL=False,
         )  # fmt: skip
     for start in tl.range(begin, full_end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
         redo |= _dense_tile(
-            start, end, num_words, source_row, row_ptr, tile_row, raw_row, row, allowed_row,
-            grammar_row, prompt_row, counts_row, drafts_ptr, preceding, num_drafts,
-            penalties_on, repetition_divisor, frequency, presence, fix_excess, scale_on,
-            temperature_divisor, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX,
-            HAS_RAW_TILES, BLOCK_SIZE, HAS_DRAFTS, True,
+            start, *row_args, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX, HAS_RAW_TILES,
+            BLOCK_SIZE, EXACT=HAS_DRAFTS, FULL=True,
         )  # fmt: skip
     # with drafts (the rejection sampler's rows) the first pass is already IEEE division:
     # the drafts' counts and the range checks together spilled under the register cap
@@ -231,11 +231,8 @@ def _process_logits_kernel(
         tl.debug_barrier()  # the tile maxima: a first pass's entry must not land after
         for start in tl.range(begin, end, BLOCK_SIZE):
             _dense_tile(
-                start, end, num_words, source_row, row_ptr, tile_row, raw_row, row,
-                allowed_row, grammar_row, prompt_row, counts_row, drafts_ptr, preceding,
-                num_drafts, penalties_on, repetition_divisor, frequency, presence, fix_excess,
-                scale_on, temperature_divisor, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX,
-                HAS_RAW_TILES, BLOCK_SIZE, True, False,
+                start, *row_args, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX,
+                HAS_RAW_TILES, BLOCK_SIZE, EXACT=True, FULL=False,
             )  # fmt: skip
     # The sparse phases' tables (their first blocks) depend on the slot alone: loaded here,
     # in one round, and the bad words' ring in the next, beside the bias phase's loads

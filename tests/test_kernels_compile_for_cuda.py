@@ -110,12 +110,13 @@ def _ordered(stores: list[list[int]], first: int, then: int) -> bool:
 
 
 def _lines_of(lines: list[str], start: int, statement: str) -> list[int]:
-    """The file line numbers of the source lines that are `statement`, in order."""
-    return [start + i for i, line in enumerate(lines) if line.strip() == statement]
+    """The file line numbers of the source lines that begin with `statement` (a call and
+    its opening parenthesis), in order."""
+    return [start + i for i, line in enumerate(lines) if line.strip().startswith(statement)]
 
 
 def _line_of(lines: list[str], start: int, statement: str) -> int:
-    """The file line number of the one source line that is `statement`."""
+    """The file line number of the one source line that begins with `statement`."""
     found = _lines_of(lines, start, statement)
     assert len(found) == 1, f"{statement!r} is on lines {found}, not on exactly one"
     return found[0]
