@@ -58,6 +58,22 @@ def _bias_block(
 
 
 @triton.jit
+def _first_key(entry, token):
+    """The key of entry 0 of a sparse table's first block ([BLOCK] entries and keys)."""
+    return tl.sum(tl.where(entry == 0, token, 0))
+
+
+@triton.jit
+def _walk_goes_on(entry, token, first_key, num_entries, start):
+    """Whether the walk over a sparse table whose used keys come first, unique, and whose
+    unused entries repeat the first key (the bias and stop-id tables) goes on to the block
+    at `start`, after making the block (`entry`, `token`): it exists, and the block made
+    held no repeat of the first key past entry 0, which would end the used entries."""
+    repeated = (entry < num_entries) & (entry > 0) & (token == first_key)
+    return (start < num_entries) & (tl.max(repeated.to(tl.int32)) == 0)
+
+
+@triton.jit
 def apply_bias(
     entry, token, value,  # the first block, from load_bias_block
     bias_ids_ptr, bias_values_ptr, slot, num_bias, source_row, row_ptr, tile_row, begin,
@@ -74,16 +90,15 @@ def apply_bias(
     block holding the first key again past entry 0 is the last with a used entry (a table
     of C = 1,024 entries biasing a few tokens: one block, not eight). The first block is
     the caller's, made before the loop over the rest."""
-    first_key = tl.sum(tl.where(entry == 0, token, 0))
+    first_key = _first_key(entry, token)
     _bias_block(
         entry, token, value, num_bias, source_row, row_ptr, tile_row, begin, end, row,
         allowed_row, grammar_row, prompt_row, counts_row, drafts_ptr, preceding, num_drafts,
         penalties_on, repetition, frequency, presence, fix_excess, scale_on, temperature,
         SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX, BLOCK_SIZE,
     )  # fmt: skip
-    repeated = (entry < num_bias) & (entry > 0) & (token == first_key)
     start = BLOCK
-    more = (start < num_bias) & (tl.max(repeated.to(tl.int32)) == 0)
+    more = _walk_goes_on(entry, token, first_key, num_bias, start)
     while more:
         entry, token, value = load_bias_block(
             bias_ids_ptr, bias_values_ptr, slot, num_bias, start, BLOCK
@@ -94,9 +109,8 @@ def apply_bias(
             num_drafts, penalties_on, repetition, frequency, presence, fix_excess, scale_on,
             temperature, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX, BLOCK_SIZE,
         )  # fmt: skip
-        repeated = (entry < num_bias) & (token == first_key)
         start += BLOCK
-        more = (start < num_bias) & (tl.max(repeated.to(tl.int32)) == 0)
+        more = _walk_goes_on(entry, token, first_key, num_bias, start)
 
 
 @triton.jit
@@ -199,10 +213,9 @@ def ban_stop_ids(
     one block of 128, not two)."""
     _ban_stops(token, used, old, tile, row_ptr, tile_row, HAS_TILE_MAX, BLOCK, BLOCK_SIZE)
     entry = tl.arange(0, BLOCK)
-    first_id = tl.sum(tl.where(entry == 0, token, 0))
-    repeated = (entry > 0) & (entry < num_stop) & (token == first_id)
+    first_id = _first_key(entry, token)
     start = BLOCK
-    more = stopping & (start < num_stop) & (tl.max(repeated.to(tl.int32)) == 0)
+    more = stopping & _walk_goes_on(entry, token, first_id, num_stop, start)
     while more:
         entry, token = load_stop_block(stop_ids_ptr, slot, num_stop, start, BLOCK)
         used, old, tile = load_stop_olds(
@@ -210,6 +223,5 @@ def ban_stop_ids(
             BLOCK_SIZE,
         )  # fmt: skip
         _ban_stops(token, used, old, tile, row_ptr, tile_row, HAS_TILE_MAX, BLOCK, BLOCK_SIZE)
-        repeated = (entry < num_stop) & (token == first_id)
         start += BLOCK
-        more = (start < num_stop) & (tl.max(repeated.to(tl.int32)) == 0)
+        more = _walk_goes_on(entry, token, first_id, num_stop, start)
