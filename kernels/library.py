@@ -32,6 +32,14 @@ LISTED_STAGES = tl.constexpr(2)
 is itself a load, so the list's entries are loaded a stage before the tiles; 3 stages held
 one more register a thread and spilled top-k/top-p stage 1 under its 64-register cap."""
 
+SEARCH_STAGES = tl.constexpr(5)
+"""Stages of the pipeline on the cut kernel's passes over a row (the radix search's, the
+mask's; kernels/top_k_top_p.py): one program streams the whole row in 512-element tiles
+(`CUT_BLOCK`), so its loads must run further ahead than PIPELINE_STAGES to keep up with
+the issue. With 3 a pass waited on its loads, about 119 us at B = 1; with 5 a counting pass
+is about 59 us and a summing pass 106 us, bound by their instructions (estimated,
+perf/kernel_model.py's top_p case)."""
+
 
 def _no_output(*args: Any, **kwargs: Any) -> None:
     return None

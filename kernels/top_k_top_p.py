@@ -24,6 +24,7 @@ import triton.language as tl
 
 from .candidates import STATS, _candidates_kernel, _row_filters
 from .library import (
+    SEARCH_STAGES,
     TILE,
     SplitPolicy,
     check_logits,
@@ -190,7 +191,7 @@ def _top_k_top_p_kernel(
                 threshold = tl.maximum(_key_to_float(tl.minimum(key, max_key)), threshold)
                 reads += passes
         if APPLY:
-            for start in range(0, vocab_size, BLOCK_SIZE):
+            for start in tl.range(0, vocab_size, BLOCK_SIZE, num_stages=SEARCH_STAGES):
                 cols = start + tl.arange(0, BLOCK_SIZE)
                 in_row = cols < vocab_size
                 x = tl.load(row_ptr + cols, mask=in_row, other=0.0)
@@ -214,6 +215,13 @@ under it), and 64 chunks' lists, 2,048 values, are the widest union the cut kern
 
 MAX_SPLITS = 64
 """At most this many chunks a row: the cut kernel merges their lists in one program."""
+
+CUT_BLOCK = 512
+"""The tile of the cut kernel's passes over a row (the search's, the mask's), which it makes
+at 4 warps: 4 logits a thread, so that the search's [CUT_BLOCK, 16] compare leaves the kernel
+75-136 registers, 3 or more CTAs an SM (docs/kernels.md, split rows). At 1,024 it took about
+180 at 4 warps (2 CTAs, and 13% more instructions a logit in a summing pass) and about 190 at
+8 warps (1 CTA). Unrelated to the tile maxima's TILE: the cut reads no table."""
 
 MIN_SPLIT_TILES = 2
 """At least this many 1,024-element tiles a chunk (151,936 columns: at most 74 chunks)."""
@@ -279,10 +287,7 @@ def launch_top_k_top_p(
     min_p_table = min_p if min_p is not None else top_p  # unread without HAS_MIN_P
     # stage 1 at 4 warps: its list's work (the insertion, the merges) is the same in every
     # warp, so half the warps do half of it, for 8 logits a thread instead of 4 (estimated
-    # stage 1 at B = 256: 34.5 -> 27.7 us; 101 registers, 4 CTAs an SM). The cut kernel at 8
-    # warps for 1,024-element tiles: tests/cuda_compile.py checks every variant for spills
-    # (the bitonic networks and the search's [BLOCK, 16] compare)
-    num_warps = 8 if block_size >= 512 else 4
+    # stage 1 at B = 256: 34.5 -> 27.7 us; 101 registers, 4 CTAs an SM)
     _candidates_kernel[(num_rows, splits)](
         logits, logits.stride(0), slots, top_k, top_p, min_p_table, stats, lists,
         tile_max if tile_max is not None else stats,  # unread without HAS_TILE_MAX
@@ -317,8 +322,8 @@ def launch_top_k_top_p(
         # padded to hold the buffer: 2 chunks' lists of 32 are fewer than 128 candidates
         SPLIT_BLOCK=max(triton.next_power_of_2(splits), candidates // partial),
         STATS=STATS,
-        BLOCK_SIZE=block_size,
-        num_warps=num_warps,
+        BLOCK_SIZE=CUT_BLOCK,
+        num_warps=4,
     )
 
 

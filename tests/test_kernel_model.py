@@ -193,13 +193,15 @@ def test_find_loops_takes_back_edges_only(tmp_path: Path) -> None:
 def test_loop_stages_read_from_the_loop_line() -> None:
     """A pipelined loop's depth is its own `num_stages=`: a literal or a constant of
     kernels/library.py, PIPELINE_STAGES where the line names none."""
-    from graphsafe_sampler.kernels.library import LISTED_STAGES, PIPELINE_STAGES
+    from graphsafe_sampler.kernels.library import LISTED_STAGES, PIPELINE_STAGES, SEARCH_STAGES
 
     model = load_perf_script("kernel_model")
     listed = "for visit in tl.range(0, visits, num_stages=LISTED_STAGES):"
     assert model.loop_stages(listed) == LISTED_STAGES.value == 2
     whole = "for start in tl.range(begin, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):"
     assert model.loop_stages(whole) == PIPELINE_STAGES.value == 3
+    search = "for start in tl.range(0, vocab_size, BLOCK_SIZE, num_stages=SEARCH_STAGES):"
+    assert model.loop_stages(search) == SEARCH_STAGES.value == 5
     assert model.loop_stages("for start in tl.range(0, n, 8, num_stages=4):") == 4
     assert model.loop_stages("for start in tl.range(0, n, 8):") == 3
 
@@ -550,6 +552,9 @@ def test_every_launch_has_its_occupancy_and_hot_loop(model: dict[str, Any]) -> N
         "_candidates_kernel": top_k_top_p.top_k_top_p_splits.ctas_per_sm,
         "_sample_kernel": sampling.sample_splits.ctas_per_sm,
         "_logprobs_kernel": logprobs.logprobs_splits.ctas_per_sm,
+        # one program a row, unsplit: the issue's floor of 2 CTAs an SM on every hot kernel
+        # (top_k_top_p.CUT_BLOCK; at 1,024-element tiles and 8 warps it held 1)
+        "_top_k_top_p_kernel": 2,
     }
     for case in CASES:
         for data in model["cases"][case].values():
