@@ -29,8 +29,10 @@ memory's latency alone. Costs a shared-memory buffer of 2 tiles a program."""
 
 LISTED_STAGES = tl.constexpr(2)
 """Stages of the pipeline on a walk over a tile list (`tiles_to_visit`): each tile's address
-is itself a load, so the list's entries are loaded a stage before the tiles; 3 stages held
-one more register a thread and spilled top-k/top-p stage 1 under its 64-register cap."""
+is itself a load, so the list's entries are loaded a stage before the tiles. 3 stages, as
+estimated by perf/kernel_model.py: the "all" step 0.9 us faster at B = 1, but 0.7 and 1.8
+us slower at B = 64 and 256 (sampling took 68 registers, 7 CTAs an SM instead of 9), and a
+logprobs variant spilled."""
 
 SEARCH_STAGES = tl.constexpr(5)
 """Stages of the pipeline on the cut kernel's passes over a row (the radix search's, the
