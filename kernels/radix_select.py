@@ -1,8 +1,10 @@
 """The radix search of top-k/top-p in Triton: the largest float32 whose count (or mass) of
 logits at or above it reaches a target, found on float32's order-preserving integer image,
-4 bits of the answer a pass over the row. The cut kernel of kernels/top_k_top_p.py runs it
-for the rows its candidate buffer does not settle (docs/kernels.md, top-k/top-p: the
-integer image, stage 3: the search, the passes and their cost).
+4 bits of the answer a pass over the row, and the gather that cuts a top-k search short
+(the few logits left around the cut, collected in one pass for the search to go on over
+them alone). The cut kernel of kernels/top_k_top_p.py runs them for the rows its candidate
+buffer does not settle (docs/kernels.md, top-k/top-p: the integer image, stage 3: the
+search, the passes and their cost).
 """
 
 from __future__ import annotations
@@ -40,16 +42,20 @@ def _largest_key_reaching(
     top_p,  # top-p fraction of the total mass, used when MASS
     floor,  # float32: only logits >= floor carry mass (MASS)
     shift,  # float32: masses are exp(x - shift) (MASS)
+    cap,  # int32: stop once at most this many logits lie at or above the bin (0: never)
     MASS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    """(the largest key t with W(t) >= target, the passes over the row it took), W(t) = count
-    (or mass) of logits with key >= t; searched from the digits where lo_key and hi_key first
-    differ. Each pass reads the row once and measures W at prefix + c * 2**s, c = 0..15 (4
-    bits of the answer); the digit is how many of c = 1..15 still reach the target. It stops
-    early once the mask is decided: top-k when exactly k logits lie at or above the chosen
-    bin's low end, top-p when the chosen bin holds a single logit (docs/kernels.md,
-    top-k/top-p)."""
+    """-> (key, passes, gather): the largest key t with W(t) >= target, W(t) = count (or
+    mass) of logits with key >= t, the passes it took over the row (its first `vocab_size`
+    logits), and whether it stopped for a gather. Searched from the digits where lo_key and
+    hi_key first differ. Each pass reads the row once and measures W at prefix + c * 2**s,
+    c = 0..15 (4 bits of the answer); the digit is how many of c = 1..15 still reach the
+    target. It stops early once the mask is decided: top-k when exactly k logits lie at or
+    above the chosen bin's low end, top-p when the chosen bin holds a single logit
+    (docs/kernels.md, top-k/top-p). Or, with `gather` true, once at most `cap` logits (and
+    more than decide it) lie at or above the chosen bin's low end, which `key` then is: the
+    answer lies among them, for `gather_at_or_above` to collect in one more pass."""
     digits = tl.arange(0, 16)
     diff = lo_key ^ hi_key
     # tensors, not Python ints: they are carried through data-dependent while loops
@@ -59,6 +65,7 @@ def _largest_key_reaching(
     prefix = (lo_key >> (s + 4)) << (s + 4)
     target = tl.zeros((), tl.float32)
     passes = tl.zeros((), tl.int32)
+    gather = tl.zeros((), tl.int1)
     while s >= 0:
         counts = tl.zeros((16,), tl.int32)  # logits with key >= prefix + c * 2**s
         masses = tl.zeros((16,), tl.float32)
@@ -93,6 +100,42 @@ def _largest_key_reaching(
         past_bin = tl.sum(tl.where(digits == chosen + 1, counts, 0), axis=0)
         past_bin += tl.where(chosen == 15, above, 0)
         decided = (at_low_end - past_bin <= 1) if MASS else (at_low_end == k)
-        s = tl.where(decided, -4, s - 4)
+        # the bin's low end keeps few enough logits to sort them: one more pass collects
+        # them, where each further digit would cost a pass (at full resolution, s = 0,
+        # the low end is the answer itself)
+        gather = ~decided & (at_low_end <= cap) & (s > 0)
+        s = tl.where(decided | gather, -4, s - 4)
         passes += 1
-    return prefix, passes
+    return prefix, passes, gather
+
+
+@triton.jit
+def gather_at_or_above(
+    row_ptr,
+    vocab_size,
+    floor,  # float32: the logits >= floor (never NaN), at most `cap` of them
+    scratch_ptr,  # [cap] float32, the row's own, overwritten
+    cap,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """One pass over the row: its logits >= floor stored to scratch in column order, then
+    NaN (never counted) up to a multiple of 16 -> that length, at most `cap` (a multiple of
+    16; the caller counted at most `cap` logits, any past it are left out). A multiple of
+    16, as the vocabulary usually is, keeps the search's loads over it vectorized as over
+    the row. Each tile's logits go at the running count plus their rank among the tile's,
+    a prefix sum; a barrier follows, so that every thread may read what the others
+    stored."""
+    count = tl.zeros((), tl.int32)
+    for start in tl.range(0, vocab_size, BLOCK_SIZE, num_stages=SEARCH_STAGES):
+        cols = start + tl.arange(0, BLOCK_SIZE)
+        x = tl.load(row_ptr + cols, mask=cols < vocab_size, other=float("nan"))
+        kept = (x >= floor).to(tl.int32)  # NaN: 0
+        at = count + tl.cumsum(kept, 0) - 1
+        tl.store(scratch_ptr + at, x, mask=(kept != 0) & (at < cap))
+        count += tl.sum(kept, axis=0)
+    count = tl.minimum(count, cap)
+    length = (count + 15) // 16 * 16
+    pad = count + tl.arange(0, 16)
+    tl.store(scratch_ptr + pad, float("nan"), mask=pad < length)
+    tl.debug_barrier()
+    return length

@@ -32,10 +32,16 @@ from .library import (
     check_tile_max,
     exp_ftz,
     inplace_op,
+    register_cap,
     split_chunks,
     tile_count,
 )
-from .radix_select import _float_to_key, _key_to_float, _largest_key_reaching
+from .radix_select import (
+    _float_to_key,
+    _key_to_float,
+    _largest_key_reaching,
+    gather_at_or_above,
+)
 
 
 @triton.jit
@@ -56,6 +62,7 @@ def _top_k_top_p_kernel(
     lists_ptr,  # [num_rows, splits, PARTIAL] float32, from _candidates_kernel
     threshold_ptr,  # [num_rows] float32, written: keep logits >= threshold
     reads_ptr,  # [num_rows] int32, written with COUNT_READS: reads of the row made
+    gathered_ptr,  # [num_rows, GATHER] float32, scratch: the logits a gather collects
     vocab_size,
     splits,  # programs stage 1 gave a row
     buffer_size,  # CANDIDATES, or 0: no buffer (search only)
@@ -66,11 +73,13 @@ def _top_k_top_p_kernel(
     PARTIAL: tl.constexpr,  # each chunk's list; SPLIT_BLOCK * PARTIAL >= CANDIDATES
     SPLIT_BLOCK: tl.constexpr,  # a power of two >= splits (its padding masked)
     STATS: tl.constexpr,
+    GATHER: tl.constexpr,  # the top-k search's gather (kernels/top_k_top_p.py GATHER), 0: none
     BLOCK_SIZE: tl.constexpr,
 ):
     """Stage 2, one program per row: the chunks' statistics and lists merged, the cut read
-    off the merged buffer, or searched for where the buffer cannot settle it
-    (docs/kernels.md, top-k/top-p)."""
+    off the merged buffer, or searched for where the buffer cannot settle it, the search
+    cut short by a gather of the few logits left around the cut (docs/kernels.md,
+    top-k/top-p)."""
     row = tl.program_id(0)
     # The chunks' statistics and lists ([SPLIT_BLOCK] each, [SPLIT_BLOCK, PARTIAL]) depend on
     # the row alone: all loaded first, with the slot, in one round (a warp issues in order,
@@ -134,6 +143,10 @@ def _top_k_top_p_kernel(
             if entries > CANDIDATES:  # the merge left some out: at or below its last
                 complete = tl.maximum(complete, tl.min(values, axis=0))
         in_buffer = values > float("-inf")
+        # what top-p's search walks: the row, or what top-k's gather collected of it
+        source, length, gathered = row_ptr, vocab_size, tl.zeros((), tl.int1)
+        # an all -inf row would give exp(-inf - -inf) = nan: its masses are 0 instead
+        shift = tl.where(row_max > float("-inf"), row_max, 0.0)
         # top-k on the min_p survivors: the k-th largest of the whole row when at least k
         # logits pass the min_p cut, else below it (the cut then keeps every survivor)
         if k_on:
@@ -147,15 +160,27 @@ def _top_k_top_p_kernel(
             if use_buffer & ((kth >= complete) | (complete <= threshold)):
                 threshold = tl.maximum(kth, threshold)
             else:
-                key, passes = _largest_key_reaching(
+                key, passes, gathers = _largest_key_reaching(
                     row_ptr, vocab_size, _float_to_key(row_min), max_key, k, 1.0, 0.0, 0.0,
-                    MASS=False, BLOCK_SIZE=BLOCK_SIZE,
+                    GATHER, MASS=False, BLOCK_SIZE=BLOCK_SIZE,
                 )  # fmt: skip
-                threshold = tl.maximum(_key_to_float(key), threshold)
                 reads += passes
+                if gathers:
+                    # the few logits at or above the bin's low end, the k-th among them, in
+                    # one more read: the search goes on over them alone, and so does top-p's
+                    # (every survivor of the k-th is among them)
+                    scratch = gathered_ptr + row.to(tl.int64) * GATHER
+                    count = gather_at_or_above(
+                        row_ptr, vocab_size, _key_to_float(key), scratch, GATHER, BLOCK_SIZE
+                    )  # fmt: skip
+                    reads += 1
+                    source, length, gathered = scratch, count, gathers
+                    key, _, _ = _largest_key_reaching(
+                        source, length, key, max_key, k, 1.0, 0.0, 0.0, 0, MASS=False,
+                        BLOCK_SIZE=BLOCK_SIZE,
+                    )  # fmt: skip
+                threshold = tl.maximum(_key_to_float(key), threshold)
         if p_on:
-            # an all -inf row would give exp(-inf - -inf) = nan: its masses are 0 instead
-            shift = tl.where(row_max > float("-inf"), row_max, 0.0)
             # The survivors so far (logits >= threshold) are all in the buffer when every
             # logit above `complete` is and the cut lies above it; with no cut at all
             # (threshold -inf) the total is the streamed one, and the mass at or above any
@@ -183,13 +208,13 @@ def _top_k_top_p_kernel(
                 cut = tl.maximum(tl.minimum(cut, row_max), threshold)
                 threshold = tl.where(found > 0, cut, threshold)
             if found == 0:
-                key, passes = _largest_key_reaching(
-                    row_ptr, vocab_size, _float_to_key(tl.maximum(row_min, threshold)), max_key,
-                    0, top_p, threshold, shift, MASS=True, BLOCK_SIZE=BLOCK_SIZE,
+                key, passes, _ = _largest_key_reaching(
+                    source, length, _float_to_key(tl.maximum(row_min, threshold)), max_key, 0,
+                    top_p, threshold, shift, 0, MASS=True, BLOCK_SIZE=BLOCK_SIZE,
                 )  # fmt: skip
                 # never above the row max (top_p = 0), never below the top-k cut
                 threshold = tl.maximum(_key_to_float(tl.minimum(key, max_key)), threshold)
-                reads += passes
+                reads += tl.where(gathered, 0, passes)  # the scratch's are no reads of the row
         if APPLY:
             for start in tl.range(0, vocab_size, BLOCK_SIZE, num_stages=SEARCH_STAGES):
                 cols = start + tl.arange(0, BLOCK_SIZE)
@@ -218,10 +243,15 @@ MAX_SPLITS = 64
 
 CUT_BLOCK = 512
 """The tile of the cut kernel's passes over a row (the search's, the mask's), which it makes
-at 4 warps: 4 logits a thread, so that the search's [CUT_BLOCK, 16] compare leaves the kernel
-75-136 registers, 3 or more CTAs an SM (docs/kernels.md, split rows). At 1,024 it took about
+at 4 warps: 4 logits a thread, so that the search's [CUT_BLOCK, 16] compare fits the kernel
+into CUT_CTAS_PER_SM's cap (docs/kernels.md, split rows). At 1,024 it took about
 180 at 4 warps (2 CTAs, and 13% more instructions a logit in a summing pass) and about 190 at
 8 warps (1 CTA). Unrelated to the tile maxima's TILE: the cut reads no table."""
+
+CUT_CTAS_PER_SM = 3
+"""The cut kernel's occupancy, by construction: its launch caps registers at 168 for 3 CTAs
+of 4 warps an SM (`library.register_cap`). Left to itself, ptxas took 80-90 registers for
+some specializations and spilled 8 bytes there; under the cap, 125-166 and no spill."""
 
 MIN_SPLIT_TILES = 2
 """At least this many 1,024-element tiles a chunk (151,936 columns: at most 74 chunks)."""
@@ -230,6 +260,14 @@ MIN_SPLIT_TILES = 2
 def default_candidates() -> int:
     """`CANDIDATES`, or 0 under the Triton interpreter (see `CANDIDATES`)."""
     return 0 if os.environ.get("TRITON_INTERPRET") == "1" else CANDIDATES
+
+
+GATHER = 2048
+"""The top-k search's gather (0 = off): the search stops once at most this many logits lie
+at or above the bin it chose, one more pass collects them (`radix_select.
+gather_at_or_above`) into the row's scratch, and the search, then top-p's, go on over
+them alone instead of over the row: 8 KB a row, where each pass read 600 KB
+(docs/kernels.md, top-k/top-p: the passes and their cost)."""
 
 
 def partial_size(candidates: int, splits: int) -> int:
@@ -264,11 +302,14 @@ def launch_top_k_top_p(
     splits: int = 1,  # stage 1's programs per row (`top_k_top_p_splits`)
     # [num_rows, ceil(V / block_size)] float32: process_logits' tile maxima of `logits`
     tile_max: torch.Tensor | None = None,
+    gather: int = GATHER,  # the top-k search's gather: at most this many logits, 0 = off
 ) -> None:
     """Launch `_candidates_kernel` over rows x splits, then `_top_k_top_p_kernel` over the
     rows; allocates the chunks' statistics and lists, returns None."""
     if candidates is None:
         candidates = default_candidates()
+    if gather < 0:
+        raise ValueError(f"gather must be >= 0, got {gather}")
     if candidates and (candidates & (candidates - 1) or candidates > block_size):
         raise ValueError(
             f"candidates must be 0 or a power of two <= block_size {block_size}, got {candidates}"
@@ -281,6 +322,8 @@ def launch_top_k_top_p(
     device = logits.device
     stats = torch.empty((num_rows, splits, STATS), dtype=torch.float32, device=device)
     lists = torch.empty((num_rows, splits, partial), dtype=torch.float32, device=device)
+    # the top-k search's scratch: the logits a gather collects, written before they are read
+    scratch = torch.empty((num_rows, max(gather, 1)), dtype=torch.float32, device=device)
     num_tiles = tile_count(vocab_size, block_size)
     visits = None
     if tile_max is not None:
@@ -310,6 +353,7 @@ def launch_top_k_top_p(
         lists,
         threshold,
         reads if reads is not None else threshold,  # unwritten without COUNT_READS
+        scratch,
         vocab_size,
         splits,
         candidates,
@@ -323,8 +367,10 @@ def launch_top_k_top_p(
         # padded to hold the buffer: 2 chunks' lists of 32 are fewer than 128 candidates
         SPLIT_BLOCK=max(triton.next_power_of_2(splits), candidates // partial),
         STATS=STATS,
+        GATHER=gather,
         BLOCK_SIZE=CUT_BLOCK,
         num_warps=4,
+        maxnreg=register_cap(4, CUT_CTAS_PER_SM),
     )
 
 

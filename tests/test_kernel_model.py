@@ -552,9 +552,9 @@ def test_every_launch_has_its_occupancy_and_hot_loop(model: dict[str, Any]) -> N
         "_candidates_kernel": top_k_top_p.top_k_top_p_splits.ctas_per_sm,
         "_sample_kernel": sampling.sample_splits.ctas_per_sm,
         "_logprobs_kernel": logprobs.logprobs_splits.ctas_per_sm,
-        # one program a row, unsplit: the floor of 2 CTAs an SM on every hot kernel
-        # (top_k_top_p.CUT_BLOCK; at 1,024-element tiles and 8 warps it held 1)
-        "_top_k_top_p_kernel": 2,
+        # one program a row, unsplit, capped for 3 (the floor is 2 on every hot
+        # kernel; at 1,024-element tiles and 8 warps it held 1)
+        "_top_k_top_p_kernel": top_k_top_p.CUT_CTAS_PER_SM,
     }
     for case in CASES:
         for data in model["cases"][case].values():

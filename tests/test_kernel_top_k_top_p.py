@@ -321,10 +321,11 @@ def _launch(
     block_size: int,
     splits: int = 1,
     tile_max: torch.Tensor | None = None,
+    gather: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (kept mask [rows, V], threshold [rows], reads [rows]) of the launcher with
-    `candidates` (and the tile maxima), checking that apply=True writes exactly that mask
-    and the same cut."""
+    `candidates` (and the tile maxima, the search's `gather`), checking that apply=True
+    writes exactly that mask and the same cut."""
     from graphsafe_sampler.kernels.top_k_top_p import launch_top_k_top_p as launch
 
     rows = logits.shape[0]
@@ -333,14 +334,14 @@ def _launch(
     untouched = logits.clone()
     launch(
         untouched, slots, top_k, top_p, threshold, False, min_p, reads, candidates, block_size,
-        splits, tile_max,
+        splits, tile_max, gather,
     )  # fmt: skip
     torch.testing.assert_close(untouched, logits, rtol=0, atol=0, equal_nan=True)
     masked = logits.clone()
     applied = torch.empty_like(threshold)
     launch(
         masked, slots, top_k, top_p, applied, True, min_p, None, candidates, block_size, splits,
-        tile_max,
+        tile_max, gather,
     )  # fmt: skip
     torch.testing.assert_close(applied, threshold, rtol=0, atol=0, equal_nan=True)
     kept = logits >= threshold[:, None]
@@ -452,6 +453,105 @@ def test_candidate_buffer_edges(kernel_device: torch.device) -> None:
     assert int(got[5].sum()) == 12
     assert int(got[6].sum()) == 15 and int(reads[6]) == 1
     print(f"reads {reads.tolist()}, thresholds {threshold.tolist()}")
+
+
+# The search's gather (kernels/radix_select.py, `gather_at_or_above`): a search that stops
+# once few logits lie at or above its bin, and reads the cut off them, sorted. Small
+# gathers here, for the interpreter's op-by-op sort.
+
+
+def test_the_gather_cuts_the_search_short_and_keeps_its_mask(
+    kernel_device: torch.device,
+) -> None:
+    """Flat and peaked rows (ties at the cuts, NaN, -inf, fewer finite logits than k, equal
+    maxima) under top-k within and beyond the gather, top-p after it or alone, and min_p: the
+    gathered search keeps what the search alone keeps (top-k exactly, top-p within float32
+    rounding of the target) and what the float64 reference keeps, in fewer reads."""
+    from graphsafe_sampler.bench.logits import llm_like_logits
+    from graphsafe_sampler.stages.min_p import min_p_threshold
+
+    gen = _gen()
+    vocab, gather = 3001, 128
+    seed = int(torch.randint(0, 2**31, (1,), generator=gen))
+    rows = torch.cat([
+        torch.randn(3, vocab, generator=gen),
+        torch.rand(2, vocab, generator=gen),
+        llm_like_logits(3, vocab, peakedness=0.6, seed=seed),
+        torch.round(llm_like_logits(2, vocab, peakedness=1.2, seed=seed + 1) * 8) / 8,
+        torch.randn(4, vocab, generator=gen),
+    ])  # fmt: skip
+    rows[10, :300] = 9.0  # 300 tied maxima: more than the gather holds at the k-th
+    rows[11, 7] = float("nan")
+    rows[11, 100:200] = float("-inf")
+    rows[12] = float("-inf")
+    rows[12, :40] = torch.rand(40, generator=gen)  # 40 finite logits, k = 90
+    # the k-th, 4.0, ties at the low end of the bin a search ends in (4.0's key has its
+    # low 23 bits zero; the rest lies in [2, 4), in the bins before): the gather collects
+    # the logits at or above its floor, those equal to it included
+    rows[13] = 2.0 + 1.9 * torch.rand(vocab, generator=gen)
+    rows[13, :30] = 4.0 + 0.9 * torch.rand(30, generator=gen)
+    rows[13, 30:40] = 4.0
+    cases = [
+        (50, 1.0, 0.0), (100, 0.9, 0.0), (128, 0.99, 0.0),  # normal
+        (20, 0.5, 0.0), (129, 0.8, 0.0),  # uniform: k beyond the gather, then top-p
+        (0, 0.3, 0.0), (64, 0.95, 0.05), (1, 0.9, 0.0),  # flat LLM-like
+        (30, 0.7, 0.0), (0, 0.05, 0.1),  # peaked, ties
+        (5, 0.5, 0.0), (60, 0.9, 0.0), (90, 1.0, 0.0),  # tied maxima, NaN, 40 finite
+        (35, 1.0, 0.0),  # 10 ties at the k-th, 4.0
+    ]  # fmt: skip
+    num = len(cases)
+    top_k = torch.tensor([k for k, _, _ in cases], dtype=torch.int32)
+    top_p = torch.tensor([p for _, p, _ in cases])
+    min_p = torch.tensor([m for _, _, m in cases])
+    slots = torch.randperm(num, generator=gen)
+    top_k, top_p, min_p = (t[slots.argsort()] for t in (top_k, top_p, min_p))
+    logits, slots, top_k, top_p, min_p = (
+        t.to(kernel_device) for t in (rows, slots, top_k, top_p, min_p)
+    )
+    got, _, reads = _launch(logits, slots, top_k, top_p, min_p, 0, 64, gather=gather)
+    want, _, search_reads = _launch(logits, slots, top_k, top_p, min_p, 0, 64)
+    staged = logits.masked_fill(logits < min_p_threshold(logits, min_p[slots]), float("-inf"))
+    # NaN is never counted nor weighed, and always kept: the reference's row is without it
+    staged = staged.nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+    for r, (k, p, _) in enumerate(cases):
+        if p >= 1.0:
+            assert torch.equal(got[r], want[r]), r
+        else:
+            _check_top_p_differences(staged[r], got[r], want[r], k, p)
+        finite = torch.isfinite(staged[r].cpu())
+        reference = _sorted_reference(staged[r], k, p) & finite
+        _check_top_p_differences(staged[r], got[r].cpu() & finite, reference, k, p)
+    reads, search_reads = reads.cpu(), search_reads.cpu()
+    # a gather ends a search that had a pass to go, and top-p after a gathered top-k
+    # reads its cut off the same gather
+    assert bool((reads <= search_reads).all())
+    assert int(reads.sum()) < int(search_reads.sum())
+    assert int(got[10].sum()) == 300  # the tied maxima, all kept
+    assert int((got[12] & torch.isfinite(rows[12])).sum()) == 40
+    assert int(got[13].sum()) == 40
+    print(f"reads {reads.tolist()} (search alone {search_reads.tolist()})")
+
+
+def test_flat_row_top_k_1000_top_p_099_reads_the_row_at_most_8_times(
+    kernel_device: torch.device,
+) -> None:
+    """The worst case the GPU-speed issue bounds: a flat row (standard normal logits) of
+    V = 151,936 under top-k 1,000 and top-p 0.99, beyond the candidate buffer, in at most 8
+    reads with the compiled gather (13 without it), keeping what the float64 reference
+    keeps."""
+    from graphsafe_sampler.kernels.top_k_top_p import GATHER
+
+    gen = _gen()
+    logits = torch.randn(1, 151_936, generator=gen).to(kernel_device)
+    slots = torch.zeros(1, dtype=torch.int64, device=kernel_device)
+    top_k = torch.full((1,), 1000, dtype=torch.int32, device=kernel_device)
+    top_p = torch.full((1,), 0.99, device=kernel_device)
+    got, _, reads = _launch(logits, slots, top_k, top_p, None, 0, 1024, gather=GATHER)
+    assert int(reads[0]) <= 8, int(reads[0])
+    _check_top_p_differences(
+        logits[0], got[0].cpu(), _sorted_reference(logits[0], 1000, 0.99), 1000, 0.99
+    )
+    print(f"reads {int(reads[0])}, kept {int(got[0].sum())}")
 
 
 def _assert_same_cuts(

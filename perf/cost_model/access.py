@@ -236,6 +236,9 @@ def _top_k_top_p_rows(a: dict[str, Any], c: dict[str, Any]) -> dict[str, torch.T
         "filtered": _f(filtered),
         "buffered": _f(buffered),
         "passes": _f(filtered) * searches * SEARCH_PASSES,
+        # a top-k search may gather into the row's scratch (written once, then searched):
+        # counted once each way, its row passes left at the search's bound above
+        "gathered": _f(k_on & ~settled_k) * float(c.get("GATHER", 0) > 0),
     }
 
 
@@ -362,11 +365,13 @@ def _top_k_top_p_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             "min_p_ptr": ones * float(c["HAS_MIN_P"]),
             "threshold_ptr": 0 * ones,
             "reads_ptr": 0 * ones,
+            "gathered_ptr": rows["gathered"],
         },
         writes={
             "logits_ptr": apply,
             "threshold_ptr": ones,
             "reads_ptr": ones * float(c["COUNT_READS"]),
+            "gathered_ptr": rows["gathered"],
         },
         walks={
             tile_loop(radix_select._largest_key_reaching, 0): rows["passes"],
