@@ -53,9 +53,10 @@ def _largest_key_reaching(
     c = 0..15 (4 bits of the answer); the digit is how many of c = 1..15 still reach the
     target. It stops early once the mask is decided: top-k when exactly k logits lie at or
     above the chosen bin's low end, top-p when the chosen bin holds a single logit
-    (docs/kernels.md, top-k/top-p). Or, with `gather` true, once at most `cap` logits (and
-    more than decide it) lie at or above the chosen bin's low end, which `key` then is: the
-    answer lies among them, for `gather_at_or_above` to collect in one more pass."""
+    (docs/kernels.md, top-k/top-p). Or, with `gather` true, once at most `cap` logits lie
+    at or above the chosen bin's low end and it does not decide the mask yet: `key` is then
+    that low end, the answer lies among those logits, for `gather_at_or_above` to collect in
+    one more pass."""
     digits = tl.arange(0, 16)
     diff = lo_key ^ hi_key
     # tensors, not Python ints: they are carried through data-dependent while loops
@@ -100,9 +101,9 @@ def _largest_key_reaching(
         past_bin = tl.sum(tl.where(digits == chosen + 1, counts, 0), axis=0)
         past_bin += tl.where(chosen == 15, above, 0)
         decided = (at_low_end - past_bin <= 1) if MASS else (at_low_end == k)
-        # the bin's low end keeps few enough logits to sort them: one more pass collects
-        # them, where each further digit would cost a pass (at full resolution, s = 0,
-        # the low end is the answer itself)
+        # few enough logits at or above the bin's low end for the caller's scratch: one
+        # more pass collects them, where each further digit would cost a pass over the
+        # row (at full resolution, s = 0, the low end is the answer itself)
         gather = ~decided & (at_low_end <= cap) & (s > 0)
         s = tl.where(decided | gather, -4, s - 4)
         passes += 1

@@ -62,7 +62,7 @@ def _top_k_top_p_kernel(
     lists_ptr,  # [num_rows, splits, PARTIAL] float32, from _candidates_kernel
     threshold_ptr,  # [num_rows] float32, written: keep logits >= threshold
     reads_ptr,  # [num_rows] int32, written with COUNT_READS: reads of the row made
-    gathered_ptr,  # [num_rows, GATHER] float32, scratch: the logits a gather collects
+    scratch_ptr,  # [num_rows, GATHER] float32: the logits a top-k gather collects
     vocab_size,
     splits,  # programs stage 1 gave a row
     buffer_size,  # CANDIDATES, or 0: no buffer (search only)
@@ -169,12 +169,12 @@ def _top_k_top_p_kernel(
                     # the few logits at or above the bin's low end, the k-th among them, in
                     # one more read: the search goes on over them alone, and so does top-p's
                     # (every survivor of the k-th is among them)
-                    scratch = gathered_ptr + row.to(tl.int64) * GATHER
-                    count = gather_at_or_above(
-                        row_ptr, vocab_size, _key_to_float(key), scratch, GATHER, BLOCK_SIZE
+                    source = scratch_ptr + row.to(tl.int64) * GATHER
+                    length = gather_at_or_above(
+                        row_ptr, vocab_size, _key_to_float(key), source, GATHER, BLOCK_SIZE
                     )  # fmt: skip
                     reads += 1
-                    source, length, gathered = scratch, count, gathers
+                    gathered = gathers
                     key, _, _ = _largest_key_reaching(
                         source, length, key, max_key, k, 1.0, 0.0, 0.0, 0, MASS=False,
                         BLOCK_SIZE=BLOCK_SIZE,
@@ -263,10 +263,10 @@ def default_candidates() -> int:
 
 
 GATHER = 2048
-"""The top-k search's gather (0 = off): the search stops once at most this many logits lie
-at or above the bin it chose, one more pass collects them (`radix_select.
-gather_at_or_above`) into the row's scratch, and the search, then top-p's, go on over
-them alone instead of over the row: 8 KB a row, where each pass read 600 KB
+"""The top-k search's gather (a multiple of 16, 0 = off): the search stops once at most
+this many logits lie at or above the bin it chose, one more pass collects them
+(`radix_select.gather_at_or_above`) into the row's scratch, and the search, then top-p's,
+go on over them alone instead of over the row: 8 KB a row, where each pass read 600 KB
 (docs/kernels.md, top-k/top-p: the passes and their cost)."""
 
 
@@ -283,9 +283,9 @@ top_k_top_p_splits = SplitPolicy(4, MIN_SPLIT_TILES, MAX_SPLITS, min_splits=3)
 at most MAX_SPLITS, since the cut kernel merges their lists in one program). 4 CTAs an SM by
 construction: a split row's lists hold CHUNK_PARTIAL, and the launch caps registers at 128
 for its 4 warps (uncapped, ptxas takes 94-118 as the specialization gives: docs/kernels.md,
-split rows). At least 3 chunks where the row
-has the tiles: one chunk's list of 128 takes about 100 registers, and 2 chunks' lists hold
-64 candidates, which settle fewer rows than 3 or more."""
+split rows). At least 3 chunks where the row has the tiles: one chunk's list of 128 takes
+about 100 registers, and 2 chunks' lists hold 64 candidates, which settle fewer rows than 3
+or more."""
 
 
 def launch_top_k_top_p(
@@ -302,14 +302,14 @@ def launch_top_k_top_p(
     splits: int = 1,  # stage 1's programs per row (`top_k_top_p_splits`)
     # [num_rows, ceil(V / block_size)] float32: process_logits' tile maxima of `logits`
     tile_max: torch.Tensor | None = None,
-    gather: int = GATHER,  # the top-k search's gather: at most this many logits, 0 = off
+    gather: int = GATHER,  # the top-k search's gather: a multiple of 16 logits, 0 = off
 ) -> None:
     """Launch `_candidates_kernel` over rows x splits, then `_top_k_top_p_kernel` over the
     rows; allocates the chunks' statistics and lists, returns None."""
     if candidates is None:
         candidates = default_candidates()
-    if gather < 0:
-        raise ValueError(f"gather must be >= 0, got {gather}")
+    if gather < 0 or gather % 16:
+        raise ValueError(f"gather must be 0 or a positive multiple of 16, got {gather}")
     if candidates and (candidates & (candidates - 1) or candidates > block_size):
         raise ValueError(
             f"candidates must be 0 or a power of two <= block_size {block_size}, got {candidates}"

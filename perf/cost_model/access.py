@@ -365,13 +365,13 @@ def _top_k_top_p_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             "min_p_ptr": ones * float(c["HAS_MIN_P"]),
             "threshold_ptr": 0 * ones,
             "reads_ptr": 0 * ones,
-            "gathered_ptr": rows["gathered"],
+            "scratch_ptr": rows["gathered"],
         },
         writes={
             "logits_ptr": apply,
             "threshold_ptr": ones,
             "reads_ptr": ones * float(c["COUNT_READS"]),
-            "gathered_ptr": rows["gathered"],
+            "scratch_ptr": rows["gathered"],
         },
         walks={
             tile_loop(radix_select._largest_key_reaching, 0): rows["passes"],
