@@ -711,3 +711,14 @@ def test_candidates_must_be_a_power_of_two_within_a_tile() -> None:
     for candidates, block_size in [(24, 64), (128, 64)]:
         with pytest.raises(ValueError, match="candidates must be 0 or a power of two"):
             launch(logits, slots, k, p, t, False, candidates=candidates, block_size=block_size)
+
+
+def test_the_gather_must_be_a_multiple_of_16() -> None:
+    """The gather pads what it collects to a multiple of 16 inside the row's scratch."""
+    from graphsafe_sampler.kernels.top_k_top_p import launch_top_k_top_p as launch
+
+    logits, slots = torch.zeros(1, 8), torch.zeros(1, dtype=torch.int64)
+    k, p, t = torch.ones(1, dtype=torch.int32), torch.ones(1), torch.empty(1)
+    for gather in (-16, 24, 100):
+        with pytest.raises(ValueError, match="gather must be 0 or a positive multiple of 16"):
+            launch(logits, slots, k, p, t, False, gather=gather)
