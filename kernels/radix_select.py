@@ -1,8 +1,8 @@
 """The radix search of top-k/top-p in Triton: the largest float32 whose count (or mass) of
 logits at or above it reaches a target, found on float32's order-preserving integer image,
-4 bits of the answer a pass over the row, and the gather that cuts a top-k search short
-(the few logits left around the cut, collected in one pass for the search to go on over
-them alone). The cut kernel of kernels/top_k_top_p.py runs them for the rows its candidate
+4 bits of the answer a pass over the row, and the gather that cuts a search short (the few
+logits left around the cut, collected in one pass for the search to go on over them
+alone). The cut kernel of kernels/top_k_top_p.py runs them for the rows its candidate
 buffer does not settle (docs/kernels.md, top-k/top-p: the integer image, stage 3: the
 search, the passes and their cost).
 """
@@ -42,13 +42,15 @@ def _largest_key_reaching(
     top_p,  # top-p fraction of the total mass, used when MASS
     floor,  # float32: only logits >= floor carry mass (MASS)
     shift,  # float32: masses are exp(x - shift) (MASS)
+    given,  # float32: the target, or < 0 for top_p times the first pass's mass (MASS)
     cap,  # int32: stop once at most this many logits lie at or above the bin (0: never)
     MASS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    """-> (key, passes, gather): the largest key t with W(t) >= target, W(t) = count (or
-    mass) of logits with key >= t, the passes it took over the row (its first `vocab_size`
-    logits), and whether it stopped for a gather. Searched from the digits where lo_key and
+    """-> (key, passes, gather, target): the largest key t with W(t) >= target, W(t) =
+    count (or mass) of logits with key >= t, the passes it took over the row (its first
+    `vocab_size` logits), whether it stopped for a gather, and the target (MASS; 0.0
+    otherwise). Searched from the digits where lo_key and
     hi_key first differ. Each pass reads the row once and measures W at prefix + c * 2**s,
     c = 0..15 (4 bits of the answer); the digit is how many of c = 1..15 still reach the
     target. It stops early once the mask is decided: top-k when exactly k logits lie at or
@@ -64,7 +66,7 @@ def _largest_key_reaching(
     while (s > 0) & ((diff >> s) == 0):
         s -= 4
     prefix = (lo_key >> (s + 4)) << (s + 4)
-    target = tl.zeros((), tl.float32)
+    target = tl.zeros((), tl.float32) + given
     passes = tl.zeros((), tl.int32)
     gather = tl.zeros((), tl.int1)
     while s >= 0:
@@ -91,7 +93,7 @@ def _largest_key_reaching(
             # the first pass's column 0 covers every candidate (the range starts at or
             # below floor): the total mass
             total = tl.sum(tl.where(digits == 0, masses, 0.0), axis=0)
-            target = tl.where(passes == 0, top_p * total, target)
+            target = tl.where((passes == 0) & (given < 0.0), top_p * total, target)
             reach = masses >= target
         else:
             reach = counts >= k
@@ -107,7 +109,7 @@ def _largest_key_reaching(
         gather = ~decided & (at_low_end <= cap) & (s > 0)
         s = tl.where(decided | gather, -4, s - 4)
         passes += 1
-    return prefix, passes, gather
+    return prefix, passes, gather, target
 
 
 @triton.jit

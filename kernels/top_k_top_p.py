@@ -51,6 +51,26 @@ def _minimum(a, b):
 
 
 @triton.jit
+def _gather(
+    row_ptr,
+    vocab_size,
+    key,  # int64: the bin's low end, at or below the answer
+    scratch_ptr,  # [num_rows, GATHER] float32
+    row,
+    reads,
+    GATHER: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """A search's gather: the row's logits at or above `key` collected into its scratch row
+    in one more read -> what the search walks next (the scratch, its length, its lowest
+    key, no cap, gathered) and the reads made."""
+    scratch = scratch_ptr + row.to(tl.int64) * GATHER
+    floor = _key_to_float(key)
+    length = gather_at_or_above(row_ptr, vocab_size, floor, scratch, GATHER, BLOCK_SIZE)
+    return scratch, length, key, 0, True, reads + 1
+
+
+@triton.jit
 def _top_k_top_p_kernel(
     logits_ptr,  # [num_rows, V] float32; read by the search, updated in place with APPLY
     logits_stride,  # elements between rows
@@ -62,7 +82,7 @@ def _top_k_top_p_kernel(
     lists_ptr,  # [num_rows, splits, PARTIAL] float32, from _candidates_kernel
     threshold_ptr,  # [num_rows] float32, written: keep logits >= threshold
     reads_ptr,  # [num_rows] int32, written with COUNT_READS: reads of the row made
-    scratch_ptr,  # [num_rows, GATHER] float32: the logits a top-k gather collects
+    scratch_ptr,  # [num_rows, GATHER] float32: the logits a search's gather collects
     vocab_size,
     splits,  # programs stage 1 gave a row
     buffer_size,  # CANDIDATES, or 0: no buffer (search only)
@@ -73,7 +93,7 @@ def _top_k_top_p_kernel(
     PARTIAL: tl.constexpr,  # each chunk's list; SPLIT_BLOCK * PARTIAL >= CANDIDATES
     SPLIT_BLOCK: tl.constexpr,  # a power of two >= splits (its padding masked)
     STATS: tl.constexpr,
-    GATHER: tl.constexpr,  # the top-k search's gather (kernels/top_k_top_p.py GATHER), 0: none
+    GATHER: tl.constexpr,  # the searches' gather (kernels/top_k_top_p.py GATHER), 0: none
     BLOCK_SIZE: tl.constexpr,
 ):
     """Stage 2, one program per row: the chunks' statistics and lists merged, the cut read
@@ -143,7 +163,7 @@ def _top_k_top_p_kernel(
             if entries > CANDIDATES:  # the merge left some out: at or below its last
                 complete = tl.maximum(complete, tl.min(values, axis=0))
         in_buffer = values > float("-inf")
-        # what top-p's search walks: the row, or what top-k's gather collected of it
+        # what the searches walk: the row, or what a gather collected of it
         source, length, gathered = row_ptr, vocab_size, tl.zeros((), tl.int1)
         # an all -inf row would give exp(-inf - -inf) = nan: its masses are 0 instead
         shift = tl.where(row_max > float("-inf"), row_max, 0.0)
@@ -160,25 +180,21 @@ def _top_k_top_p_kernel(
             if use_buffer & ((kth >= complete) | (complete <= threshold)):
                 threshold = tl.maximum(kth, threshold)
             else:
-                key, passes, gathers = _largest_key_reaching(
-                    row_ptr, vocab_size, _float_to_key(row_min), max_key, k, 1.0, 0.0, 0.0,
-                    GATHER, MASS=False, BLOCK_SIZE=BLOCK_SIZE,
-                )  # fmt: skip
-                reads += passes
-                if gathers:
-                    # the few logits at or above the bin's low end, the k-th among them, in
-                    # one more read: the search goes on over them alone, and so does top-p's
-                    # (every survivor of the k-th is among them)
-                    source = scratch_ptr + row.to(tl.int64) * GATHER
-                    length = gather_at_or_above(
-                        row_ptr, vocab_size, _key_to_float(key), source, GATHER, BLOCK_SIZE
+                # over the row, then (once the search narrows to at most GATHER logits) over
+                # those alone, collected in one more read: top-p's search then goes on over
+                # them too, since every survivor of the k-th is among them
+                key, lo, cap, searching = max_key, _float_to_key(row_min), GATHER, True
+                while searching:
+                    key, passes, searching, _ = _largest_key_reaching(
+                        source, length, lo, max_key, k, 1.0, 0.0, 0.0, -1.0, cap,
+                        MASS=False, BLOCK_SIZE=BLOCK_SIZE,
                     )  # fmt: skip
-                    reads += 1
-                    gathered = gathers
-                    key, _, _ = _largest_key_reaching(
-                        source, length, key, max_key, k, 1.0, 0.0, 0.0, 0, MASS=False,
-                        BLOCK_SIZE=BLOCK_SIZE,
-                    )  # fmt: skip
+                    reads += tl.where(gathered, 0, passes)
+                    if searching:
+                        source, length, lo, cap, gathered, reads = _gather(
+                            row_ptr, vocab_size, key, scratch_ptr, row, reads, GATHER,
+                            BLOCK_SIZE,
+                        )  # fmt: skip
                 threshold = tl.maximum(_key_to_float(key), threshold)
         if p_on:
             # The survivors so far (logits >= threshold) are all in the buffer when every
@@ -208,13 +224,24 @@ def _top_k_top_p_kernel(
                 cut = tl.maximum(tl.minimum(cut, row_max), threshold)
                 threshold = tl.where(found > 0, cut, threshold)
             if found == 0:
-                key, passes, _ = _largest_key_reaching(
-                    source, length, _float_to_key(tl.maximum(row_min, threshold)), max_key, 0,
-                    top_p, threshold, shift, 0, MASS=True, BLOCK_SIZE=BLOCK_SIZE,
-                )  # fmt: skip
+                # over the row (or top-k's gather), then over a gather of its own, with the
+                # row's target: the mass at or above any logit at or above the gather's
+                # floor is the same over the gathered logits as over the row
+                key, lo, target = max_key, _float_to_key(tl.maximum(row_min, threshold)), -1.0
+                cap, searching = tl.where(gathered, 0, GATHER), True
+                while searching:
+                    key, passes, searching, target = _largest_key_reaching(
+                        source, length, lo, max_key, 0, top_p, threshold, shift, target, cap,
+                        MASS=True, BLOCK_SIZE=BLOCK_SIZE,
+                    )  # fmt: skip
+                    reads += tl.where(gathered, 0, passes)
+                    if searching:
+                        source, length, lo, cap, gathered, reads = _gather(
+                            row_ptr, vocab_size, key, scratch_ptr, row, reads, GATHER,
+                            BLOCK_SIZE,
+                        )  # fmt: skip
                 # never above the row max (top_p = 0), never below the top-k cut
                 threshold = tl.maximum(_key_to_float(tl.minimum(key, max_key)), threshold)
-                reads += tl.where(gathered, 0, passes)  # the scratch's are no reads of the row
         if APPLY:
             for start in tl.range(0, vocab_size, BLOCK_SIZE, num_stages=SEARCH_STAGES):
                 cols = start + tl.arange(0, BLOCK_SIZE)
@@ -248,10 +275,11 @@ into CUT_CTAS_PER_SM's cap (docs/kernels.md, split rows). At 1,024 it took about
 180 at 4 warps (2 CTAs, and 13% more instructions a logit in a summing pass) and about 190 at
 8 warps (1 CTA). Unrelated to the tile maxima's TILE: the cut reads no table."""
 
-CUT_CTAS_PER_SM = 3
-"""The cut kernel's occupancy, by construction: its launch caps registers at 168 for 3 CTAs
-of 4 warps an SM (`library.register_cap`). Left to itself, ptxas took 80-90 registers for
-some specializations and spilled 8 bytes there; under the cap, 125-166 and no spill."""
+CUT_CTAS_PER_SM = 2
+"""The cut kernel's occupancy, by construction: its launch caps registers at 256 for 2 CTAs
+of 4 warps an SM (`library.register_cap`), the issue's floor. Left to itself, ptxas took
+80-90 registers for some specializations and spilled 8 bytes there; under the cap it takes
+155-232 and spills nothing (at 168, 3 CTAs, its two search loops spilled)."""
 
 MIN_SPLIT_TILES = 2
 """At least this many 1,024-element tiles a chunk (151,936 columns: at most 74 chunks)."""
@@ -263,11 +291,11 @@ def default_candidates() -> int:
 
 
 GATHER = 2048
-"""The top-k search's gather (a multiple of 16, 0 = off): the search stops once at most
-this many logits lie at or above the bin it chose, one more pass collects them
-(`radix_select.gather_at_or_above`) into the row's scratch, and the search, then top-p's,
-go on over them alone instead of over the row: 8 KB a row, where each pass read 600 KB
-(docs/kernels.md, top-k/top-p: the passes and their cost)."""
+"""The search's gather (a multiple of 16, 0 = off): a search stops once at most this many
+logits lie at or above the bin it chose, one more pass collects them
+(`radix_select.gather_at_or_above`) into the row's scratch, and the search goes on over
+them alone instead of over the row, as top-p's does after a gathered top-k: 8 KB a row,
+where each pass read 600 KB (docs/kernels.md, top-k/top-p: the passes and their cost)."""
 
 
 def partial_size(candidates: int, splits: int) -> int:
@@ -302,7 +330,7 @@ def launch_top_k_top_p(
     splits: int = 1,  # stage 1's programs per row (`top_k_top_p_splits`)
     # [num_rows, ceil(V / block_size)] float32: process_logits' tile maxima of `logits`
     tile_max: torch.Tensor | None = None,
-    gather: int = GATHER,  # the top-k search's gather: a multiple of 16 logits, 0 = off
+    gather: int = GATHER,  # the search's gather: a multiple of 16 logits, 0 = off
 ) -> None:
     """Launch `_candidates_kernel` over rows x splits, then `_top_k_top_p_kernel` over the
     rows; allocates the chunks' statistics and lists, returns None."""
@@ -322,7 +350,7 @@ def launch_top_k_top_p(
     device = logits.device
     stats = torch.empty((num_rows, splits, STATS), dtype=torch.float32, device=device)
     lists = torch.empty((num_rows, splits, partial), dtype=torch.float32, device=device)
-    # the top-k search's scratch: the logits a gather collects, written before they are read
+    # the searches' scratch: the logits a gather collects, written before they are read
     scratch = torch.empty((num_rows, max(gather, 1)), dtype=torch.float32, device=device)
     num_tiles = tile_count(vocab_size, block_size)
     visits = None

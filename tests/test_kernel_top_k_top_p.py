@@ -455,9 +455,9 @@ def test_candidate_buffer_edges(kernel_device: torch.device) -> None:
     print(f"reads {reads.tolist()}, thresholds {threshold.tolist()}")
 
 
-# The top-k search's gather (kernels/radix_select.py, `gather_at_or_above`): a search that
-# stops once few logits lie at or above its bin, collects them, and goes on over them
-# alone, as top-p's search after it does. A gather of 128 here, so that rows of 3,001
+# The search's gather (kernels/radix_select.py, `gather_at_or_above`): a search that stops
+# once few logits lie at or above its bin, collects them, and goes on over them alone, as
+# top-p's search after a gathered top-k does. A gather of 128 here, so that rows of 3,001
 # logits fall on both sides of it.
 
 
