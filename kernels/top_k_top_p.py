@@ -51,23 +51,34 @@ def _minimum(a, b):
 
 
 @triton.jit
-def _gather(
+def _walk_on(
+    searching,  # the search stopped for a gather
+    key,  # int64: its answer, or the low end of the bin it stopped in
+    passes,  # its passes over what it walked
+    source,  # what it walked, and the rest of its walk's state:
+    length,
+    lo,
+    cap,
+    gathered,
+    reads,  # int32: reads of the row so far
     row_ptr,
     vocab_size,
-    key,  # int64: the bin's low end, at or below the answer
     scratch_ptr,  # [num_rows, GATHER] float32
     row,
-    reads,
     GATHER: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    """A search's gather: the row's logits at or above `key` collected into its scratch row
-    in one more read -> what the search walks next (the scratch, its length, its lowest
-    key, no cap, gathered) and the reads made."""
-    scratch = scratch_ptr + row.to(tl.int64) * GATHER
-    floor = _key_to_float(key)
-    length = gather_at_or_above(row_ptr, vocab_size, floor, scratch, GATHER, BLOCK_SIZE)
-    return scratch, length, key, 0, True, reads + 1
+    """After a search's walk: its passes counted as reads of the row (over the scratch,
+    none), and where it stopped for a gather, the row's logits at or above `key` collected
+    into the row's scratch in one more read -> the next walk's (source, length, lo, cap,
+    gathered) and the reads: the scratch, its length, `key`, no cap, gathered."""
+    reads += tl.where(gathered, 0, passes)
+    if searching:
+        source = scratch_ptr + row.to(tl.int64) * GATHER
+        floor = _key_to_float(key)
+        length = gather_at_or_above(row_ptr, vocab_size, floor, source, GATHER, BLOCK_SIZE)
+        lo, cap, gathered, reads = key, 0, True, reads + 1
+    return source, length, lo, cap, gathered, reads
 
 
 @triton.jit
@@ -189,12 +200,10 @@ def _top_k_top_p_kernel(
                         source, length, lo, max_key, k, 1.0, 0.0, 0.0, -1.0, cap,
                         MASS=False, BLOCK_SIZE=BLOCK_SIZE,
                     )  # fmt: skip
-                    reads += tl.where(gathered, 0, passes)
-                    if searching:
-                        source, length, lo, cap, gathered, reads = _gather(
-                            row_ptr, vocab_size, key, scratch_ptr, row, reads, GATHER,
-                            BLOCK_SIZE,
-                        )  # fmt: skip
+                    source, length, lo, cap, gathered, reads = _walk_on(
+                        searching, key, passes, source, length, lo, cap, gathered, reads,
+                        row_ptr, vocab_size, scratch_ptr, row, GATHER, BLOCK_SIZE,
+                    )  # fmt: skip
                 threshold = tl.maximum(_key_to_float(key), threshold)
         if p_on:
             # The survivors so far (logits >= threshold) are all in the buffer when every
@@ -234,12 +243,10 @@ def _top_k_top_p_kernel(
                         source, length, lo, max_key, 0, top_p, threshold, shift, target, cap,
                         MASS=True, BLOCK_SIZE=BLOCK_SIZE,
                     )  # fmt: skip
-                    reads += tl.where(gathered, 0, passes)
-                    if searching:
-                        source, length, lo, cap, gathered, reads = _gather(
-                            row_ptr, vocab_size, key, scratch_ptr, row, reads, GATHER,
-                            BLOCK_SIZE,
-                        )  # fmt: skip
+                    source, length, lo, cap, gathered, reads = _walk_on(
+                        searching, key, passes, source, length, lo, cap, gathered, reads,
+                        row_ptr, vocab_size, scratch_ptr, row, GATHER, BLOCK_SIZE,
+                    )  # fmt: skip
                 # never above the row max (top_p = 0), never below the top-k cut
                 threshold = tl.maximum(_key_to_float(tl.minimum(key, max_key)), threshold)
         if APPLY:
