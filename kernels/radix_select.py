@@ -50,15 +50,14 @@ def _largest_key_reaching(
     """-> (key, passes, gather, target): the largest key t with W(t) >= target, W(t) =
     count (or mass) of logits with key >= t, the passes it took over the row (its first
     `vocab_size` logits), whether it stopped for a gather, and the target (MASS; 0.0
-    otherwise). Searched from the digits where lo_key and
-    hi_key first differ. Each pass reads the row once and measures W at prefix + c * 2**s,
-    c = 0..15 (4 bits of the answer); the digit is how many of c = 1..15 still reach the
-    target. It stops early once the mask is decided: top-k when exactly k logits lie at or
-    above the chosen bin's low end, top-p when the chosen bin holds a single logit
-    (docs/kernels.md, top-k/top-p). Or, with `gather` true, once at most `cap` logits lie
-    at or above the chosen bin's low end and it does not decide the mask yet: `key` is then
-    that low end, the answer lies among those logits, for `gather_at_or_above` to collect in
-    one more pass."""
+    otherwise). Searched from the digits where lo_key and hi_key first differ. Each pass
+    reads the row once and measures W at prefix + c * 2**s, c = 0..15 (4 bits of the
+    answer); the digit is how many of c = 1..15 still reach the target. It stops early once
+    the mask is decided: top-k when exactly k logits lie at or above the chosen bin's low
+    end, top-p when the chosen bin holds a single logit (docs/kernels.md, top-k/top-p). Or,
+    with `gather` true, once at most `cap` logits lie at or above the chosen bin's low end
+    and it does not decide the mask yet: `key` is then that low end, the answer lies among
+    those logits, for `gather_at_or_above` to collect in one more pass."""
     digits = tl.arange(0, 16)
     diff = lo_key ^ hi_key
     # tensors, not Python ints: they are carried through data-dependent while loops

@@ -176,8 +176,6 @@ def _top_k_top_p_kernel(
         in_buffer = values > float("-inf")
         # what the searches walk: the row, or what a gather collected of it
         source, length, gathered = row_ptr, vocab_size, tl.zeros((), tl.int1)
-        # an all -inf row would give exp(-inf - -inf) = nan: its masses are 0 instead
-        shift = tl.where(row_max > float("-inf"), row_max, 0.0)
         # top-k on the min_p survivors: the k-th largest of the whole row when at least k
         # logits pass the min_p cut, else below it (the cut then keeps every survivor)
         if k_on:
@@ -206,6 +204,8 @@ def _top_k_top_p_kernel(
                     )  # fmt: skip
                 threshold = tl.maximum(_key_to_float(key), threshold)
         if p_on:
+            # an all -inf row would give exp(-inf - -inf) = nan: its masses are 0 instead
+            shift = tl.where(row_max > float("-inf"), row_max, 0.0)
             # The survivors so far (logits >= threshold) are all in the buffer when every
             # logit above `complete` is and the cut lies above it; with no cut at all
             # (threshold -inf) the total is the streamed one, and the mass at or above any

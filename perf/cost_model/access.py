@@ -236,9 +236,9 @@ def _top_k_top_p_rows(a: dict[str, Any], c: dict[str, Any]) -> dict[str, torch.T
         "filtered": _f(filtered),
         "buffered": _f(buffered),
         "passes": _f(filtered) * searches * SEARCH_PASSES,
-        # a top-k search may gather into the row's scratch (written once, then searched):
+        # a searched row may gather into its scratch (written once, then searched):
         # counted once each way, its row passes left at the search's bound above
-        "gathered": _f(k_on & ~settled_k) * float(c.get("GATHER", 0) > 0),
+        "gathered": _f(searches > 0) * float(c.get("GATHER", 0) > 0),
     }
 
 
