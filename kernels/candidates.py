@@ -1,7 +1,8 @@
 """Stage 1 of top-k/top-p in Triton (top_k_top_p.py runs it, then its cut kernel): one read
 of each chunk of a row (rows x splits programs), writing the chunk's statistics (max, min,
 NaN count, total mass, `complete`, entries) and its PARTIAL largest logits as a sorted
-float32 list, into which a tile merges only what lies above a floor no cut can fall below.
+float32 list with their token ids, into which a tile inserts only what lies above a floor no
+cut can fall below.
 With the tile maxima a top-k row reads only the tiles at or above a floor taken from them.
 The lists, the floors and the reads: docs/kernels.md, top-k/top-p.
 """
@@ -44,6 +45,22 @@ exp(l - max), `complete` (every logit of the chunk above it is in its list) and 
 entries, padded to a power of two."""
 
 
+_NO_ID_MAX = tl.constexpr(2**31 - 1)  # above every token id: a min over no hit
+
+
+@triton.jit
+def _insert(best, best_ids, value, token, ranks):
+    """The sorted list (descending, with its ids) with `value` at its rank, after its equal
+    values, and `token` its id; the smaller ones one place down, the last falling off."""
+    rank = tl.sum((best >= value).to(tl.int32), axis=0)
+    down = tl.maximum(ranks - 1, 0)
+    below = tl.gather(best, down, 0)
+    below_ids = tl.gather(best_ids, down, 0)
+    best = tl.where(ranks == rank, value, tl.where(ranks > rank, below, best))
+    best_ids = tl.where(ranks == rank, token, tl.where(ranks > rank, below_ids, best_ids))
+    return best, best_ids
+
+
 @triton.jit
 def _tile_floor(
     bounds,  # [TILES_BLOCK] the row's tile maxima (exact, or +inf: unknown), -inf past them
@@ -84,6 +101,7 @@ def _candidates_kernel(
     min_p_ptr,  # [num_slots] float32; 0 is off (HAS_MIN_P)
     stats_ptr,  # [num_rows, splits, STATS] float32, written for filtered rows
     lists_ptr,  # [num_rows, splits, PARTIAL] float32, written when the row uses the buffer
+    ids_ptr,  # [num_rows, splits, PARTIAL] int32, written with lists_ptr: their token ids
     tile_max_ptr,  # [num_rows, num_tiles] float32 (HAS_TILE_MAX): exact, or +inf unknown
     visits_ptr,  # [num_rows, num_tiles] int32 scratch (HAS_TILE_MAX): the tiles to read
     vocab_size,
@@ -98,7 +116,8 @@ def _candidates_kernel(
     BLOCK_SIZE: tl.constexpr,
 ):
     """Stage 1, over rows x splits: one read of a chunk of the row, its statistics and its
-    PARTIAL largest logits, sorted descending, -inf padded (docs/kernels.md, top-k/top-p).
+    PARTIAL largest logits, sorted descending, -inf padded, with their token ids (-1 padded)
+    (docs/kernels.md, top-k/top-p).
 
     A tile merges into the list only its logits above a floor no cut can fall below: the
     list's k-th (top-k) or last (top-p alone) value so far, raised to max + ln(min_p) with
@@ -139,6 +158,7 @@ def _candidates_kernel(
         chunk_max = tl.full((), float("-inf"), tl.float32)
         total = tl.zeros((), tl.float32)
         best = tl.full((PARTIAL,), float("-inf"), tl.float32)
+        best_ids = tl.full((PARTIAL,), -1, tl.int32)  # their token ids, -1 padded
         list_floor = tl.full((), float("-inf"), tl.float32)  # best's floor-rank value
         entries = tl.zeros((), tl.int32)
         complete = tl.full((), float("-inf"), tl.float32)
@@ -200,28 +220,22 @@ def _candidates_kernel(
                 left_out = tl.maximum(left_out, tl.where(valid & ~hit, x, float("-inf")))
                 if (tile_max > floor) & (tile_max >= skip_below):
                     hits = tl.sum(hit.to(tl.int32), axis=0)
+                    # the tile's hits go in largest first, each at its rank with its id,
+                    # after the list's equal values (earlier tiles: lower ids); a full list
+                    # takes only what beats its last, which falls off. The first is the
+                    # tile's max (the usual tile, once the list has filled: one hit)
+                    token = tl.min(tl.where(hit & (x == tile_max), cols, _NO_ID_MAX), axis=0)
+                    best, best_ids = _insert(best, best_ids, tile_max, token, ranks)
                     if hits > 1:
-                        # two (a tile holding two of a top-k row's k): its max and their
-                        # min; more: the tile's top-k network
-                        if hits == 2:
-                            second = tl.min(tl.where(hit, x, float("inf")), axis=0)
-                            top = tl.where(ranks == 0, tile_max, float("-inf"))
-                            top = tl.where(ranks == 1, second, top)
-                        else:
-                            top = tl.topk(tl.where(hit, x, float("-inf")), PARTIAL)
-                        # the list (descending) against the tile's top (ascending): the
-                        # larger of each pair are the union's PARTIAL largest, a bitonic
-                        # sequence, sorted by one bitonic merge (log2(PARTIAL) rounds)
-                        union = tl.maximum(best, tl.flip(top, 0))
-                        best = tl.bitonic_merge(union, descending=True)
-                    else:
-                        # one logit above the floor (the usual merge once the list has
-                        # filled): the tile's max goes in at its rank, the smaller ones one
-                        # place down (the last falls off), as the merge above would put it
-                        rank = tl.sum((best >= tile_max).to(tl.int32), axis=0)
-                        below = tl.gather(best, tl.maximum(ranks - 1, 0), 0)
-                        best = tl.where(ranks == rank, tile_max, best)
-                        best = tl.where(ranks > rank, below, best)
+                        left = hit & (cols != token)
+                        placed = 1
+                        value = tl.max(tl.where(left, x, float("-inf")), axis=0)
+                        while (placed < hits) & (value > tl.min(best, axis=0)):
+                            token = tl.min(tl.where(left & (x == value), cols, _NO_ID_MAX), axis=0)
+                            best, best_ids = _insert(best, best_ids, value, token, ranks)
+                            left &= cols != token
+                            placed += 1
+                            value = tl.max(tl.where(left, x, float("-inf")), axis=0)
                     list_floor = tl.max(tl.where(ranks == floor_rank, best, float("-inf")), axis=0)
                     # what fell off lies at or below the last
                     if entries + hits > PARTIAL:
@@ -238,5 +252,6 @@ def _candidates_kernel(
         tl.store(at + 4, complete)
         tl.store(at + 5, entries.to(tl.float32))
         if use_buffer:
-            lists = lists_ptr + (row.to(tl.int64) * tl.num_programs(1) + part) * PARTIAL
-            tl.store(lists + ranks, best)
+            listed_at = (row.to(tl.int64) * tl.num_programs(1) + part) * PARTIAL + ranks
+            tl.store(lists_ptr + listed_at, best)
+            tl.store(ids_ptr + listed_at, best_ids)

@@ -6,10 +6,12 @@ is off); with APPLY the logits below it become -inf in place, without it the sam
 applies the cut on the fly and no mask is ever written. The semantics are exactly the PyTorch
 stage's (graphsafe_sampler/stages/top_k_top_p.py). The key idea: one streaming pass, split
 over the vocabulary (rows x splits programs), keeps each chunk's largest logits as a sorted
-float32 list, merging into it only what lies above a floor no cut can fall below; the cut
-kernel merges the lists into one CANDIDATES (128) buffer, which settles the usual row (k up
-to 128, a nucleus of up to about 127 tokens) with the row read once. What it cannot settle
-falls to a radix search on float32's order-preserving integer image, 4 bits a pass. The
+float32 list with their ids, taking in only what lies above a floor no cut can fall below;
+the cut kernel merges the lists into one CANDIDATES (128) buffer, which settles the usual
+row (k up to 128, a nucleus of up to about 127 tokens) with the row read once, and marks
+`covered` the rows whose kept tokens are all listed, which the sampling kernel races over
+the lists without reading the row. What the buffer cannot settle falls to a radix search on
+float32's order-preserving integer image, 4 bits a pass. The
 lists, the floors, the search, the min_p fold, the reads per row and the exactness:
 docs/kernels.md, top-k/top-p.
 """
@@ -29,6 +31,7 @@ from .library import (
     SplitPolicy,
     check_logits,
     check_rows,
+    check_table,
     check_tile_max,
     exp_ftz,
     inplace_op,
@@ -92,6 +95,7 @@ def _top_k_top_p_kernel(
     stats_ptr,  # [num_rows, splits, STATS] float32, from _candidates_kernel
     lists_ptr,  # [num_rows, splits, PARTIAL] float32, from _candidates_kernel
     threshold_ptr,  # [num_rows] float32, written: keep logits >= threshold
+    covered_ptr,  # [num_rows] int32, written: 1 where every kept logit is in the lists
     reads_ptr,  # [num_rows] int32, written with COUNT_READS: reads of the row made
     scratch_ptr,  # [num_rows, GATHER] float32: the logits a search's gather collects
     vocab_size,
@@ -142,6 +146,7 @@ def _top_k_top_p_kernel(
     p_on = top_p < 1.0
     threshold = tl.full((), float("-inf"), tl.float32)
     reads = tl.zeros((), tl.int32)
+    covered = tl.zeros((), tl.int1)
     if k_on | p_on | (min_p != 0.0):
         row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
         use_buffer = (buffer_size > 0) & ((k_on & (k <= buffer_size)) | (~k_on & p_on))
@@ -249,6 +254,10 @@ def _top_k_top_p_kernel(
                     )  # fmt: skip
                 # never above the row max (top_p = 0), never below the top-k cut
                 threshold = tl.maximum(_key_to_float(tl.minimum(key, max_key)), threshold)
+        # every logit at or above the cut is in the chunks' lists, with its id, where the cut
+        # lies above `complete` (a row holding NaN samples its first NaN, never listed):
+        # sampling then races over the lists instead of reading the row
+        covered = use_buffer & (nan_count == 0) & (threshold > complete)
         if APPLY:
             for start in tl.range(0, vocab_size, BLOCK_SIZE, num_stages=SEARCH_STAGES):
                 cols = start + tl.arange(0, BLOCK_SIZE)
@@ -257,14 +266,15 @@ def _top_k_top_p_kernel(
                 tl.store(row_ptr + cols, tl.where(x < threshold, float("-inf"), x), mask=in_row)
             reads += 1
     tl.store(threshold_ptr + row, threshold)
+    tl.store(covered_ptr + row, covered.to(tl.int32))
     if COUNT_READS:
         tl.store(reads_ptr + row, reads)
 
 
 CANDIDATES = 128
 """The candidate buffer's size when compiled (a power of two, 0 = off). Under the Triton
-interpreter the default is 0: numpy runs the bitonic network op by op, about a second a row,
-so the Sampler suites run the search alone there and the buffer has its own kernel tests."""
+interpreter the default is 0: numpy runs the cut kernel's top-k network op by op, so the
+Sampler suites run the search alone there and the buffer has its own kernel tests."""
 
 
 CHUNK_PARTIAL = 32
@@ -305,6 +315,29 @@ them alone instead of over the row, as top-p's does after a gathered top-k: 8 KB
 where each pass read 600 KB (docs/kernels.md, top-k/top-p: the passes and their cost)."""
 
 
+def candidate_lists(
+    num_rows: int,
+    vocab_size: int,
+    splits: int,
+    device: torch.device,
+    candidates: int | None = None,
+    block_size: int = TILE,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Stage 1's lists for a launch of `splits` programs a row (`launch_top_k_top_p`'s
+    `buffer`), uninitialized: covered [num_rows] int32, lists [num_rows, splits', partial]
+    float32 and ids [num_rows, splits', partial] int32, splits' and partial as the launch
+    takes them (`split_chunks`, `partial_size`; candidates None: `default_candidates()`)."""
+    if candidates is None:
+        candidates = default_candidates()
+    splits, _ = split_chunks(vocab_size, splits, block_size)
+    shape = (num_rows, splits, partial_size(candidates, splits))
+    return (
+        torch.empty(num_rows, dtype=torch.int32, device=device),
+        torch.empty(shape, dtype=torch.float32, device=device),
+        torch.empty(shape, dtype=torch.int32, device=device),
+    )
+
+
 def partial_size(candidates: int, splits: int) -> int:
     """Each chunk's list: the whole buffer for one chunk a row, CHUNK_PARTIAL (at most the
     buffer) for more; 2 (a shape, unused) without a buffer."""
@@ -338,9 +371,14 @@ def launch_top_k_top_p(
     # [num_rows, ceil(V / block_size)] float32: process_logits' tile maxima of `logits`
     tile_max: torch.Tensor | None = None,
     gather: int = GATHER,  # the search's gather: a multiple of 16 logits, 0 = off
+    # (covered [num_rows] int32, lists [num_rows, splits, partial] float32, ids the same
+    # int32), written (`candidate_lists`): for sampling to race the covered rows over the
+    # lists; None: scratch
+    buffer: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Launch `_candidates_kernel` over rows x splits, then `_top_k_top_p_kernel` over the
-    rows; allocates the chunks' statistics and lists, returns None."""
+    rows; allocates the chunks' statistics (and the lists without `buffer`), returns
+    None."""
     if candidates is None:
         candidates = default_candidates()
     if gather < 0 or gather % 16:
@@ -356,7 +394,12 @@ def launch_top_k_top_p(
     partial = partial_size(candidates, splits)
     device = logits.device
     stats = torch.empty((num_rows, splits, STATS), dtype=torch.float32, device=device)
-    lists = torch.empty((num_rows, splits, partial), dtype=torch.float32, device=device)
+    if buffer is None:
+        buffer = candidate_lists(num_rows, vocab_size, splits, device, candidates, block_size)
+    covered, lists, ids = buffer
+    check_rows("covered", covered, torch.int32, num_rows)
+    for name, table, dtype in (("lists", lists, torch.float32), ("ids", ids, torch.int32)):
+        check_table(name, table, dtype, (num_rows, splits, partial))
     # the searches' scratch: the logits a gather collects, written before they are read
     scratch = torch.empty((num_rows, max(gather, 1)), dtype=torch.float32, device=device)
     num_tiles = tile_count(vocab_size, block_size)
@@ -368,7 +411,7 @@ def launch_top_k_top_p(
     # warp, so half the warps do half of it, for 8 logits a thread instead of 4 (estimated
     # stage 1 at B = 256: 34.5 -> 27.7 us; 101 registers, 4 CTAs an SM)
     _candidates_kernel[(num_rows, splits)](
-        logits, logits.stride(0), slots, top_k, top_p, min_p_table, stats, lists,
+        logits, logits.stride(0), slots, top_k, top_p, min_p_table, stats, lists, ids,
         tile_max if tile_max is not None else stats,  # unread without HAS_TILE_MAX
         visits if visits is not None else stats,
         vocab_size, chunk, candidates, num_tiles,
@@ -387,6 +430,7 @@ def launch_top_k_top_p(
         stats,
         lists,
         threshold,
+        covered,
         reads if reads is not None else threshold,  # unwritten without COUNT_READS
         scratch,
         vocab_size,
@@ -440,7 +484,9 @@ def _check_top_k_top_p(
         check_tile_max(tile_max, num_rows, logits.shape[1])
 
 
-@inplace_op("top_k_top_p_threshold", mutates_args=("threshold",))
+@inplace_op(
+    "top_k_top_p_threshold", mutates_args=("threshold", "covered", "lists", "ids")
+)  # fmt: skip
 def top_k_top_p_threshold(
     logits: torch.Tensor,
     slots: torch.Tensor,
@@ -450,6 +496,9 @@ def top_k_top_p_threshold(
     min_p: torch.Tensor | None = None,
     splits: int = 1,
     tile_max: torch.Tensor | None = None,
+    covered: torch.Tensor | None = None,
+    lists: torch.Tensor | None = None,
+    ids: torch.Tensor | None = None,
 ) -> None:
     """Each row's top-k-then-top-p cut into `threshold` (keep logits >= it; -inf when off),
     without writing the logits. logits [num_rows, V] float32; slots [num_rows] int64; top_k
@@ -458,11 +507,21 @@ def top_k_top_p_threshold(
     folded into the threshold. splits: stage 1's programs per row (`top_k_top_p_splits`
     picks it; the cut does not depend on it). tile_max [num_rows, ceil(V / TILE)] float32:
     `process_logits`' tile maxima of these logits (finite: exact; +inf: NaN or unknown),
-    with which stage 1 skips the tiles below every cut of a top-k row (docs/kernels.md)."""
+    with which stage 1 skips the tiles below every cut of a top-k row (docs/kernels.md).
+    covered, lists, ids: all three or none, as `candidate_lists(num_rows, V, splits, ...)`
+    allocates them, written: the chunks' lists of largest logits with their token ids (-1
+    padded), and 1 in `covered` for each row whose every kept logit is in them (0
+    otherwise), for `sample_tokens` to race those rows over the lists."""
     _check_top_k_top_p(logits, slots, top_k, top_p, threshold, min_p, tile_max)
+    buffer = None
+    if covered is not None or lists is not None or ids is not None:
+        if covered is None or lists is None or ids is None:
+            raise ValueError("covered, lists and ids go together: all three or none")
+        buffer = (covered, lists, ids)
     launch_top_k_top_p(
-        logits, slots, top_k, top_p, threshold, False, min_p, splits=splits, tile_max=tile_max
-    )
+        logits, slots, top_k, top_p, threshold, False, min_p, splits=splits,
+        tile_max=tile_max, buffer=buffer,
+    )  # fmt: skip
 
 
 @inplace_op("apply_top_k_top_p", mutates_args=("logits", "threshold"))

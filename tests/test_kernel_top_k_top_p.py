@@ -325,18 +325,25 @@ def _launch(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (kept mask [rows, V], threshold [rows], reads [rows]) of the launcher with
     `candidates` (and the tile maxima, the search's `gather`), checking that apply=True
-    writes exactly that mask and the same cut."""
+    writes exactly that mask and the same cut, and that the lists hold what they claim
+    (`_check_lists`)."""
+    from graphsafe_sampler.kernels.top_k_top_p import candidate_lists
     from graphsafe_sampler.kernels.top_k_top_p import launch_top_k_top_p as launch
 
-    rows = logits.shape[0]
+    rows, vocab = logits.shape
     threshold = torch.full((rows,), float("nan"), device=logits.device)
     reads = torch.full((rows,), -1, dtype=torch.int32, device=logits.device)
     untouched = logits.clone()
+    buffer = candidate_lists(rows, vocab, splits, logits.device, candidates, block_size)
+    # covered is written for every row, the lists for the rows that keep them: -2 marks the
+    # others
+    buffer[0].fill_(-1), buffer[1].fill_(float("nan")), buffer[2].fill_(-2)
     launch(
         untouched, slots, top_k, top_p, threshold, False, min_p, reads, candidates, block_size,
-        splits, tile_max, gather,
+        splits, tile_max, gather, buffer,
     )  # fmt: skip
     torch.testing.assert_close(untouched, logits, rtol=0, atol=0, equal_nan=True)
+    _check_lists(logits, threshold, *buffer, slots, top_k, top_p, min_p, candidates)
     masked = logits.clone()
     applied = torch.empty_like(threshold)
     launch(
@@ -348,6 +355,50 @@ def _launch(
     want = torch.where(kept | torch.isnan(logits), logits, float("-inf"))
     torch.testing.assert_close(masked, want, rtol=0, atol=0, equal_nan=True)
     return kept, threshold, reads
+
+
+def _check_lists(
+    logits: torch.Tensor,
+    threshold: torch.Tensor,
+    covered: torch.Tensor,
+    lists: torch.Tensor,
+    ids: torch.Tensor,
+    slots: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
+    candidates: int,
+) -> None:
+    """Stage 1's lists against the row: each listed id once, with its logit exactly; and a
+    covered row (which sampling races over its lists alone) holds no NaN, and its listed
+    logits at or above the cut are exactly its kept tokens. Without a buffer nothing is
+    covered."""
+    rows = logits.shape[0]
+    assert set(covered.tolist()) <= {0, 1}
+    if not candidates:
+        assert not covered.any()
+        return
+    for r in range(rows):
+        s = int(slots[r])
+        filtered = 0 < int(top_k[s]) < logits.shape[1] or float(top_p[s]) < 1.0
+        if not filtered and (min_p is None or float(min_p[s]) == 0.0):
+            assert not covered[r], r  # an unfiltered row has no lists
+            continue
+        row_ids, row_values = ids[r].reshape(-1), lists[r].reshape(-1)
+        if torch.all(row_ids == -2):  # top-k beyond the buffer: no lists kept
+            assert not covered[r], r
+            continue
+        assert torch.all(row_ids >= -1), r
+        listed = row_ids >= 0
+        picked = row_ids[listed].long()
+        assert picked.unique().numel() == picked.numel(), r
+        torch.testing.assert_close(row_values[listed], logits[r, picked], rtol=0, atol=0)
+        assert torch.all(row_values[~listed] == float("-inf")), r
+        if covered[r]:
+            assert not torch.isnan(logits[r]).any(), r
+            kept = torch.nonzero(logits[r] >= threshold[r]).flatten()
+            in_lists = picked[row_values[listed] >= threshold[r]]
+            assert torch.equal(kept.sort().values, in_lists.sort().values), r
 
 
 @pytest.mark.parametrize(
@@ -669,9 +720,9 @@ def test_tile_maxima_skip_the_tiles_below_every_cut(kernel_device: torch.device)
 def test_a_tile_with_two_logits_above_the_floor_merges_both(
     splits: int, kernel_device: torch.device
 ) -> None:
-    """Stage 1 merges a read tile holding exactly two logits above its floors by the pair's
-    max and min (no top-k network): planted so that the k-th largest is the smaller of such
-    a pair, the cut is that value exactly and the buffer settles the row. Row 1 moves the
+    """Stage 1 inserts both logits of a read tile holding exactly two above its floors (the
+    max, then the next): planted so that the k-th largest is the smaller of such a pair, the
+    cut is that value exactly and the buffer settles the row. Row 1 moves the
     pair's smaller logit to a third tile (one logit a tile), row 2 ties the pair."""
     from tile_maxima import exact_tile_maxima
 
