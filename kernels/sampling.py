@@ -13,6 +13,7 @@ bits: docs/kernels.md, sampling.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -71,6 +72,10 @@ def _sample_kernel(
     arrivals_ptr,  # [num_rows] int32 (SPLIT): 0, counted up and left 0 (`last_to_arrive`)
     tile_max_ptr,  # [num_rows, ceil(V / BLOCK_SIZE)] float32 (HAS_TILE_MAX): upper bounds
     visits_ptr,  # [num_rows, ceil(V / BLOCK_SIZE)] int32 scratch (HAS_TILE_MAX): tiles read
+    covered_ptr,  # [num_rows] int32 (HAS_BUFFER): 1 where every kept token is listed below
+    buffer_values_ptr,  # [num_rows, N] float32 (HAS_BUFFER): top_k_top_p's chunk lists
+    buffer_ids_ptr,  # [num_rows, N] int32 (HAS_BUFFER): their token ids (-1: padding)
+    buffer_len,  # N (HAS_BUFFER)
     vocab_size,
     chunk,  # columns a program scans, a multiple of BLOCK_SIZE (the row when not SPLIT)
     # COMMIT: keep, the history tables and their sizes, as `history.commit_row` takes them
@@ -90,6 +95,8 @@ def _sample_kernel(
     SATURATED: tl.constexpr = 255,
     HAS_KEEP: tl.constexpr = False,
     OVERFLOW_BLOCK: tl.constexpr = 2,
+    HAS_BUFFER: tl.constexpr = False,
+    RACE_BLOCK: tl.constexpr = 256,  # the lists' entries raced at a time (HAS_BUFFER)
 ):  # fmt: skip
     """Per row r with slot s = slots[r]: greedy rows (temperature[s] < GREEDY_BELOW) take
     argmax(logits[r]), lowest index on ties; random rows take argmax(logits[r] + gumbel[r]),
@@ -133,6 +140,9 @@ def _sample_kernel(
         position = tl.load(positions_ptr + row)
     seed = tl.load(seeds_ptr + slot)
     is_random = tl.load(temperature_ptr + slot) >= GREEDY_BELOW
+    covered = tl.zeros((), tl.int1)
+    if HAS_BUFFER:
+        covered = tl.load(covered_ptr + row) != 0
 
     # a tile wholly below the cut is all -inf: it changes neither the best nor the NaN, so
     # the walk reads only the others, listed in column order (the list's comparison is the
@@ -141,6 +151,8 @@ def _sample_kernel(
     if HAS_TILE_MAX:
         visits = tiles_to_visit(bounds, first, first + visits, threshold, visits_ptr + listed,
                                 TILES_BLOCK)  # fmt: skip
+    if covered:  # raced over the lists below: nothing of the row is read
+        visits = 0
     offset = tl.zeros((), tl.uint32)
     mult = tl.zeros((), tl.uint32)
     if is_random:
@@ -206,17 +218,29 @@ def _sample_kernel(
         best = tl.where(better, tile_max, best)
     token = tl.where(first_nan < 2147483647, first_nan, best_index)
     finish = True
-    if SPLIT:
-        splits = tl.num_programs(1)
-        at = row.to(tl.int64) * splits + split
-        tl.store(partial_best_ptr + at, best)
-        tl.store(partial_index_ptr + at, best_index)
-        tl.store(partial_nan_ptr + at, first_nan)
-        finish = last_to_arrive(arrivals_ptr + row, splits)
-        if finish:
-            token = _merge_chunks(
-                row, splits, partial_best_ptr, partial_index_ptr, partial_nan_ptr, SPLIT_BLOCK
-            )  # fmt: skip
+    if HAS_BUFFER:  # noqa: SIM102 (a constexpr guard)
+        if covered:
+            # the row's first program races over the lists; the others neither write
+            # their chunk's answer nor arrive
+            finish = split == 0
+            if finish:
+                token = _race_buffer(
+                    row, buffer_values_ptr, buffer_ids_ptr, buffer_len, threshold, is_random,
+                    offset, mult, RACE_BLOCK,
+                )  # fmt: skip
+    if SPLIT:  # noqa: SIM102 (a constexpr guard)
+        if not covered:
+            splits = tl.num_programs(1)
+            at = row.to(tl.int64) * splits + split
+            tl.store(partial_best_ptr + at, best)
+            tl.store(partial_index_ptr + at, best_index)
+            tl.store(partial_nan_ptr + at, first_nan)
+            finish = last_to_arrive(arrivals_ptr + row, splits)
+            if finish:
+                token = _merge_chunks(
+                    row, splits, partial_best_ptr, partial_index_ptr, partial_nan_ptr,
+                    SPLIT_BLOCK,
+                )  # fmt: skip
     if finish:
         tl.store(tokens_ptr + row, token.to(tokens_ptr.dtype.element_ty))
         if COMMIT:
@@ -228,6 +252,38 @@ def _sample_kernel(
                 overflow_excess_ptr, window_ptr, counts_stride, num_overflow, window_len,
                 padding_slot, SATURATED, HAS_KEEP, OVERFLOW_BLOCK,
             )  # fmt: skip
+
+
+@triton.jit
+def _race_buffer(
+    row, values_ptr, ids_ptr, buffer_len, threshold, is_random, offset, mult,
+    RACE_BLOCK: tl.constexpr,
+):  # fmt: skip
+    """A covered row's token from its listed logits alone: those at or above the threshold
+    are every token the row keeps, so the greedy argmax, or the race's argmax of logit +
+    noise (the same noise of the same ids), lowest id on ties, is the walk's token. RACE_BLOCK
+    entries at a time (the whole union at once, 2,048 at B = 1, spilled)."""
+    best = tl.full((), float("-inf"), tl.float32)
+    best_id = tl.full((), 2147483647, tl.int32)
+    for start in range(0, buffer_len, RACE_BLOCK):
+        entry = start + tl.arange(0, RACE_BLOCK)
+        at = row.to(tl.int64) * buffer_len + entry
+        inside = entry < buffer_len
+        x = tl.load(values_ptr + at, mask=inside, other=float("-inf"))
+        ids = tl.load(ids_ptr + at, mask=inside, other=-1)
+        # the threshold is above every unlisted logit, so above the -inf padding too
+        kept = x >= threshold
+        if is_random:
+            x = x + gumbel(token_hash(tl.maximum(ids, 0), offset, mult))
+        x = tl.where(kept, x, float("-inf"))
+        top = tl.max(x, axis=0)
+        top_id = tl.min(tl.where(kept & (x == top), ids, 2147483647), axis=0)
+        # the lists are not in id order: equal values keep the lower id
+        take = (top > best) | ((top == best) & (top_id < best_id))
+        best = tl.where(take, top, best)
+        best_id = tl.where(take, top_id, best_id)
+    # the row's max is at or above the threshold, so listed: never unset (0 if it were)
+    return tl.where(best_id == 2147483647, 0, best_id)
 
 
 @triton.jit
@@ -275,6 +331,9 @@ def launch_sample_tokens(
     keep: torch.Tensor | None = None,  # [num_rows] bool: the rows that commit (None: all)
     # [>= num_rows] int32, all 0 (left so): each split row's count of finished programs
     arrivals: torch.Tensor | None = None,
+    # top_k_top_p's (covered [num_rows] int32, lists [num_rows, ...] float32, ids the same
+    # int32) for this threshold: covered rows race over the lists
+    buffer: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Launch `_sample_kernel` over rows x splits (a split row merged by its last
     program); allocates nothing, returns None."""
@@ -304,6 +363,15 @@ def launch_sample_tokens(
         history, committing = commit.launch_args(keep)
         committing["COMMIT"] = True
         num_generated = commit.num_generated
+    covered, values, ids, buffer_len = tokens, logits, tokens, 1  # unread without a buffer
+    if buffer is not None:
+        if threshold is None:
+            raise ValueError("the candidate lists need the threshold they were cut with")
+        covered, values, ids = buffer
+        check_rows("covered", covered, torch.int32, num_rows)
+        for name, table, dtype in (("lists", values, torch.float32), ("ids", ids, torch.int32)):
+            check_table(name, table, dtype, (num_rows, *values.shape[1:]))
+        buffer_len = max(1, math.prod(values.shape[1:]))
     _sample_kernel[(num_rows, splits)](
         logits,
         logits.stride(0),
@@ -318,6 +386,10 @@ def launch_sample_tokens(
         *scratch,
         tile_max if listing else logits,  # unread without HAS_TILE_MAX
         visits if listing else tokens,
+        covered,
+        values,
+        ids,
+        buffer_len,
         vocab_size,
         chunk,
         history[0],  # keep; num_generated is the one above
@@ -333,6 +405,7 @@ def launch_sample_tokens(
         TILES_BLOCK=max(2, triton.next_power_of_2(triton.cdiv(chunk, block_size))),
         BLOCK_SIZE=block_size,
         SPLIT_BLOCK=max(2, triton.next_power_of_2(splits)),
+        HAS_BUFFER=buffer is not None,
         **committing,
     )
 
@@ -356,6 +429,9 @@ def sample_tokens(
     splits: int = 1,
     tile_max: torch.Tensor | None = None,
     arrivals: torch.Tensor | None = None,
+    covered: torch.Tensor | None = None,
+    lists: torch.Tensor | None = None,
+    ids: torch.Tensor | None = None,
 ) -> None:
     """Greedy argmax or the counter-based Gumbel-max race, merged per row into `tokens`.
 
@@ -372,10 +448,13 @@ def sample_tokens(
     with which a tile wholly below the threshold is not read, and only the +inf tiles are
     searched for NaN. arrivals: int32 [>= num_rows], all 0, which the op leaves 0 (the split
     rows' counters: a caller's persistent buffer saves a fill launch), or None: allocated.
+    covered, lists, ids: all three or none, `top_k_top_p_threshold`'s for this threshold:
+    each covered row is raced over its lists alone, its logits unread (the same token).
     """
     _sample(
         logits, slots, temperature, seeds, positions, threshold, tokens, salt, prompt_len,
         num_generated, splits, tile_max, arrivals=arrivals,
+        buffer=_buffer(covered, lists, ids),
     )  # fmt: skip
 
 
@@ -404,6 +483,9 @@ def sample_and_commit(
     window: torch.Tensor,
     padding_slot: int,
     arrivals: torch.Tensor | None = None,
+    covered: torch.Tensor | None = None,
+    lists: torch.Tensor | None = None,
+    ids: torch.Tensor | None = None,
 ) -> None:
     """`sample_tokens`, then `history.commit_history` of its tokens, with the commit made
     by the program that makes each row's token (a split row's last to finish): one launch
@@ -417,8 +499,19 @@ def sample_and_commit(
     _sample(
         logits, slots, temperature, seeds, positions, threshold, tokens, salt, prompt_len,
         None if positions is not None else num_generated, splits, tile_max, commit, keep,
-        arrivals,
+        arrivals, _buffer(covered, lists, ids),
     )  # fmt: skip
+
+
+def _buffer(
+    covered: torch.Tensor | None, lists: torch.Tensor | None, ids: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The candidate lists' three tensors, all or none."""
+    if covered is None and lists is None and ids is None:
+        return None
+    if covered is None or lists is None or ids is None:
+        raise ValueError("covered, lists and ids go together: all three or none")
+    return covered, lists, ids
 
 
 def _sample(
@@ -437,6 +530,7 @@ def _sample(
     commit: CommitTables | None = None,
     keep: torch.Tensor | None = None,
     arrivals: torch.Tensor | None = None,
+    buffer: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """The sampling ops' checks, their scratch, and the launch."""
     check_logits(logits)
@@ -483,5 +577,5 @@ def _sample(
     launch_sample_tokens(
         logits, slots, temperature, seeds, positions, tokens, threshold, salt, prompt_len,
         num_generated, splits, partials, tile_max=tile_max, visits=visits, commit=commit,
-        keep=keep, arrivals=arrivals,
+        keep=keep, arrivals=arrivals, buffer=buffer,
     )  # fmt: skip

@@ -292,10 +292,11 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
             calls.append((label, by_slot))
 
     # sample_and_commit: the Sampler's step, the commit in the unsplit sampling program or
-    # in a split row's last program, with a commit mask or without
-    for splits, keep in ((1, False), (3, False), (3, True)):
+    # in a split row's last program, with a commit mask or without; the covered rows raced
+    # over stage 1's lists (4 chunks' lists of 32, as at B = 256; 64, as at B = 1)
+    for splits, keep, chunks in ((1, False, 4), (3, False, 64), (3, True, 4)):
 
-        def committed(splits: int = splits, keep: bool = keep) -> None:
+        def committed(splits: int = splits, keep: bool = keep, chunks: int = chunks) -> None:
             generated = _i32(slots_n)  # the positions' and the commit's
             sampling.launch_sample_tokens(
                 wide, slots, _t(slots_n), _i64(slots_n), None, _i32(rows), _t(rows),
@@ -307,9 +308,11 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
                     _i32(slots_n, 3), _i32(slots_n, 8), slots_n - 1,
                 ),
                 keep=_t(rows, dtype=torch.bool) if keep else None, arrivals=_i32(rows),
+                buffer=(_i32(rows), _t(rows, chunks, 32), _i32(rows, chunks, 32)),
             )  # fmt: skip
 
-        calls.append((f"sample_and_commit splits={splits} keep={keep}", committed))
+        label = f"sample_and_commit splits={splits} keep={keep} lists={chunks}x32"
+        calls.append((label, committed))
 
     def rng() -> None:
         noise.launch_rng_noise(

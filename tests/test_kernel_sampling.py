@@ -451,3 +451,116 @@ def test_opcheck(kernel_device: torch.device) -> None:
         (seeds, positions, hashes, uniforms, gumbels),
         {"salt": rng.SALT_BONUS},
     )
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_covered_rows_race_over_the_lists(splits: int, kernel_device: torch.device) -> None:
+    """Rows whose kept tokens are all in top-k/top-p's stage 1 lists (`covered`) race over
+    the lists alone: the same tokens as the walk over the row, greedy and random, with the
+    split rows' counters left at 0. LLM-like rows, rounded (ties, greedy maxima among them),
+    under top-k within the buffer, top-p and min_p; a row holding NaN, one with top-k beyond
+    the buffer and one unfiltered are not covered and walk as before. The covered rows' kept
+    logits are then moved at random in the logits passed: the lists still give the true
+    tokens, which the walk over the moved row would not."""
+    from graphsafe_sampler.bench.logits import llm_like_logits
+    from graphsafe_sampler.kernels.top_k_top_p import (
+        candidate_lists,
+        launch_top_k_top_p,
+        partial_size,
+    )
+
+    gen = _gen()
+    seed = int(torch.randint(0, 2**31, (1,), generator=gen))
+    rows, vocab, candidates, chunks = 12, 4096, 32, 4  # 4 chunks' lists of 8
+    # rounded: ties, greedy rows' maxima among them (the lowest id wins)
+    logits = torch.round(llm_like_logits(rows, vocab, peakedness=1.2, seed=seed) * 8) / 8
+    logits[0, 77] = float("nan")
+    slots = torch.randperm(rows + 1, generator=gen)[:rows]
+    top_k = torch.randint(1, 9, (rows + 1,), generator=gen, dtype=torch.int32)
+    top_p = torch.where(torch.rand(rows + 1, generator=gen) < 0.5, 0.8, 1.0)
+    min_p = torch.where(torch.rand(rows + 1, generator=gen) < 0.3, 0.05, 0.0)
+    top_k[slots[1]] = candidates + 1  # beyond the buffer: searched, no lists
+    top_k[slots[2]], top_p[slots[2]], min_p[slots[2]] = 0, 1.0, 0.0  # unfiltered
+    temperature = torch.where(torch.rand(rows + 1, generator=gen) < 0.3, 0.0, 0.9)
+    seeds = torch.randint(0, 2**62, (rows + 1,), generator=gen)
+    positions = torch.randint(0, 2**20, (rows,), generator=gen)
+    device = kernel_device
+    logits, slots, top_k, top_p, min_p, temperature, seeds, positions = (
+        t.to(device) for t in (logits, slots, top_k, top_p, min_p, temperature, seeds, positions)
+    )
+    threshold = torch.empty(rows, device=device)
+    buffer = candidate_lists(rows, vocab, chunks, device, candidates)
+    assert buffer[1].shape == (rows, chunks, partial_size(candidates, chunks))
+    launch_top_k_top_p(
+        logits, slots, top_k, top_p, threshold, False, min_p, candidates=candidates,
+        splits=chunks, buffer=buffer,
+    )  # fmt: skip
+    covered = buffer[0].bool().cpu()
+    assert not covered[:3].any(), covered
+    assert covered[3:].sum() >= rows - 5, covered  # the usual row is covered
+    scratch = (
+        torch.empty(rows, splits, device=device),
+        torch.empty(rows, splits, dtype=torch.int32, device=device),
+        torch.empty(rows, splits, dtype=torch.int32, device=device),
+    )
+    arrivals = torch.zeros(rows, dtype=torch.int32, device=device)
+
+    def draw(source: torch.Tensor, lists: tuple[torch.Tensor, ...] | None) -> torch.Tensor:
+        tokens = torch.full((rows,), -1, dtype=torch.int32, device=device)
+        launch_sample_tokens(
+            source, slots, temperature, seeds, positions, tokens, threshold, splits=splits,
+            partials=scratch, arrivals=arrivals, buffer=lists,
+        )  # fmt: skip
+        assert not arrivals.any(), arrivals
+        return tokens.cpu()
+
+    want = draw(logits, None)
+    # the covered rows' kept logits moved apart at random in a copy that only a read of the
+    # row would see (the lists keep the true ones)
+    rows_of = covered.to(device)
+    moved = logits[rows_of] + 50.0 * torch.rand(logits[rows_of].shape, generator=gen).to(device)
+    poisoned = logits.clone()
+    poisoned[rows_of] = torch.where(logits[rows_of] >= threshold[rows_of, None], moved, -1e9)
+    got = draw(poisoned, buffer)
+    assert torch.equal(got, want), (got, want)
+    assert torch.equal(draw(logits, buffer), want)
+    # what the walk gives the poisoned rows differs somewhere, or the poison proves nothing
+    assert not torch.equal(draw(poisoned, None)[covered], want[covered])
+
+
+def test_candidate_lists_are_checked(kernel_device: torch.device) -> None:
+    """The lists go with their flags, ids and threshold, in their dtypes and shapes:
+    refused before any launch otherwise; the op's schema holds them (opcheck)."""
+    from graphsafe_sampler.kernels.top_k_top_p import top_k_top_p_threshold
+
+    device = kernel_device
+    logits = torch.randn(3, 129).to(device)
+    slots = torch.tensor([2, 0, 1], device=device)
+    temperature = torch.tensor([0.0, 0.9, 1.2], device=device)
+    seeds = torch.tensor([5, 6, 7], device=device)
+    positions = torch.tensor([100, 200, 300], device=device)
+    tokens = torch.zeros(3, dtype=torch.int64, device=device)
+    cut = torch.full((3,), 1.5, device=device)
+    covered = torch.tensor([1, 0, 1], dtype=torch.int32, device=device)
+    values = torch.sort(logits, descending=True).values[:, :4].contiguous()
+    ids = torch.sort(logits, descending=True).indices[:, :4].int().contiguous()
+    args = (logits, slots, temperature, seeds, positions)
+    torch.library.opcheck(
+        sample_tokens, (*args, cut, tokens), {"covered": covered, "lists": values, "ids": ids}
+    )
+    with pytest.raises(ValueError, match="all three or none"):
+        sample_tokens(*args, cut, tokens, covered=covered, lists=values)
+    with pytest.raises(TypeError, match=r"ids must be torch\.int32, got torch\.int64"):
+        sample_tokens(*args, cut, tokens, covered=covered, lists=values, ids=ids.long())
+    with pytest.raises(ValueError, match=r"ids must have shape \[3, 4\], got \(3, 3\)"):
+        sample_tokens(*args, cut, tokens, covered=covered, lists=values, ids=ids[:, :3].clone())
+    with pytest.raises(ValueError, match="the threshold they were cut with"):
+        sample_tokens(*args, None, tokens, covered=covered, lists=values, ids=ids)
+    top_k = torch.tensor([2, 3, 4], dtype=torch.int32, device=device)
+    top_p = torch.ones(3, device=device)
+    with pytest.raises(ValueError, match="all three or none"):
+        top_k_top_p_threshold(logits, slots, top_k, top_p, cut, covered=covered)
+    with pytest.raises(ValueError, match=r"lists must have shape \[3, 1, \d+\], got \(3, 4\)"):
+        top_k_top_p_threshold(
+            logits, slots, top_k, top_p, cut, covered=covered, lists=values, ids=ids
+        )
