@@ -41,6 +41,10 @@ class Processed:
         top-k/top-p mask (the PyTorch pipeline's, from top-k/top-p), and
     covered: [num_rows] bool or None: the rows whose kept tokens are all candidates, which
         a race among the candidates samples (`SamplingState.race_covered`).
+    buffer: (covered [num_rows] int32, lists [num_rows, ...] float32, ids the same int32) or
+        None: the Triton pipeline's top-k/top-p stage 1 lists of each row's largest logits
+        with their token ids, and 1 for each row whose kept tokens are all in them, which
+        its sampling kernel races over the lists without reading the row.
     remake: (fn, operands) or None: fn(*operands) equals `logits`, and fn of some rows of
         every operand equals those rows of it (the PyTorch pipeline's, compiled): sampling
         recomputes the logits from it, so that, where nothing else reads `logits`, the
@@ -55,6 +59,7 @@ class Processed:
     raw_tiles: torch.Tensor | None = None
     candidate_ids: torch.Tensor | None = None
     covered: torch.Tensor | None = None
+    buffer: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     remake: tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]] | None = None
 
     def greedy_tokens(self) -> torch.Tensor:

@@ -23,6 +23,7 @@ from graphsafe_sampler.kernels.min_p import apply_min_p
 from graphsafe_sampler.kernels.sampling import sample_and_commit, sample_splits, sample_tokens
 from graphsafe_sampler.kernels.top_k_top_p import (
     apply_top_k_top_p,
+    candidate_lists,
     top_k_top_p_splits,
     top_k_top_p_threshold,
 )
@@ -142,12 +143,16 @@ class TritonPipeline:
         cut = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
         top_k, top_p = s.top_k_top_p.top_k.device, s.top_k_top_p.top_p.device
         min_p = s.min_p.min_p.device if self.fold_min_p else None
-        op = apply_top_k_top_p if write_mask else top_k_top_p_threshold
         splits = top_k_top_p_splits(*x.shape, x.device)
-        op(x, slots, top_k, top_p, cut, min_p, splits, tile_max)
-        # is_greedy: the kernels read the temperature themselves (greedy_rows when needed);
-        # the tile maxima stay upper bounds under the mask
-        return Processed(x, None if write_mask else cut, None, None, tile_max, raw)
+        if write_mask:
+            apply_top_k_top_p(x, slots, top_k, top_p, cut, min_p, splits, tile_max)
+            # is_greedy: the kernels read the temperature themselves (greedy_rows when
+            # needed); the tile maxima stay upper bounds under the mask
+            return Processed(x, None, None, None, tile_max, raw)
+        # stage 1's lists with their ids: sampling races the rows they cover over them
+        buffer = candidate_lists(*x.shape, splits, x.device)
+        top_k_top_p_threshold(x, slots, top_k, top_p, cut, min_p, splits, tile_max, *buffer)
+        return Processed(x, cut, None, None, tile_max, raw, buffer=buffer)
 
     def sample(self, processed: Processed, slots: torch.Tensor) -> torch.Tensor:
         return self._sample(processed, slots, None, commit=False)
@@ -184,16 +189,17 @@ class TritonPipeline:
             processed.logits, slots, s.temperature.temperature.device, seeds, positions,
             processed.cut, tokens, SALT_SAMPLE, prompt_len,
         )  # fmt: skip
+        buffer = processed.buffer if processed.buffer is not None else (None, None, None)
         if not commit:
             by_slot = generated if positions is None else None
             arrivals = self._arrivals(num_rows, splits)
-            sample_tokens(*args, by_slot, splits, processed.tile_max, arrivals)
+            sample_tokens(*args, by_slot, splits, processed.tile_max, arrivals, *buffer)
             return tokens
         sample_and_commit(
             *args, generated, splits, processed.tile_max, keep, s.penalties.counts,
             s.penalties.overflow_token.device, s.penalties.overflow_excess.device,
             s.bad_words.window.device, s.batch_state.config.padding_slot,
-            self._arrivals(num_rows, splits),
+            self._arrivals(num_rows, splits), *buffer,
         )  # fmt: skip
         return tokens
 
