@@ -87,15 +87,17 @@ chunks' lists merged) after stage 1's one read, and so is top-p after it (its su
 all in the buffer, barring ties at the k-th value). Top-p alone, or any filter the buffer
 cannot take, is charged the search's maximum, 8 passes (it stops earlier when the candidate
 keys share leading digits or it decides early; the buffer settles a nucleus of up to ~127
-tokens, which depends on the logits). Arguments
-the table does not name are charged one row read per program: an upper bound.
+tokens, which depends on the logits). A row the buffer settles for top-k is taken as covered
+(its cut above every logit the lists left out): the sampling kernel races it over the lists
+and reads none of its logits. Arguments the table does not name are charged one row read
+per program: an upper bound.
 
 Branches: an `if` inside a tile loop counts as taken (the static upper bound) unless the
 access table gives the fraction of iterations that run its block: the sampling kernel's
 hash, run on the tiles holding a survivor of top-k (k / tiles of them, at least one tile of
 a program's chunk); a running top-k's merge (logprobs' top K, top-k/top-p stage 1's list),
 run on the tiles holding a new one of its k largest so far, for logits in random order
-(`cost_model.access.record_tiles`), here among the tiles it reads; the reductions of a
+(`cost_model.shares.record_tiles`), here among the tiles it reads; the reductions of a
 tile the table does not know, run on the unknown share of the tiles read (a walk over the
 tiles `library.tiles_to_visit` lists counts those alone: its walks a row are their share).
 Tiles marked unknown (+inf) are those step 7's saturated tokens fall in, at random columns,
@@ -137,10 +139,12 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from cost_model.access import (  # noqa: E402
+    COVERED,
     SEARCH_PASSES,
     SURVIVORS,
     UNKNOWN_TILES,
     WORK,
+    covered_rows,
     generic_work,
     kept_by_top_k,
     row_bytes,
@@ -391,6 +395,7 @@ def model_step(
         launches.append(entry)
         if event.kernel.__name__ == "_top_k_top_p_kernel":
             context[SURVIVORS] = kept_by_top_k(event.args)
+            context[COVERED] = covered_rows(event.args, event.constexprs)
         if event.kernel.__name__ == "_process_logits_kernel":
             context[UNKNOWN_TILES] = unknown_tiles(event.args, event.constexprs)
     triton_launches = sum(1 for entry in launches if entry["kind"] == "triton")

@@ -564,12 +564,14 @@ def test_every_launch_has_its_occupancy_and_hot_loop(model: dict[str, Any]) -> N
                 assert e["registers"] > 0 and e["ctas_per_sm"] >= 1 and e["waves"] >= 1
                 assert e["ctas_per_sm"] >= occupancy.get(e["name"], 1), e["name"]
                 assert e["programs"] == math.prod(e["grid"]) and e["access_model"] == "table"
-                if e["name"] in VOCAB_KERNELS:
-                    walked = [
-                        loop
-                        for loop in e["loops"]
-                        if loop["tile_loop"] and loop["walks_per_row"] > 0
-                    ]
+                walked = [
+                    loop for loop in e["loops"] if loop["tile_loop"] and loop["walks_per_row"] > 0
+                ]
+                if e["name"] == "_sample_kernel" and e["constexprs"]["HAS_BUFFER"]:
+                    # every row of these cases is covered (top-k 50, within the buffer): raced
+                    # over stage 1's lists, its logits unread
+                    assert e["logits_passes"] == 0 and not walked, e["loops"]
+                elif e["name"] in VOCAB_KERNELS:
                     assert walked and all(
                         loop["instructions_per_element"] > 0 for loop in walked
                     ), e["loops"]

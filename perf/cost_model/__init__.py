@@ -6,4 +6,5 @@ estimate, never a measurement), one concern each:
     sass      a recorded launch compiled for sm_90: registers, shared memory, SASS loops
     chain     a program's longest path outside its tile loops: rounds of loads, instructions
     access    each kernel's reads, writes and tile walks per program: the access table
+    shares    the shares of a row's tiles a walk reads, merges or hashes, which it weighs
 """

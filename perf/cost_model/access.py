@@ -15,10 +15,22 @@ from typing import Any
 import torch
 
 from .sass import TILE_LOOP, Variant
+from .shares import (
+    few_share,
+    multi_record_share,
+    record_tiles,
+    shared_tile_share,
+    visited_share,
+)
 
 SURVIVORS = "model:survivors"
 """A pseudo-argument perf/kernel_model.py hands the sampling kernel's access model: per row,
 the tokens top-k keeps (k, or V where top-k is off), from the step's top-k/top-p launch."""
+
+COVERED = "model:covered"
+"""A pseudo-argument perf/kernel_model.py hands the sampling kernel's access model: per row,
+1 where the cut kernel marks it covered (its kept tokens all in stage 1's lists, raced over
+them unread), taken as the rows the buffer settles (`covered_rows`)."""
 
 UNKNOWN_TILES = "model:unknown_tiles"
 """A pseudo-argument perf/kernel_model.py hands the launches after processing: per row, the
@@ -65,37 +77,6 @@ def tile_loop(function: Any, index: int) -> tuple[str, int]:
 
 def _f(mask: torch.Tensor) -> torch.Tensor:
     return mask.to(torch.float64)
-
-
-def record_tiles(kept: torch.Tensor | float, tiles: int) -> torch.Tensor:
-    """The fraction of a walk's `tiles` that hold a new one of the `kept` largest logits seen
-    so far, for logits in random order (a shuffled vocabulary, as the benchmark's): tile t's
-    logits are a random share 1/t of the first t tiles', so it holds none of their `kept`
-    largest with probability about (1 - 1/t)**kept; the mean over t = 1..tiles (about
-    kept (1 + ln(tiles / kept)) of them when tiles >> kept). What a running
-    top-k merges on (logprobs' top K, top-k/top-p stage 1's list): an estimate for LLM-like
-    rows, not a bound."""
-    return _records(kept, tiles)[0].mean(-1)
-
-
-def multi_record_share(kept: torch.Tensor | float, tiles: int) -> torch.Tensor:
-    """Of the tiles that hold a new one of the `kept` largest (`record_tiles`), the share
-    holding two or more (the binomial count of a tile's new ones): the merges that need the
-    tile's whole top-k network, not its max alone."""
-    one_or_more, two_or_more = _records(kept, tiles)
-    return two_or_more.mean(-1) / one_or_more.mean(-1)
-
-
-def _records(kept: torch.Tensor | float, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[..., tiles]: the probability that tile t holds at least one, and at least two,
-    logits above the `kept`-th largest of the tiles before it. Each of the union's largest
-    lies in tile t with probability p = 1/t: at least m of tile t's logits beat the earlier
-    tiles' kept-th when at least m of the union's kept + m - 1 largest are tile t's."""
-    k = torch.as_tensor(kept, dtype=torch.float64).clamp(min=1.0).unsqueeze(-1)
-    p = 1.0 / torch.arange(1, max(tiles, 1) + 1, dtype=torch.float64)
-    one_or_more = 1.0 - (1.0 - p) ** k
-    two_or_more = 1.0 - (1.0 - p) ** (k + 1) - (k + 1) * p * (1.0 - p) ** k
-    return one_or_more, two_or_more
 
 
 def _sparse_tokens(a: dict[str, Any], c: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -239,7 +220,15 @@ def _top_k_top_p_rows(a: dict[str, Any], c: dict[str, Any]) -> dict[str, torch.T
         # a searched row may gather into its scratch (written once, then searched):
         # counted once each way, its row passes left at the search's bound above
         "gathered": _f(searches > 0) * float(c.get("GATHER", 0) > 0),
+        "covered": _f(filtered & settled_k),
     }
+
+
+def covered_rows(a: dict[str, Any], c: dict[str, Any]) -> torch.Tensor:
+    """[rows] float64 from a top-k/top-p launch: the rows its cut kernel marks covered, taken
+    as those the buffer settles (top-k within it: the cut, above `complete`, for LLM-like
+    rows); a top-p-alone row is searched in the model, so not covered."""
+    return _top_k_top_p_rows(a, c)["covered"]
 
 
 def kept_by_top_k(a: dict[str, Any]) -> torch.Tensor:
@@ -250,50 +239,12 @@ def kept_by_top_k(a: dict[str, Any]) -> torch.Tensor:
     return torch.where((top_k > 0) & (top_k < vocab), top_k, float(vocab))
 
 
-def _visited(kept: torch.Tensor, tiles: int, unknown: torch.Tensor | None) -> torch.Tensor:
-    """The fraction of a row's tiles a consumer of the tile maxima reads when it skips those
-    below the `kept`-th largest logit (top-k's cut): the tiles holding one of the kept, at
-    most `kept` of them, and of the others those marked unknown."""
-    share = torch.clamp(kept / tiles, max=1.0)
-    if unknown is not None:
-        share = share + (1.0 - share) * unknown
-    return share
-
-
 def _unknown_share(a: dict[str, Any], visited: torch.Tensor) -> torch.Tensor:
     """Of the tiles a consumer of the tile maxima reads (a share `visited` of its row's),
     the unknown ones (+inf), which still take their reductions: all, without the model's
     unknown fraction."""
     unknown = a.get(UNKNOWN_TILES)
     return torch.ones_like(visited) if unknown is None else torch.clamp(unknown / visited, max=1.0)
-
-
-def _shared_tile_share(kept: torch.Tensor, tiles: int) -> torch.Tensor:
-    """Of the tiles holding one of `kept` logits at random columns, the share holding two or
-    more: P(n >= 2 | n >= 1) for n ~ Poisson(kept / tiles)."""
-    rate = (kept / tiles).clamp(min=1e-9)
-    none, one = torch.exp(-rate), rate * torch.exp(-rate)
-    return (1.0 - none - one) / (1.0 - none)
-
-
-def _pair_share(kept: torch.Tensor, tiles: int) -> torch.Tensor:
-    """Of the tiles holding two or more of `kept` logits at random columns, the share holding
-    exactly two: P(n = 2 | n >= 2) for n ~ Poisson(kept / tiles)."""
-    rate = (kept / tiles).clamp(min=1e-9)
-    none, one = torch.exp(-rate), rate * torch.exp(-rate)
-    return (one * rate / 2) / (1.0 - none - one).clamp(min=1e-300)
-
-
-def _few_share(kept: torch.Tensor, tiles: int, few: int) -> torch.Tensor:
-    """Of the tiles holding one of `kept` logits at random columns, the share holding at
-    most `few`: P(n <= few | n >= 1) for n ~ Poisson(kept / tiles)."""
-    rate = (kept / tiles).clamp(min=1e-9)
-    term = torch.exp(-rate)
-    none, at_most = term, term.clone()
-    for n in range(1, few + 1):
-        term = term * rate / n
-        at_most = at_most + term
-    return (at_most - none) / (1.0 - none)
 
 
 def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
@@ -311,21 +262,18 @@ def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     visited = ones
     if c["HAS_TILE_MAX"]:
         skipping = (rows["buffered"] > 0) & k_on
-        visited = torch.where(skipping, _visited(top_k, tiles, a.get(UNKNOWN_TILES)), 1.0)
+        visited = torch.where(skipping, visited_share(top_k, tiles, a.get(UNKNOWN_TILES)), 1.0)
     # a read tile merges when it holds a new one of the list's floor-rank largest (k, or the
     # list's length): records of a shuffled row among the tiles read (`record_tiles`);
     # min_p's floor only lowers it
     floor_rank = torch.where(k_on, top_k.clamp(max=partial), float(partial))
     read_tiles = max(1, round(chunk_tiles * float(visited.max())))
     multi = multi_record_share(floor_rank, read_tiles)
-    # of those, the tiles merging exactly two (their min, not the top-k network): taken as
-    # none for a row that walks every tile (an upper bound on the network's share)
-    pair = torch.zeros_like(multi)
     if c["HAS_TILE_MAX"]:
         # a skipping row merges only its logits at or above the tiles' floor, about its k
         # largest: a read tile holds two or more of them as k spread over the row's tiles
-        multi = torch.where(skipping, _shared_tile_share(top_k, tiles), multi)
-        pair = torch.where(skipping, _pair_share(top_k, tiles), pair)
+        # (its insertion loop's further rounds counted once: two, the usual such tile)
+        multi = torch.where(skipping, shared_tile_share(top_k, tiles), multi)
     unknown_read = _unknown_share(a, visited) if c["HAS_TILE_MAX"] else ones
     return Work(
         reads={
@@ -334,7 +282,11 @@ def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             # the whole row's maxima per program, then its chunk's, one by one
             "tile_max_ptr": rows["filtered"] * math.ceil(vocab / a["chunk"]),
         },
-        writes={"stats_ptr": rows["filtered"], "lists_ptr": rows["buffered"]},
+        writes={
+            "stats_ptr": rows["filtered"],
+            "lists_ptr": rows["buffered"],
+            "ids_ptr": rows["buffered"],
+        },
         # with the maxima the walk's iterations are the listed tiles only, a share `visited`
         # of the chunk's: the branch fractions below are of those
         walks={tile_loop(k._candidates_kernel, 0): rows["filtered"] * visited},
@@ -343,7 +295,6 @@ def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
                 k._candidates_kernel, "if (tile_max > floor) & (tile_max >= skip_below):"
             ): rows["buffered"] * record_tiles(floor_rank, read_tiles),
             source_line(k._candidates_kernel, "if hits > 1:"): multi,
-            source_line(k._candidates_kernel, "if hits == 2:"): pair,
             # the reductions of a tile the table does not know (+inf), among those read
             source_line(k._candidates_kernel, 'if tile_max == float("inf"):'): unknown_read,
         },
@@ -364,12 +315,14 @@ def _top_k_top_p_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             "lists_ptr": rows["buffered"],
             "min_p_ptr": ones * float(c["HAS_MIN_P"]),
             "threshold_ptr": 0 * ones,
+            "covered_ptr": 0 * ones,
             "reads_ptr": 0 * ones,
             "scratch_ptr": rows["gathered"],
         },
         writes={
             "logits_ptr": apply,
             "threshold_ptr": ones,
+            "covered_ptr": ones,
             "reads_ptr": ones * float(c["COUNT_READS"]),
             "scratch_ptr": rows["gathered"],
         },
@@ -401,7 +354,7 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     # and the unknown ones (the hash's fraction is then of the tiles read)
     visited = read = ones
     if c["HAS_TILE_MAX"] and survivors is not None:
-        read = _visited(survivors, tiles, a.get(UNKNOWN_TILES))  # of the row
+        read = visited_share(survivors, tiles, a.get(UNKNOWN_TILES))  # of the row
         visited = torch.maximum(read, hashed)  # of the slowest program's chunk
     partials = ("partial_best_ptr", "partial_index_ptr", "partial_nan_ptr")
     hash_line = source_line(k._sample_kernel, "if top + GUMBEL_MAX > best:")
@@ -419,14 +372,25 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     few = torch.zeros_like(ones)
     if c["HAS_THRESHOLD"] and survivors is not None:
         few = torch.where(
-            survivors < tiles, _few_share(survivors, tiles, k.FEW_SURVIVORS.value), 0.0
+            survivors < tiles, few_share(survivors, tiles, k.FEW_SURVIVORS.value), 0.0
         )
     few_line = source_line(k._sample_kernel, "if count <= FEW_SURVIVORS:")
     taken[few_line] = few
+    # a covered row (HAS_BUFFER) reads none of its row: its first program races over the
+    # lists, its others stop at once; every program reads its flag
+    covered = torch.zeros_like(ones)
+    if c["HAS_BUFFER"] and a.get(COVERED) is not None:
+        covered = a[COVERED]
+    walked = 1.0 - covered
+    read, visited = read * walked, visited * walked
+    split = split * walked
     work = Work(
         reads={
             "logits_ptr": read,
-            "tile_max_ptr": ones * float(c["HAS_TILE_MAX"]) / chunk_tiles,
+            "covered_ptr": ones * float(c["HAS_BUFFER"]),
+            "buffer_values_ptr": covered,
+            "buffer_ids_ptr": covered,
+            "tile_max_ptr": walked * float(c["HAS_TILE_MAX"]) / chunk_tiles,
             "threshold_ptr": ones * float(c["HAS_THRESHOLD"]),
             "seeds_ptr": random,
             "positions_ptr": random * (1 - by_slot),
@@ -463,11 +427,11 @@ def _logprobs_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     chunk_tiles = math.ceil(a["chunk"] / c["BLOCK_SIZE"])
     # with the raw tiles, a row reads the tiles holding one of its K largest or a token at
     # or above the sampled one: the sampled token taken as a top-k survivor of uniform
-    # rank, so max(K, survivors / 2) tiles (`_visited`); without a cut, every tile
+    # rank, so max(K, survivors / 2) tiles (`visited_share`); without a cut, every tile
     visited = ones
     survivors = a.get(SURVIVORS)
     if c["HAS_TILES"]:
-        visited = ones if survivors is None else _visited(survivors.clamp(min=2 * c["K"]) / 2,
+        visited = ones if survivors is None else visited_share(survivors.clamp(min=2 * c["K"]) / 2,
                                                           tiles, None)  # fmt: skip
     merge = source_line(k._logprobs_kernel, "if (tile_max > kth_v) |")
     # the running top K is merged with a tile holding a new one of the K largest, among the
