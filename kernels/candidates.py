@@ -176,6 +176,10 @@ def _candidates_kernel(
                 )  # fmt: skip
                 # held in `low` over the walk: as a scalar of its own it spilled
                 low = tl.minimum(low, chunk_min)
+        # The chunk's total mass, which the cut kernel reads only for a top-p row with no
+        # cut before it: never a row that skips tiles (top-k's k-th, at or above the floor
+        # the skipping took, is then its cut), whose total would miss the skipped tiles
+        weigh = p_on & (skip_below == float("-inf"))
         # the walk reads only the tiles at or above the floor, listed in column order
         # (`tiles_to_visit`); without the maxima, every tile of the chunk
         # an int32 offset, not a 64-bit pointer, held over the walk (B x tiles < 2**31)
@@ -201,8 +205,9 @@ def _candidates_kernel(
             low = tl.minimum(low, tl.where(valid, x, float("inf")))
             new_max = tl.maximum(chunk_max, tile_max)
             if use_buffer:
-                # only top-p weighs masses (top-k alone skips the exp per logit)
-                if p_on:
+                # only top-p weighs masses (top-k alone skips the exp per logit), and not
+                # a row that skips tiles (`weigh`)
+                if weigh:
                     # masses against the new running max; an all -inf prefix has none
                     # (its exp(-inf - -inf) would be nan), so the base is then 0
                     base = tl.where(new_max > float("-inf"), new_max, 0.0)

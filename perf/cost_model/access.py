@@ -260,9 +260,12 @@ def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     # with the tile maxima a buffered top-k row reads only the tiles at or above the k-th
     # largest tile max and the unknown ones; every other row reads its whole row
     visited = ones
+    skipping = torch.zeros_like(k_on)
     if c["HAS_TILE_MAX"]:
         skipping = (rows["buffered"] > 0) & k_on
         visited = torch.where(skipping, visited_share(top_k, tiles, a.get(UNKNOWN_TILES)), 1.0)
+    # the mass is weighed by top-p rows that read every tile
+    weigh = _f((a["top_p_ptr"][slots] < 1.0) & ~skipping)
     # a read tile merges when it holds a new one of the list's floor-rank largest (k, or the
     # list's length): records of a shuffled row among the tiles read (`record_tiles`);
     # min_p's floor only lowers it
@@ -295,6 +298,7 @@ def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
                 k._candidates_kernel, "if (tile_max > floor) & (tile_max >= skip_below):"
             ): rows["buffered"] * record_tiles(floor_rank, read_tiles),
             source_line(k._candidates_kernel, "if hits > 1:"): multi,
+            source_line(k._candidates_kernel, "if weigh:"): weigh,
             # the reductions of a tile the table does not know (+inf), among those read
             source_line(k._candidates_kernel, 'if tile_max == float("inf"):'): unknown_read,
         },
