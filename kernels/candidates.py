@@ -163,9 +163,11 @@ def _candidates_kernel(
         entries = tl.zeros((), tl.int32)
         complete = tl.full((), float("-inf"), tl.float32)
         nan_count = tl.zeros((), tl.int32)
-        # kept per thread and reduced once after the walk, not per tile (a min and a max are
-        # exact in any order): the smallest logit and the largest left out of the list
-        low = tl.full((BLOCK_SIZE,), float("inf"), tl.float32)
+        # the largest logit left out of the list, kept per thread and reduced once after the
+        # walk (a max is exact in any order); the smallest logit, reduced a tile at a time:
+        # kept per thread too, both held 91-100 registers, 5 CTAs an SM, and B = 256's 768
+        # programs took two waves (one under the cap of 80, `top_k_top_p_splits`)
+        low = tl.full((), float("inf"), tl.float32)
         left_out = tl.full((BLOCK_SIZE,), float("-inf"), tl.float32)
         skip_below = tl.full((), float("-inf"), tl.float32)
         if HAS_TILE_MAX:  # noqa: SIM102 (a constexpr guard)
@@ -174,8 +176,7 @@ def _candidates_kernel(
                     row_bounds, first, first + visits, k, min_p, log_min_p, HAS_MIN_P,
                     TILES_BLOCK,
                 )  # fmt: skip
-                # held in `low` over the walk: as a scalar of its own it spilled
-                low = tl.minimum(low, chunk_min)
+                low = chunk_min
         # The chunk's total mass, which the cut kernel reads only for a top-p row with no
         # cut before it: never a row that skips tiles (top-k's k-th, at or above the floor
         # the skipping took, is then its cut), whose total would miss the skipped tiles
@@ -202,7 +203,7 @@ def _candidates_kernel(
             if tile_max == float("inf"):
                 tile_max = tl.max(tl.where(valid, x, float("-inf")), axis=0)
                 nan_count += tl.sum((~valid & in_chunk).to(tl.int32), axis=0)
-            low = tl.minimum(low, tl.where(valid, x, float("inf")))
+            low = tl.minimum(low, tl.min(tl.where(valid, x, float("inf")), axis=0))
             new_max = tl.maximum(chunk_max, tile_max)
             if use_buffer:
                 # only top-p weighs masses (top-k alone skips the exp per logit), and not
@@ -247,7 +248,7 @@ def _candidates_kernel(
                         complete = tl.maximum(complete, tl.min(best, axis=0))
                     entries = tl.minimum(entries + hits, PARTIAL)
             chunk_max = new_max
-        chunk_min = tl.min(low, axis=0)
+        chunk_min = low
         complete = tl.maximum(complete, tl.max(left_out, axis=0))
         at = stats_ptr + (row.to(tl.int64) * tl.num_programs(1) + part) * STATS
         tl.store(at + 0, chunk_max)

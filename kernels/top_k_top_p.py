@@ -346,14 +346,14 @@ def partial_size(candidates: int, splits: int) -> int:
     return candidates if splits == 1 else min(candidates, CHUNK_PARTIAL)
 
 
-top_k_top_p_splits = SplitPolicy(4, MIN_SPLIT_TILES, MAX_SPLITS, min_splits=3)
+top_k_top_p_splits = SplitPolicy(6, MIN_SPLIT_TILES, MAX_SPLITS, min_splits=3)
 """Programs per row for stage 1 (`library.SplitPolicy`: at least MIN_SPLIT_TILES tiles each,
-at most MAX_SPLITS, since the cut kernel merges their lists in one program). 4 CTAs an SM by
-construction: a split row's lists hold CHUNK_PARTIAL, and the launch caps registers at 128
-for its 4 warps (uncapped, ptxas takes 94-118 as the specialization gives: docs/kernels.md,
-split rows). At least 3 chunks where the row has the tiles: one chunk's list of 128 takes
-about 100 registers, and 2 chunks' lists hold 64 candidates, which settle fewer rows than 3
-or more."""
+at most MAX_SPLITS, since the cut kernel merges their lists in one program). 6 CTAs an SM by
+construction: a split row's lists hold CHUNK_PARTIAL, and the launch caps registers at 80
+for its 4 warps (it takes 72-78 there, no spill; at B = 256 its 3 chunks a row fill one
+wave: docs/kernels.md, split rows). At least 3 chunks where the row has the tiles: one
+chunk's list of 128 takes about 80 registers, and 2 chunks' lists hold 64 candidates, which
+settle fewer rows than 3 or more."""
 
 
 def launch_top_k_top_p(
