@@ -630,6 +630,8 @@ def _assert_near_ties(
         # the top-k/top-p kernel's candidate buffer (off by default under the interpreter),
         # small enough that some rows' top-k lie beyond it
         pytest.param(3, 111, "processed_logprobs", 16, None, id="R3-V111-candidates16"),
+        # and with the cut (the mask unwritten): the rows it covers raced over its lists
+        pytest.param(4, 111, "raw_logprobs", 16, None, id="R4-V111-candidates16-raced"),
         # every kernel's rows split over 3 programs, as on a GPU's small batch (off CUDA the
         # policies give 1): the sampling and logprobs rows merged by their last program,
         # through the pipeline's counters, step after step
@@ -645,10 +647,20 @@ def test_backends_agree_step_by_step(
     kernel_device: torch.device,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    covered: list[torch.Tensor] = []  # each step's rows raced over stage 1's lists
     if candidates is not None:
         from graphsafe_sampler.kernels import top_k_top_p
+        from graphsafe_sampler.pipelines import triton_pipeline
 
         monkeypatch.setattr(top_k_top_p, "default_candidates", lambda: candidates)
+        lists = triton_pipeline.candidate_lists
+
+        def kept(*args: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            made = lists(*args)
+            covered.append(made[0])
+            return made
+
+        monkeypatch.setattr(triton_pipeline, "candidate_lists", kept)
     counted: list[str] = []
     if splits is not None:
         from graphsafe_sampler.kernels import library, logprobs, sampling
@@ -721,6 +733,9 @@ def test_backends_agree_step_by_step(
         counted.clear()
         driver.record_tokens(tokens.tolist())
     print(f"{mismatches} near-tie mismatches over 12 steps of {rows} rows")
+    if candidates is not None and not mode.startswith("processed"):
+        # the sampling kernel raced some rows over the lists alone, step after step
+        assert len(covered) == 12 and sum(int(c.sum()) for c in covered) > 0, covered
 
 
 def test_the_near_tie_check_refuses_other_mismatches() -> None:
