@@ -148,11 +148,11 @@ def _sample_kernel(
     # the walk reads only the others, listed in column order (the list's comparison is the
     # mask's own, which a NaN cut never makes true); without the maxima, every tile
     listed = row * num_tiles + first  # int32: B x tiles < 2**31
-    if HAS_TILE_MAX:
+    if covered:  # raced over the lists below: nothing of the row is read or listed
+        visits = 0
+    elif HAS_TILE_MAX:
         visits = tiles_to_visit(bounds, first, first + visits, threshold, visits_ptr + listed,
                                 TILES_BLOCK)  # fmt: skip
-    if covered:  # raced over the lists below: nothing of the row is read
-        visits = 0
     offset = tl.zeros((), tl.uint32)
     mult = tl.zeros((), tl.uint32)
     if is_random:
