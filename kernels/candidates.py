@@ -164,9 +164,9 @@ def _candidates_kernel(
         complete = tl.full((), float("-inf"), tl.float32)
         nan_count = tl.zeros((), tl.int32)
         # the largest logit left out of the list, kept per thread and reduced once after the
-        # walk (a max is exact in any order); the smallest logit, reduced a tile at a time:
-        # kept per thread too, both held 91-100 registers, 5 CTAs an SM, and B = 256's 768
-        # programs took two waves (one under the cap of 80, `top_k_top_p_splits`)
+        # walk (a max is exact in any order); the smallest, reduced a tile at a time (kept
+        # per thread too, the two took 91-100 registers: 5 CTAs an SM, and two waves for
+        # B = 256's programs, one under `top_k_top_p_splits`' cap of 80)
         low = tl.full((), float("inf"), tl.float32)
         left_out = tl.full((BLOCK_SIZE,), float("-inf"), tl.float32)
         skip_below = tl.full((), float("-inf"), tl.float32)

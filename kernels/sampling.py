@@ -27,6 +27,7 @@ from .library import (
     TILE,
     SplitPolicy,
     arrival_counters,
+    candidate_buffer,
     check_arrivals,
     check_logits,
     check_rows,
@@ -454,7 +455,7 @@ def sample_tokens(
     _sample(
         logits, slots, temperature, seeds, positions, threshold, tokens, salt, prompt_len,
         num_generated, splits, tile_max, arrivals=arrivals,
-        buffer=_buffer(covered, lists, ids),
+        buffer=candidate_buffer(covered, lists, ids),
     )  # fmt: skip
 
 
@@ -499,19 +500,8 @@ def sample_and_commit(
     _sample(
         logits, slots, temperature, seeds, positions, threshold, tokens, salt, prompt_len,
         None if positions is not None else num_generated, splits, tile_max, commit, keep,
-        arrivals, _buffer(covered, lists, ids),
+        arrivals, candidate_buffer(covered, lists, ids),
     )  # fmt: skip
-
-
-def _buffer(
-    covered: torch.Tensor | None, lists: torch.Tensor | None, ids: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """The candidate lists' three tensors, all or none."""
-    if covered is None and lists is None and ids is None:
-        return None
-    if covered is None or lists is None or ids is None:
-        raise ValueError("covered, lists and ids go together: all three or none")
-    return covered, lists, ids
 
 
 def _sample(

@@ -29,6 +29,7 @@ from .library import (
     SEARCH_STAGES,
     TILE,
     SplitPolicy,
+    candidate_buffer,
     check_logits,
     check_rows,
     check_table,
@@ -407,9 +408,9 @@ def launch_top_k_top_p(
     if tile_max is not None:
         visits = torch.empty((num_rows, num_tiles), dtype=torch.int32, device=device)
     min_p_table = min_p if min_p is not None else top_p  # unread without HAS_MIN_P
-    # stage 1 at 4 warps: its list's work (the insertion, the merges) is the same in every
-    # warp, so half the warps do half of it, for 8 logits a thread instead of 4 (estimated
-    # stage 1 at B = 256: 34.5 -> 27.7 us; 101 registers, 4 CTAs an SM)
+    # stage 1 at 4 warps: its list's work (the insertions) is the same in every warp, so
+    # half the warps do half of it, for 8 logits a thread instead of 4 (estimated stage 1 at
+    # B = 256 when it was made so: 34.5 -> 27.7 us)
     _candidates_kernel[(num_rows, splits)](
         logits, logits.stride(0), slots, top_k, top_p, min_p_table, stats, lists, ids,
         tile_max if tile_max is not None else stats,  # unread without HAS_TILE_MAX
@@ -513,14 +514,9 @@ def top_k_top_p_threshold(
     padded), and 1 in `covered` for each row whose every kept logit is in them (0
     otherwise), for `sample_tokens` to race those rows over the lists."""
     _check_top_k_top_p(logits, slots, top_k, top_p, threshold, min_p, tile_max)
-    buffer = None
-    if covered is not None or lists is not None or ids is not None:
-        if covered is None or lists is None or ids is None:
-            raise ValueError("covered, lists and ids go together: all three or none")
-        buffer = (covered, lists, ids)
     launch_top_k_top_p(
         logits, slots, top_k, top_p, threshold, False, min_p, splits=splits,
-        tile_max=tile_max, buffer=buffer,
+        tile_max=tile_max, buffer=candidate_buffer(covered, lists, ids),
     )  # fmt: skip
 
 
