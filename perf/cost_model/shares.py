@@ -20,8 +20,8 @@ def record_tiles(kept: torch.Tensor | float, tiles: int) -> torch.Tensor:
 
 def multi_record_share(kept: torch.Tensor | float, tiles: int) -> torch.Tensor:
     """Of the tiles that hold a new one of the `kept` largest (`record_tiles`), the share
-    holding two or more (the binomial count of a tile's new ones): the merges that need the
-    tile's whole top-k network, not its max alone."""
+    holding two or more (the binomial count of a tile's new ones): the tiles that insert more
+    than their max."""
     one_or_more, two_or_more = _records(kept, tiles)
     return two_or_more.mean(-1) / one_or_more.mean(-1)
 
