@@ -40,7 +40,8 @@ def _row_filters(
 
 STATS = 8
 """Statistics a chunk writes (`_candidates_kernel`): its max, min (below every logit a cut
-may keep; the chunk's true min unless tiles were skipped), NaN count, total mass
+may keep: the chunk's smallest logit, or a top-k row's k-th largest known tile max), NaN
+count, total mass
 exp(l - max), `complete` (every logit of the chunk above it is in its list) and the list's
 entries, padded to a power of two."""
 
@@ -72,23 +73,22 @@ def _tile_floor(
     HAS_MIN_P: tl.constexpr,
     TILES_BLOCK: tl.constexpr,  # a power of two >= num_tiles
 ):
-    """(floor, complete, min) from the tile maxima alone, before the walk. The floor no
-    top-k (then min_p) cut lies below: the k-th largest known tile max (k tiles hold a
-    logit at or above it, so the row's k-th largest is at or above it), raised to the
-    largest known max + ln(min_p) (at or below min_p's cut); -inf with fewer than k known
-    tiles. The chunk's tiles below it, which the walk skips, are left out at their maxima:
-    the largest is where `complete` starts, the smallest bounds the chunk's min (below
-    every logit a cut may keep)."""
+    """(floor, complete, kth) from the tile maxima alone, before the walk. kth: the k-th
+    largest known tile max (k tiles hold a logit at or above it, so the row's k-th largest
+    is at or above it, and so is every cut); -inf with fewer than k known tiles. The floor
+    no top-k (then min_p) cut lies below: kth raised to the largest known max + ln(min_p)
+    (at or below min_p's cut). The chunk's tiles below it, which the walk skips, are left
+    out at their maxima: the largest is where `complete` starts."""
     tiles = tl.arange(0, TILES_BLOCK)
-    floor = kth_known(bounds, tiles, k)
+    kth = kth_known(bounds, tiles, k)
+    floor = kth
     if HAS_MIN_P:  # noqa: SIM102 (a constexpr guard)
         if min_p != 0.0:
             known = tl.where(bounds < float("inf"), bounds, float("-inf"))
             floor = tl.maximum(floor, tl.max(known, axis=0) + log_min_p)
     skipped = (tiles >= first) & (tiles < last) & (bounds < floor)
     complete = tl.max(tl.where(skipped, bounds, float("-inf")), axis=0)
-    smallest = tl.min(tl.where(skipped, bounds, float("inf")), axis=0)
-    return floor, complete, smallest
+    return floor, complete, kth
 
 
 @triton.jit
@@ -164,19 +164,23 @@ def _candidates_kernel(
         complete = tl.full((), float("-inf"), tl.float32)
         nan_count = tl.zeros((), tl.int32)
         # the largest logit left out of the list, kept per thread and reduced once after the
-        # walk (a max is exact in any order); the smallest, reduced a tile at a time (kept
-        # per thread too, the two took 91-100 registers: 5 CTAs an SM, and two waves for
-        # B = 256's programs, one under `top_k_top_p_splits`' cap of 80)
-        low = tl.full((), float("inf"), tl.float32)
+        # walk (a max is exact in any order)
         left_out = tl.full((BLOCK_SIZE,), float("-inf"), tl.float32)
+        # `low`, below every logit a cut may keep (the searches start from it): the chunk's
+        # smallest logit, reduced a tile at a time (kept per thread too, the two took 91-100
+        # registers: 5 CTAs an SM, two waves for B = 256's programs, one under
+        # `top_k_top_p_splits`' cap of 80), or with the tile maxima top-k's kth known max
+        low = tl.full((), float("inf"), tl.float32)
+        bounded = tl.zeros((), tl.int1)
         skip_below = tl.full((), float("-inf"), tl.float32)
         if HAS_TILE_MAX:  # noqa: SIM102 (a constexpr guard)
             if use_buffer & k_on:
-                skip_below, complete, chunk_min = _tile_floor(
+                skip_below, complete, kth = _tile_floor(
                     row_bounds, first, first + visits, k, min_p, log_min_p, HAS_MIN_P,
                     TILES_BLOCK,
                 )  # fmt: skip
-                low = chunk_min
+                bounded = kth > float("-inf")
+                low = tl.where(bounded, kth, low)
         # The chunk's total mass, which the cut kernel reads only for a top-p row with no
         # cut before it: never a row that skips tiles (top-k's k-th, at or above the floor
         # the skipping took, is then its cut), whose total would miss the skipped tiles
@@ -203,7 +207,8 @@ def _candidates_kernel(
             if tile_max == float("inf"):
                 tile_max = tl.max(tl.where(valid, x, float("-inf")), axis=0)
                 nan_count += tl.sum((~valid & in_chunk).to(tl.int32), axis=0)
-            low = tl.minimum(low, tl.min(tl.where(valid, x, float("inf")), axis=0))
+            if not bounded:
+                low = tl.minimum(low, tl.min(tl.where(valid, x, float("inf")), axis=0))
             new_max = tl.maximum(chunk_max, tile_max)
             if use_buffer:
                 # only top-p weighs masses (top-k alone skips the exp per logit), and not
@@ -248,11 +253,10 @@ def _candidates_kernel(
                         complete = tl.maximum(complete, tl.min(best, axis=0))
                     entries = tl.minimum(entries + hits, PARTIAL)
             chunk_max = new_max
-        chunk_min = low
         complete = tl.maximum(complete, tl.max(left_out, axis=0))
         at = stats_ptr + (row.to(tl.int64) * tl.num_programs(1) + part) * STATS
         tl.store(at + 0, chunk_max)
-        tl.store(at + 1, chunk_min)
+        tl.store(at + 1, low)
         tl.store(at + 2, nan_count.to(tl.float32))  # exact: V < 2**24
         tl.store(at + 3, total)
         tl.store(at + 4, complete)

@@ -108,18 +108,6 @@ def tile_count(vocab_size: int, block_size: int = TILE) -> int:
     return triton.cdiv(vocab_size, block_size)
 
 
-def candidate_buffer(
-    covered: torch.Tensor | None, lists: torch.Tensor | None, ids: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """top-k/top-p stage 1's lists as the ops take them (covered, lists, ids: all three, which
-    the top-k/top-p op writes and the sampling ops read, or none) -> the triple, or None."""
-    if covered is None and lists is None and ids is None:
-        return None
-    if covered is None or lists is None or ids is None:
-        raise ValueError("covered, lists and ids go together: all three or none")
-    return covered, lists, ids
-
-
 def check_tile_max(tile_max: torch.Tensor, num_rows: int, vocab_size: int) -> None:
     """A tile-max table: contiguous float32 [num_rows, ceil(V / TILE)] (docs/kernels.md,
     tile maxima)."""
@@ -439,3 +427,15 @@ class SplitPolicy:
     def max_registers(self, num_warps: int) -> int:
         """The register cap (`maxnreg`) that gives `ctas_per_sm` CTAs of `num_warps` warps."""
         return register_cap(num_warps, self.ctas_per_sm)
+
+
+def candidate_buffer(
+    covered: torch.Tensor | None, lists: torch.Tensor | None, ids: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """top-k/top-p stage 1's lists as the ops take them (covered, lists, ids: all three, which
+    the top-k/top-p op writes and the sampling ops read, or none) -> the triple, or None."""
+    if covered is None and lists is None and ids is None:
+        return None
+    if covered is None or lists is None or ids is None:
+        raise ValueError("covered, lists and ids go together: all three or none")
+    return covered, lists, ids

@@ -716,6 +716,34 @@ def test_tile_maxima_skip_the_tiles_below_every_cut(kernel_device: torch.device)
     print(f"reads {reads.tolist()} (without the maxima {plain_reads.tolist()})")
 
 
+def test_a_skipping_row_the_lists_cannot_settle_is_searched_from_its_floor(
+    kernel_device: torch.device,
+) -> None:
+    """A top-k row that skips tiles and still falls to the search (its k largest crowd one
+    chunk past that chunk's list): the search starts from the floor stage 1 reports in place
+    of the chunk's min (the k-th largest known tile max, at or below every cut of the row)
+    and finds the same cut as the search over the whole row, top-k alone and then top-p."""
+    from tile_maxima import exact_tile_maxima
+
+    gen = _gen()
+    rows, vocab, block, candidates, splits = 3, 8192, 64, 64, 4  # 128 tiles, lists of 32
+    logits = torch.randn(rows, vocab, generator=gen)
+    for row in range(rows):
+        # 48 logits above the rest, in chunk 0's first 32 tiles: more than its list holds
+        cols = torch.randperm(32 * block, generator=gen)[:48]
+        logits[row, cols] = 8.0 + torch.rand(48, generator=gen) * 4
+    top_k = torch.tensor([40, 40, 36], dtype=torch.int32)
+    top_p = torch.tensor([1.0, 0.6, 0.9])
+    slots = torch.arange(rows)
+    tile_max = exact_tile_maxima(logits, block).to(kernel_device)
+    args = [t.to(kernel_device) for t in (logits, slots, top_k, top_p)]
+    got, _, reads = _launch(*args, None, candidates, block, splits, tile_max)
+    want, _, _ = _launch(*args, None, 0, block)
+    _assert_same_cuts(args[0], got, want, top_k, top_p)
+    assert torch.all(reads.cpu() > 1), reads  # searched, not settled by the buffer
+    print(f"reads {reads.tolist()}")
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 def test_a_tile_with_two_logits_above_the_floor_merges_both(
     splits: int, kernel_device: torch.device

@@ -299,6 +299,9 @@ def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             ): rows["buffered"] * record_tiles(floor_rank, read_tiles),
             source_line(k._candidates_kernel, "if hits > 1:"): multi,
             source_line(k._candidates_kernel, "if weigh:"): weigh,
+            # the chunk's min, reduced by the rows the tile maxima bound not (every skipping
+            # row has its k known tiles in the model)
+            source_line(k._candidates_kernel, "if not bounded:"): _f(~skipping),
             # the reductions of a tile the table does not know (+inf), among those read
             source_line(k._candidates_kernel, 'if tile_max == float("inf"):'): unknown_read,
         },
