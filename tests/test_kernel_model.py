@@ -225,6 +225,24 @@ def test_find_loops_reads_the_source_beside_the_kernel(tmp_path: Path) -> None:
     assert loop.source == "best = 0"
 
 
+def test_find_loops_takes_the_loop_file_a_shared_line_hid(tmp_path: Path) -> None:
+    """A back edge on line L right after an instruction inlined from line L of another file
+    keeps that file's name in the line info (nvdisasm writes a `//## File` only where the
+    line changes): the loop is the kernel file's that holds a loop statement at line L, so
+    that the access table's (file, line) finds it."""
+    (tmp_path / "helper.py").write_text("x = 1\n    tl.store(p, v)\n", encoding="utf-8")
+    (tmp_path / "phase.py").write_text("y = 2\nwhile listed >= 0:\n", encoding="utf-8")
+    text = SASS.replace("line 1\n        /*0040*/", "line 2\n        /*0040*/").format(
+        src=tmp_path / "helper.py"
+    )
+    (loop,) = sass.find_loops(text, num_warps=4, block_size=1024, source_dir=tmp_path)
+    assert (loop.file, loop.line, loop.source) == ("phase.py", 2, "while listed >= 0:")
+    # two candidate files: the recorded one stays
+    (tmp_path / "other.py").write_text("z = 3\nfor i in range(4):\n", encoding="utf-8")
+    (loop,) = sass.find_loops(text, num_warps=4, block_size=1024, source_dir=tmp_path)
+    assert (loop.file, loop.source) == ("helper.py", "tl.store(p, v)")
+
+
 BRANCHED = """\
 .L_x_0:
 \t//## File "{src}", line 1

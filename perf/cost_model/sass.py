@@ -127,6 +127,8 @@ def find_loops(
     loops = []
     for head, (end, where, at) in sorted(ends.items()):
         source = linecache.getline(_source_file(where, source_dir), at).strip()
+        if source_dir is not None and not _LOOP_HEADER.match(source):
+            where, source = _loop_header_at(at, where, source, source_dir)
         body = [text for offset, text, *_ in code if head <= offset <= end]
         pipelined = any(re.search(r"\bLDGSTS\b", text) for text in body)
         # a predicated branch forward to a label inside the body skips the block between
@@ -155,6 +157,25 @@ def find_loops(
             loop.instructions_per_element = round(len(body) / loop.elements_per_thread, 2)
         loops.append(loop)
     return loops
+
+
+_LOOP_HEADER = re.compile(r"(for|while)\b")
+
+
+def _loop_header_at(line: int, recorded: str, source: str, source_dir: Path) -> tuple[str, str]:
+    """(file, source) of a loop whose back edge's line info names a line that is no loop
+    statement: nvdisasm writes a `//## File` only where the line changes, so a back edge on
+    line L right after an instruction inlined from line L of another file (a helper's
+    store, say) keeps that file. The one kernel file of `source_dir` holding a loop statement
+    at line L, where exactly one does; else the recorded one."""
+    found = [
+        path
+        for path in sorted(source_dir.glob("*.py"))
+        if _LOOP_HEADER.match(linecache.getline(str(path), line).strip())
+    ]
+    if len(found) != 1:
+        return recorded, source
+    return str(found[0]), linecache.getline(str(found[0]), line).strip()
 
 
 def _source_file(recorded: str, source_dir: Path | None) -> str:
