@@ -429,14 +429,22 @@ def test_rejects_bad_input(kernel_device: torch.device) -> None:
         sample_tokens(logits, *args, positions.int(), None, tokens)
 
 
+def _three_rows(device: torch.device) -> tuple[torch.Tensor, ...]:
+    """(logits [3, 129], slots, temperature (a greedy row), seeds, positions, int64 tokens):
+    the op checks' small batch."""
+    return (
+        torch.randn(3, 129).to(device),
+        torch.tensor([2, 0, 1], device=device),
+        torch.tensor([0.0, 0.9, 1.2], device=device),
+        torch.tensor([5, 6, 7], device=device),
+        torch.tensor([100, 200, 300], device=device),
+        torch.zeros(3, dtype=torch.int64, device=device),
+    )
+
+
 def test_opcheck(kernel_device: torch.device) -> None:
     device = kernel_device
-    logits = torch.randn(3, 129).to(device)
-    slots = torch.tensor([2, 0, 1], device=device)
-    temperature = torch.tensor([0.0, 0.9, 1.2], device=device)
-    seeds = torch.tensor([5, 6, 7], device=device)
-    positions = torch.tensor([100, 200, 300], device=device)
-    tokens = torch.zeros(3, dtype=torch.int64, device=device)
+    logits, slots, temperature, seeds, positions, tokens = _three_rows(device)
     cut = torch.full((3,), -1.0, device=device)
     torch.library.opcheck(
         sample_tokens, (logits, slots, temperature, seeds, positions, cut, tokens)
@@ -534,12 +542,7 @@ def test_candidate_lists_are_checked(kernel_device: torch.device) -> None:
     from graphsafe_sampler.kernels.top_k_top_p import top_k_top_p_threshold
 
     device = kernel_device
-    logits = torch.randn(3, 129).to(device)
-    slots = torch.tensor([2, 0, 1], device=device)
-    temperature = torch.tensor([0.0, 0.9, 1.2], device=device)
-    seeds = torch.tensor([5, 6, 7], device=device)
-    positions = torch.tensor([100, 200, 300], device=device)
-    tokens = torch.zeros(3, dtype=torch.int64, device=device)
+    logits, slots, temperature, seeds, positions, tokens = _three_rows(device)
     cut = torch.full((3,), 1.5, device=device)
     covered = torch.tensor([1, 0, 1], dtype=torch.int32, device=device)
     values = torch.sort(logits, descending=True).values[:, :4].contiguous()
