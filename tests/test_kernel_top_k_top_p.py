@@ -337,7 +337,9 @@ def _launch(
     buffer = candidate_lists(rows, vocab, splits, logits.device, candidates, block_size)
     # covered is written for every row, the lists for the rows that keep them: -2 marks the
     # others
-    buffer[0].fill_(-1), buffer[1].fill_(float("nan")), buffer[2].fill_(-2)
+    buffer[0].fill_(-1)
+    buffer[1].fill_(float("nan"))
+    buffer[2].fill_(-2)
     launch(
         untouched, slots, top_k, top_p, threshold, False, min_p, reads, candidates, block_size,
         splits, tile_max, gather, buffer,
@@ -750,8 +752,8 @@ def test_a_tile_with_two_logits_above_the_floor_merges_both(
 ) -> None:
     """Stage 1 inserts both logits of a read tile holding exactly two above its floors (the
     max, then the next): planted so that the k-th largest is the smaller of such a pair, the
-    cut is that value exactly and the buffer settles the row. Row 1 moves the
-    pair's smaller logit to a third tile (one logit a tile), row 2 ties the pair."""
+    cut is that value exactly and the buffer settles the row. Row 1 moves the pair's smaller
+    logit to a third tile (one logit a tile), row 2 ties the pair."""
     from tile_maxima import exact_tile_maxima
 
     gen = _gen()
