@@ -279,9 +279,10 @@ Sampler suites run the search alone there and the buffer has its own kernel test
 
 
 CHUNK_PARTIAL = 32
-"""The list each chunk keeps when stage 1 splits a row (at most the buffer). Short enough for
-stage 1 to compile under `top_k_top_p_splits`' register cap (lists of 64 and 128 spill
-under it), and 64 chunks' lists, 2,048 values, are the widest union the cut kernel merges."""
+"""The list each chunk keeps when stage 1 splits a row (at most the buffer): 64 chunks' lists,
+2,048 values, are the widest union the cut kernel merges (and sampling races over). Since
+stage 1 inserts one logit at a time, lists of 64 and 128 fit `top_k_top_p_splits`' cap of
+80 registers too (72-80, no spill), where its sorting networks spilled them."""
 
 MAX_SPLITS = 64
 """At most this many chunks a row: the cut kernel merges their lists in one program."""
