@@ -166,10 +166,9 @@ def _candidates_kernel(
         # the largest logit left out of the list, kept per thread and reduced once after the
         # walk (a max is exact in any order)
         left_out = tl.full((BLOCK_SIZE,), float("-inf"), tl.float32)
-        # `low`, below every logit a cut may keep (the searches start from it): the chunk's
-        # smallest logit, reduced a tile at a time (kept per thread too, the two took 91-100
-        # registers: 5 CTAs an SM, two waves for B = 256's programs, one under
-        # `top_k_top_p_splits`' cap of 80), or with the tile maxima top-k's kth known max
+        # `low`, below every logit a cut may keep (the searches start from it): with the tile
+        # maxima, top-k's k-th largest known max; else the chunk's smallest logit, reduced a
+        # tile at a time (held per thread too, it spilled under `top_k_top_p_splits`' cap)
         low = tl.full((), float("inf"), tl.float32)
         bounded = tl.zeros((), tl.int1)
         skip_below = tl.full((), float("-inf"), tl.float32)
