@@ -307,25 +307,33 @@ def _launch_entry(
     taken = {where: float(fraction.max()) for where, fraction in work.taken.items()}
     # (file, line) -> the largest expected body there, and its pipeline stages (1: none)
     tile_loops: dict[tuple[str, int], tuple[float, int]] = {}
+    # (file, line) -> the most iterations a program makes of a counted loop (not a tile
+    # loop; access.Work.trips), its largest expected body and its pipeline stages
+    counted: dict[tuple[str, int], tuple[float, float, int]] = {}
     for loop in variant.loops:
-        walks = work.walks.get((loop.file, loop.line))
+        key = (loop.file, loop.line)
+        walks = work.walks.get(key)
+        trips = work.trips.get(key)
         expected = loop.instructions_with(taken)
         entry = replace(
             loop,
             walks_per_row=float(walks.max()) if walks is not None else 0.0,
+            trips=float(trips.max()) if trips is not None and not loop.tile_loop else 0.0,
             expected_instructions=round(expected, 1),
         )
         loops.append(entry)
+        stages = loop_stages(loop.source) if loop.pipelined else 1
         if loop.tile_loop and entry.walks_per_row:
-            key = (loop.file, loop.line)
-            stages = loop_stages(loop.source) if loop.pipelined else 1
             largest, fewest = tile_loops.get(key, (0.0, stages))
             tile_loops[key] = (max(largest, expected), min(fewest, stages))
+        if entry.trips:
+            _, largest, fewest = counted.get(key, (0.0, 0.0, stages))
+            counted[key] = (entry.trips, max(largest, expected), min(fewest, stages))
     # the slowest program sets the wave's end: the most walks of any row, loop by loop
     serial = [
         (float(work.walks[key].max()) * tiles, instructions, stages)
         for key, (instructions, stages) in tile_loops.items()
-    ]
+    ] + list(counted.values())
     ctas = ctas_per_sm(variant.num_warps, variant.registers, variant.shared_bytes, gpu)
     # outside the tile loops: the longest path of the code a program runs, leaving out the
     # loops no row runs (the redo pass, a settled row's search, a sparse table's blocks past
@@ -339,7 +347,7 @@ def _launch_entry(
     # and the `if`s the access table takes no row through (a rare path), whichever loop
     # holds them
     untaken = {where for where, fraction in work.taken.items() if not float(fraction.max())}
-    path = variant.straight_line(unwalked, untaken)
+    path = variant.straight_line(unwalked, untaken, set(counted))
     timing = launch_time(
         read + written, programs, ctas, variant.num_warps, serial, gpu, path.load_rounds,
         path.instructions,
@@ -491,6 +499,8 @@ def format_report(model: dict[str, Any]) -> str:
                         f"({loop['elements_per_thread']:g} elem/thread), "
                         f"{loop['walks_per_row']:g} walk(s)/row"
                         if loop["instructions_per_element"] is not None
+                        else f"{loop['trips']:g} trip(s) a program"
+                        if loop["trips"]
                         else "not a tile loop"
                     )
                     expected = loop["expected_instructions"]

@@ -451,6 +451,30 @@ def test_straight_line_takes_the_longest_path_and_leaves_out_what_never_runs(
     assert chain.straight_line(text, [loop], unwalked).instructions == 5
 
 
+def test_a_counted_loop_is_left_to_its_iterations(tmp_path: Path) -> None:
+    """A loop that is not a tile loop counts once on the straight-line path (its load one
+    round, its body's instructions once), unless the access table counts its iterations
+    (`access.Work.trips`, sampling's race over the lists): then it is left out as a tile
+    loop is, for launch_time to charge it per iteration."""
+    src = tmp_path / "kernel.py"
+    src.write_text("for start in range(0, buffer_len, RACE_BLOCK):\n", encoding="utf-8")
+    race = """
+        00: MOV R2, R3
+        .L_x_0:
+        10: LDG.E R4, desc[UR4][R2.64]
+        20: FMNMX R6, R6, R4, !PT
+        30: @P2 BRA `(.L_x_0)
+        40: STG.E desc[UR4][R10.64], R6
+        50: EXIT
+    """
+    text = _sass(race).format(src=src)
+    (loop,) = sass.find_loops(text, 4, 1024)
+    assert not loop.tile_loop and (loop.head, loop.end) == (0x10, 0x30)
+    assert chain.straight_line(text, [loop]) == chain.StraightLine(1, 6)
+    counted = {(loop.file, loop.line)}
+    assert chain.straight_line(text, [loop], counted=counted) == chain.StraightLine(0, 3)
+
+
 def test_straight_line_merges_paths_and_follows_divergence_checks(tmp_path: Path) -> None:
     """At a branch target each register holds its later round of the two paths (the taken
     one's here); BRA.DIV, a divergence check, branches on an operand and falls through;
@@ -589,6 +613,10 @@ def test_every_launch_has_its_occupancy_and_hot_loop(model: dict[str, Any]) -> N
                     # every row of these cases is covered (top-k 50, within the buffer): raced
                     # over stage 1's lists, its logits unread
                     assert e["logits_passes"] == 0 and not walked, e["loops"]
+                    # the race is charged by its iterations (a block of the union each: 7
+                    # at B = 1 on an H200), not once
+                    (race,) = [loop for loop in e["loops"] if loop["trips"]]
+                    assert race["trips"] >= 1, race
                 elif e["name"] in VOCAB_KERNELS:
                     assert walked and all(
                         loop["instructions_per_element"] > 0 for loop in walked

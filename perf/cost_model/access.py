@@ -54,6 +54,10 @@ class Work:
     # block (unnamed branches: always, the static upper bound); an `if` no row takes (0)
     # is also left out of the straight-line path outside the tile loops (cost_model.chain)
     taken: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
+    # the iterations the slowest program of a row makes of a loop that is not a tile loop
+    # but runs many times (sampling's race over the lists): charged as a tile loop is,
+    # where the straight-line path (cost_model.chain) would count it once
+    trips: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
 
 
 @cache
@@ -418,6 +422,11 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         },
         walks={tile_loop(k._sample_kernel, 0): visited},
         taken=taken,
+        # a covered row's first program races over the whole union, RACE_BLOCK at a time
+        trips={
+            source_line(k._race_buffer, "for start in"): covered
+            * math.ceil(a["buffer_len"] / c["RACE_BLOCK"])
+        },
     )
     return _with_commit(work, a, c)
 

@@ -16,13 +16,14 @@ value is ready in: an instruction's sources lift `progress` to their round; a gl
 gives a value ready at p. At a forward branch the state goes to the target too, and where
 paths meet the later round of each register (and of `progress`) holds: the longest path.
 Branches back (loop iterations) are not followed, so a loop that is not a tile loop counts
-once. Loads inside a tile loop, and the asynchronous copies (LDGSTS) that start a pipelined
-one, add no round: the tile-loop formula already charges each tile's wait; their
-instructions are not counted here either. A loop the access table runs zero times (the redo
-pass, the radix search of a settled row, the blocks of a sparse table past its first when
-no row fills them) is left out with the innermost `if` around it (`_never_run`), and so
-is the block of an `if` the access table takes no row through (`_untaken_blocks`: the
-commit's path for a byte at 254 or 255).
+once, unless the access table counts its iterations (`access.Work.trips`, charged as a tile
+loop is). Loads inside a tile loop or a counted one, and the asynchronous copies (LDGSTS)
+that start a pipelined one, add no round: the tile-loop formula already charges each
+iteration's wait; their instructions are not counted here either. A loop the access table
+runs zero times (the redo pass, the radix search of a settled row, the blocks of a sparse
+table past its first when no row fills them) is left out with the innermost `if` around it
+(`_never_run`), and so is the block of an `if` the access table takes no row through
+(`_untaken_blocks`: the commit's path for a byte at 254 or 255).
 
 Limits: the longest path is an upper bound where a rarely taken block holds a load; every
 load costs a full memory latency (no cache); a barrier is taken as all warps arriving
@@ -131,14 +132,20 @@ def _untaken_blocks(
 
 def straight_line(
     sass: str, loops: list[Loop], unwalked: Collection[tuple[str, int]] = (),
-    untaken: Collection[tuple[str, int]] = (),
+    untaken: Collection[tuple[str, int]] = (), counted: Collection[tuple[str, int]] = (),
 ) -> StraightLine:  # fmt: skip
     """The module docstring's walk over `sass` (nvdisasm output) with its `loops`
     (`sass.find_loops`); `unwalked`: the (file, line) of loops no program runs; `untaken`:
-    the (file, line) of `if`s whose block no program runs (a rare path)."""
+    the (file, line) of `if`s whose block no program runs (a rare path); `counted`: the
+    (file, line) of loops charged by their iterations (`access.Work.trips`), left out as
+    the tile loops are."""
     parsed, labels = parse(sass)
     code = [(offset, text) for offset, text, *_ in parsed]
-    tiles = [(loop.head, loop.end) for loop in loops if loop.tile_loop]
+    tiles = [
+        (loop.head, loop.end)
+        for loop in loops
+        if loop.tile_loop or (loop.file, loop.line) in counted
+    ]
     skipped = _never_run(code, labels, loops, unwalked)
     skipped += _untaken_blocks(parsed, labels, untaken)
     incoming: dict[int, list[dict[str, int]]] = {}

@@ -49,6 +49,7 @@ class Loop:
     elements_per_thread: float | None = None  # BLOCK_SIZE / (32 × warps), tile loops
     instructions_per_element: float | None = None
     walks_per_row: float = 0.0  # the most any program walks it (tile loops)
+    trips: float = 0.0  # the most iterations any program makes (a counted loop, access.Work)
     head: int = 0  # offsets of the body's first and last instruction (16 bytes each)
     end: int = 0
     # forward conditional branches within the body: (file, line of the `if`, first, last
@@ -204,13 +205,16 @@ class Variant:
     )
 
     def straight_line(
-        self, unwalked: Collection[tuple[str, int]], untaken: Collection[tuple[str, int]] = ()
+        self,
+        unwalked: Collection[tuple[str, int]],
+        untaken: Collection[tuple[str, int]] = (),
+        counted: Collection[tuple[str, int]] = (),
     ) -> Any:
         """`chain.straight_line` of this variant's SASS (a `chain.StraightLine`), once for
-        each set of unwalked loops and untaken `if`s."""
+        each set of unwalked loops, untaken `if`s and counted loops."""
         from .chain import straight_line
 
-        key = (frozenset(unwalked), frozenset(untaken))
+        key = (frozenset(unwalked), frozenset(untaken), frozenset(counted))
         if key not in self._paths:
             self._paths[key] = straight_line(self.sass, self.loops, *key)
         return self._paths[key]
