@@ -34,6 +34,14 @@ estimated by perf/kernel_model.py: the "all" step 0.9 us faster at B = 1, but 0.
 us slower at B = 64 and 256 (sampling took 68 registers, 7 CTAs an SM instead of 9), and a
 logprobs variant spilled."""
 
+RACE_STAGES = tl.constexpr(5)
+"""Stages of the pipeline on the sampling kernel's race over a covered row's lists
+(kernels/sampling.py, `_race_buffer`), RACE_BLOCK entries a block: unpipelined, each block's
+loads waited out the memory's latency after the last block's reductions (7 blocks at B = 1,
+50 chunks' lists of 32). Estimated by perf/kernel_model.py, the "all" step at B = 1: 40.6
+us unpipelined, 37.0 at 3 stages, 36.0 at 5 (and at 8: the blocks' compute then bounds
+it); 8 KB of shared memory a program, no CTA an SM fewer."""
+
 SEARCH_STAGES = tl.constexpr(5)
 """Stages of the pipeline on the cut kernel's passes over a row (the radix search's, the
 mask's; kernels/top_k_top_p.py): one program streams the whole row in 512-element tiles

@@ -24,6 +24,7 @@ from .constants import GREEDY_TEMPERATURE, SALT_SAMPLE
 from .history import CommitTables, commit_row
 from .library import (
     LISTED_STAGES,
+    RACE_STAGES,
     TILE,
     SplitPolicy,
     arrival_counters,
@@ -263,10 +264,11 @@ def _race_buffer(
     """A covered row's token from its listed logits alone: those at or above the threshold
     are every token the row keeps, so the greedy argmax, or the race's argmax of logit +
     noise (the same noise of the same ids), lowest id on ties, is the walk's token. RACE_BLOCK
-    entries at a time (the whole union at once, 2,048 at B = 1, spilled)."""
+    entries at a time (the whole union at once, 2,048 at B = 1, spilled), the next blocks'
+    loads in flight while one is raced (`library.RACE_STAGES`)."""
     best = tl.full((), float("-inf"), tl.float32)
     best_id = tl.full((), 2147483647, tl.int32)
-    for start in range(0, buffer_len, RACE_BLOCK):
+    for start in tl.range(0, buffer_len, RACE_BLOCK, num_stages=RACE_STAGES):
         entry = start + tl.arange(0, RACE_BLOCK)
         at = row.to(tl.int64) * buffer_len + entry
         inside = entry < buffer_len
