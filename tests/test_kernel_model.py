@@ -235,11 +235,19 @@ def test_find_loops_takes_the_loop_file_a_shared_line_hid(tmp_path: Path) -> Non
     text = SASS.replace("line 1\n        /*0040*/", "line 2\n        /*0040*/").format(
         src=tmp_path / "helper.py"
     )
-    (loop,) = sass.find_loops(text, num_warps=4, block_size=1024, source_dir=tmp_path)
+    # the kernel's code is in phase.py too: its first instruction, say
+    phase = f'\t//## File "{tmp_path / "phase.py"}", line 1\n'
+    named = phase + text.split("\n", 1)[1]
+    (loop,) = sass.find_loops(named, num_warps=4, block_size=1024, source_dir=tmp_path)
     assert (loop.file, loop.line, loop.source) == ("phase.py", 2, "while listed >= 0:")
+    # a file the kernel's line info never names is no candidate: the recorded one stays
+    (loop,) = sass.find_loops(text, num_warps=4, block_size=1024, source_dir=tmp_path)
+    assert (loop.file, loop.source) == ("helper.py", "tl.store(p, v)")
     # two candidate files: the recorded one stays
     (tmp_path / "other.py").write_text("z = 3\nfor i in range(4):\n", encoding="utf-8")
-    (loop,) = sass.find_loops(text, num_warps=4, block_size=1024, source_dir=tmp_path)
+    other = f'\t//## File "{tmp_path / "other.py"}", line 1\n        /*0030*/'
+    both = named.replace("        /*0030*/", other)
+    (loop,) = sass.find_loops(both, num_warps=4, block_size=1024, source_dir=tmp_path)
     assert (loop.file, loop.source) == ("helper.py", "tl.store(p, v)")
 
 

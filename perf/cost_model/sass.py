@@ -126,10 +126,11 @@ def find_loops(
         if head < offset and not any(head <= e <= offset for e in exits):
             ends[head] = (offset, where, at)
     loops = []
+    named = {os.path.basename(file) for *_, file, _ in code}
     for head, (end, where, at) in sorted(ends.items()):
         source = linecache.getline(_source_file(where, source_dir), at).strip()
         if source_dir is not None and not _LOOP_HEADER.match(source):
-            where, source = _loop_header_at(at, where, source, source_dir)
+            where, source = _loop_header_at(at, where, source, source_dir, named)
         body = [text for offset, text, *_ in code if head <= offset <= end]
         pipelined = any(re.search(r"\bLDGSTS\b", text) for text in body)
         # a predicated branch forward to a label inside the body skips the block between
@@ -163,16 +164,20 @@ def find_loops(
 _LOOP_HEADER = re.compile(r"(for|while)\b")
 
 
-def _loop_header_at(line: int, recorded: str, source: str, source_dir: Path) -> tuple[str, str]:
+def _loop_header_at(
+    line: int, recorded: str, source: str, source_dir: Path, named: Collection[str]
+) -> tuple[str, str]:
     """(file, source) of a loop whose back edge's line info names a line that is no loop
     statement: nvdisasm writes a `//## File` only where the line changes, so a back edge on
     line L right after an instruction inlined from line L of another file (a helper's
-    store, say) keeps that file. The one kernel file of `source_dir` holding a loop statement
-    at line L, where exactly one does; else the recorded one."""
+    store, say) keeps that file. The one kernel file of `source_dir` that the line info
+    names somewhere (`named`: the kernel's code is in it) and that holds a loop statement at
+    line L, where exactly one does; else the recorded one (a loop rotated so that no
+    instruction keeps its statement's line: the cut kernel's `while searching:`)."""
     found = [
         path
         for path in sorted(source_dir.glob("*.py"))
-        if _LOOP_HEADER.match(linecache.getline(str(path), line).strip())
+        if path.name in named and _LOOP_HEADER.match(linecache.getline(str(path), line).strip())
     ]
     if len(found) != 1:
         return recorded, source
