@@ -347,7 +347,10 @@ def _launch_entry(
     # and the `if`s the access table takes no row through (a rare path), whichever loop
     # holds them
     untaken = {where for where, fraction in work.taken.items() if not float(fraction.max())}
-    path = variant.straight_line(unwalked, untaken, set(counted))
+    # and the else-blocks of those it takes every row through (a covered row's race: the
+    # uncovered rows' arrival and merge)
+    always = {where for where, fraction in work.taken.items() if float(fraction.min()) == 1}
+    path = variant.straight_line(unwalked, untaken, set(counted), always)
     timing = launch_time(
         read + written, programs, ctas, variant.num_warps, serial, gpu, path.load_rounds,
         path.instructions,

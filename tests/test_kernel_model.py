@@ -483,6 +483,37 @@ def test_a_counted_loop_is_left_to_its_iterations(tmp_path: Path) -> None:
     assert chain.straight_line(text, [loop], counted=counted) == chain.StraightLine(0, 3)
 
 
+def test_an_if_every_program_takes_leaves_its_else_block_out(tmp_path: Path) -> None:
+    """An `if` whose block every program runs (`always`: sampling's `if covered:` where
+    every row is covered): its else-block, which the then-block's last branch jumps over,
+    is left out with its loads, an early exit in it included; a block ending the program
+    (an unguarded EXIT) is a cold path, kept."""
+    src = tmp_path / "kernel.py"
+    src.write_text("if covered:\n", encoding="utf-8")
+    if_else = """
+        00: LDG.E R2, desc[UR4][R10.64]
+        10: @!P1 BRA `(.L_x_1)
+        20: FADD R6, R2, R2
+        30: BRA `(.L_x_2)
+        .L_x_1:
+        40: ATOMG.E.ADD.STRONG.GPU PT, R4, desc[UR4][R2.64], R5
+        50: @P0 EXIT
+        60: LDG.E R6, desc[UR4][R4.64]
+        .L_x_2:
+        70: STG.E desc[UR4][R10.64], R6
+        80: EXIT
+    """
+    text = _sass(if_else).format(src=src)
+    where = {("kernel.py", 1)}
+    assert chain.straight_line(text, []).load_rounds == 3  # the arrival, then the merge
+    assert chain.straight_line(text, [], always=where) == chain.StraightLine(1, 6)
+    cold = if_else.replace("50: @P0 EXIT", "50: NOP").replace(
+        "60: LDG.E R6, desc[UR4][R4.64]",
+        "60: LDG.E R6, desc[UR4][R4.64]\n64: STG.E desc[UR4][R10.64], R6\n68: EXIT",
+    )
+    assert chain.straight_line(_sass(cold).format(src=src), [], always=where).load_rounds == 3
+
+
 def test_straight_line_merges_paths_and_follows_divergence_checks(tmp_path: Path) -> None:
     """At a branch target each register holds its later round of the two paths (the taken
     one's here); BRA.DIV, a divergence check, branches on an operand and falls through;

@@ -61,11 +61,15 @@ class Work:
 
 
 @cache
-def source_line(function: Any, statement: str) -> tuple[str, int]:
+def source_line(function: Any, statement: str, before: str | None = None) -> tuple[str, int]:
     """(file name, line) of the one line of a @triton.jit function that starts with
-    `statement` (stripped)."""
+    `statement` (stripped); with `before`, of the last such line above the one that starts
+    with `before`."""
     lines, start = inspect.getsourcelines(function.fn)
     found = [start + i for i, text in enumerate(lines) if text.strip().startswith(statement)]
+    if before is not None:
+        below = source_line(function, before)[1]
+        found = [line for line in found if line < below][-1:]
     if len(found) != 1:
         raise ValueError(f"{statement!r} is on lines {found} of {function.fn.__name__}")
     return os.path.basename(inspect.getsourcefile(function.fn) or ""), found[0]
@@ -395,6 +399,9 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     walked = 1.0 - covered
     read, visited = read * walked, visited * walked
     split = split * walked
+    # a covered row races (ptxas makes `if not covered:`, the uncovered rows' arrival and
+    # merge, this `if`'s else-block: where every row is covered the chain leaves it out)
+    taken[source_line(k._sample_kernel, "if covered:", before="finish = split == 0")] = covered
     work = Work(
         reads={
             "logits_ptr": read,

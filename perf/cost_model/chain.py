@@ -23,7 +23,9 @@ iteration's wait; their instructions are not counted here either. A loop the acc
 runs zero times (the redo pass, the radix search of a settled row, the blocks of a sparse
 table past its first when no row fills them) is left out with the innermost `if` around it
 (`_never_run`), and so is the block of an `if` the access table takes no row through
-(`_untaken_blocks`: the commit's path for a byte at 254 or 255).
+(`_untaken_blocks`: the commit's path for a byte at 254 or 255), and the else-block of one
+it takes every row through (sampling's `if covered:` where every row is covered: the
+uncovered rows' arrival and merge).
 
 Limits: the longest path is an upper bound where a rarely taken block holds a load; every
 load costs a full memory latency (no cache); a barrier is taken as all warps arriving
@@ -113,32 +115,45 @@ def _never_run(
 
 def _untaken_blocks(
     parsed: list[tuple[int, str, str, int]], labels: dict[str, int],
-    untaken: Collection[tuple[str, int]],
+    untaken: Collection[tuple[str, int]], always: Collection[tuple[str, int]] = (),
 ) -> list[tuple[int, int]]:  # fmt: skip
     """(first, last) offsets of the blocks that a guarded forward branch at the line of an
     `if` in `untaken` (file name, line) jumps over: that `if`'s block, which no program
     runs. A range holding an EXIT is no such block (a cold path placed out of line), and is
-    kept."""
+    kept. For an `if` in `always`, whose block every program runs: its else-block, the
+    block the then-block's last instruction (an unconditional branch) jumps over, where an
+    early exit (a guarded EXIT) may lie."""
     exits = [offset for offset, text, *_ in parsed if re.search(r"\bEXIT\b", text)]
+    ends = [offset for offset, text, *_ in parsed if re.match(r"EXIT\b", text)]  # unguarded
+    at_offset = {offset: text for offset, text, *_ in parsed}
     blocks = []
     for offset, text, file, line in parsed:
         branch = _BRANCH.search(text)
-        if branch and _GUARD.match(text) and (os.path.basename(file), line) in untaken:
-            target = labels.get(branch.group(1), 0)
-            if target > offset and not any(offset < e < target for e in exits):
-                blocks.append((offset + 16, target - 16))
+        if not branch or not _GUARD.match(text):
+            continue
+        target = labels.get(branch.group(1), 0)
+        where = (os.path.basename(file), line)
+        if where in untaken and target > offset and not any(offset < e < target for e in exits):
+            blocks.append((offset + 16, target - 16))
+        jump = _BRANCH.search(at_offset.get(target - 16, ""))
+        if where in always and jump and re.match(r"BRA\b", at_offset[target - 16]):
+            beyond = labels.get(jump.group(1), 0)
+            if beyond > target and not any(target <= e < beyond for e in ends):
+                blocks.append((target, beyond - 16))
     return blocks
 
 
 def straight_line(
     sass: str, loops: list[Loop], unwalked: Collection[tuple[str, int]] = (),
     untaken: Collection[tuple[str, int]] = (), counted: Collection[tuple[str, int]] = (),
+    always: Collection[tuple[str, int]] = (),
 ) -> StraightLine:  # fmt: skip
     """The module docstring's walk over `sass` (nvdisasm output) with its `loops`
     (`sass.find_loops`); `unwalked`: the (file, line) of loops no program runs; `untaken`:
     the (file, line) of `if`s whose block no program runs (a rare path); `counted`: the
     (file, line) of loops charged by their iterations (`access.Work.trips`), left out as
-    the tile loops are."""
+    the tile loops are; `always`: the (file, line) of `if`s whose block every program runs,
+    their else-blocks left out."""
     parsed, labels = parse(sass)
     code = [(offset, text) for offset, text, *_ in parsed]
     tiles = [
@@ -147,7 +162,7 @@ def straight_line(
         if loop.tile_loop or (loop.file, loop.line) in counted
     ]
     skipped = _never_run(code, labels, loops, unwalked)
-    skipped += _untaken_blocks(parsed, labels, untaken)
+    skipped += _untaken_blocks(parsed, labels, untaken, always)
     incoming: dict[int, list[dict[str, int]]] = {}
     state: dict[str, int] = {"progress": 0, "issued": 0}
     live, ends = True, []

@@ -214,12 +214,13 @@ class Variant:
         unwalked: Collection[tuple[str, int]],
         untaken: Collection[tuple[str, int]] = (),
         counted: Collection[tuple[str, int]] = (),
+        always: Collection[tuple[str, int]] = (),
     ) -> Any:
         """`chain.straight_line` of this variant's SASS (a `chain.StraightLine`), once for
-        each set of unwalked loops, untaken `if`s and counted loops."""
+        each set of unwalked loops, untaken `if`s, counted loops and `if`s always taken."""
         from .chain import straight_line
 
-        key = (frozenset(unwalked), frozenset(untaken), frozenset(counted))
+        key = (frozenset(unwalked), frozenset(untaken), frozenset(counted), frozenset(always))
         if key not in self._paths:
             self._paths[key] = straight_line(self.sass, self.loops, *key)
         return self._paths[key]
