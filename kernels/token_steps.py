@@ -92,7 +92,10 @@ def penalise_and_scale(
         penalised = tl.where(x > 0.0, quotient, x * repetition[0])
         x = tl.where(seen, penalised, x)
         x = x - frequency * count.to(tl.float32)
-        x = x - presence * in_output.to(tl.float32)
+        # presence * (1.0 or 0.0), as the PyTorch stage multiplies: the products are the
+        # penalty itself and a scalar zero (-0.0 for a negative penalty), so a select
+        # between them, not a conversion and a multiply an element
+        x = x - tl.where(in_output, presence, presence * 0.0)
         # tl.where, not &: the interpreter cannot & a scalar bool with a block of them
         saturated = tl.where(fix_excess, byte == SATURATED, False)
     # 6. temperature, except where step 7 still subtracts the excess first
