@@ -291,6 +291,16 @@ def kth_known(bounds, lanes, k):
 
 
 @triton.jit
+def kth_known_of_few(bounds, K: tl.constexpr):
+    """`kth_known` for a constant k = K: the K largest by a bitonic top-k (blocks of the
+    next power of two, merged), not a sort of every tile."""
+    known = tl.where(bounds < float("inf"), bounds, float("-inf"))
+    KP: tl.constexpr = triton.next_power_of_2(K)
+    top = tl.topk(known, KP)
+    return tl.max(tl.where(tl.arange(0, KP) == K - 1, top, float("-inf")), axis=0)
+
+
+@triton.jit
 def last_to_arrive(counter_ptr, programs):
     """Whether this program is the last of the `programs` that arrive at `counter_ptr` (an
     int32 each launch finds at 0): a split row's merge is made by the row's last program to

@@ -1,7 +1,8 @@
 """kernels/library.py's shared Triton helpers on their own (the arithmetic ones, divide_by and
 hoisted_reciprocal, are tested beside processing, their one user): `tiles_to_visit`, the
-tile list every consumer of the tile maxima walks, `update_tiles`, which keeps the table
-exact through processing's sparse phases, and `max_or_nan`, the tile maxima's reduction."""
+tile list every consumer of the tile maxima walks, `kth_known` and `kth_known_of_few`, the
+floors taken from it, `update_tiles`, which keeps the table exact through processing's
+sparse phases, and `max_or_nan`, the tile maxima's reduction."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import triton.language as tl
 
 from graphsafe_sampler.kernels.library import (
     chunk_bounds,
+    kth_known,
+    kth_known_of_few,
     max_or_nan,
     tiles_to_visit,
     update_tiles,
@@ -173,3 +176,39 @@ def test_max_or_nan_is_the_max_or_nan_where_a_block_holds_one(
     got, want = moved[1].cpu(), x.amax(dim=1)
     assert want[1:5].isnan().all() and want[5] == float("inf") and want[6] == float("-inf")
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+@triton.jit
+def _kth_kernel(bounds_ptr, k_ptr, sorted_ptr, few_ptr, K: tl.constexpr, TILES: tl.constexpr):
+    """Program r: row r's k-th largest known tile max, by the sort (k from the table) and,
+    for k = K, by the top-k."""
+    tiles = tl.arange(0, TILES)
+    bounds = tl.load(bounds_ptr + tl.program_id(0) * TILES + tiles)
+    k = tl.load(k_ptr + tl.program_id(0))
+    tl.store(sorted_ptr + tl.program_id(0), kth_known(bounds, tiles, k))
+    tl.store(few_ptr + tl.program_id(0), kth_known_of_few(bounds, K))
+
+
+@pytest.mark.parametrize("k", [1, 5, 8])
+def test_kth_known_is_the_kth_largest_known_max(k: int, kernel_device: torch.device) -> None:
+    """The k-th largest entry of a row's tile maxima with its repeats counted, unknown
+    (+inf) entries left out: the sort's (any k) and the top-k's (a constant K, logprobs')
+    alike; -inf where fewer than k entries are known. Rows: random, rounded (ties at the
+    k-th), unknown entries among the k largest, -inf padding past the row, and too few
+    known."""
+    gen = _gen()
+    rows, tiles = 5, 256
+    bounds = torch.randn(rows, tiles, generator=gen) * 4
+    bounds[1] = bounds[1].round()  # ties
+    top = bounds[2].topk(k + 2).indices
+    bounds[2, top[: k + 1]] = float("inf")  # unknown: the k-th comes from further down
+    bounds[3, 149:] = float("-inf")  # a row of 149 tiles
+    bounds[4, k - 1 :] = float("inf")  # k - 1 known
+    known = bounds.where(bounds < float("inf"), float("-inf"))
+    want = known.sort(dim=1, descending=True).values[:, k - 1]
+    assert want[4] == float("-inf")
+    got = [torch.full((rows,), 7.0, device=kernel_device) for _ in range(2)]
+    ks = torch.full((rows,), k, dtype=torch.int32, device=kernel_device)
+    _kth_kernel[(rows,)](bounds.to(kernel_device), ks, *got, K=k, TILES=tiles)
+    for value in got:
+        assert torch.equal(value.cpu(), want)
