@@ -26,6 +26,7 @@ from .library import (
     chunk_bounds,
     exp_ftz,
     inplace_op,
+    kth_known,
     kth_known_of_few,
     last_to_arrive,
     listed_tile,
@@ -71,7 +72,7 @@ def _from_tiles(
     """From processing's raw-tile table (each tile's max, +inf where it holds NaN, and sum
     of exp against it), for the tiles [first, last): the running max and sum, as the online
     pass would end with them (up to the float32 order of the sum); the lowest max a tile
-    must reach to be read, the floor of the row's top K (`kth_known_of_few`: every one of the K
+    must reach to be read, the floor of the row's top K (`kth_known`: every one of the K
     largest lies in a tile whose max reaches it; +inf at K = 0) or the sampled value if
     lower; and the largest max below the sampled value among the tiles left unread (each
     one's value nearest below it)."""
@@ -86,7 +87,10 @@ def _from_tiles(
     run_sum = tl.sum(tl.where(maxes == float("-inf"), 0.0, sums * exp_ftz(maxes - shift)), axis=0)
     floor = tl.full((), float("inf"), tl.float32)
     if K > 0:
-        floor = kth_known_of_few(bounds, K)
+        if K <= 8:  # noqa: SIM108 (a constexpr branch)
+            floor = kth_known_of_few(bounds, K)
+        else:
+            floor = kth_known(bounds, tiles, K)
     # read: max >= floor or max >= sampled (a NaN sampled value reads only those at the floor)
     lowest = tl.where(sampled < floor, sampled, floor)
     unread = mine & (bounds < lowest) & (bounds < sampled)

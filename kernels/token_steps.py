@@ -94,8 +94,12 @@ def penalise_and_scale(
         x = x - frequency * count.to(tl.float32)
         # presence * (1.0 or 0.0), as the PyTorch stage multiplies: the products are the
         # penalty itself and a scalar zero (-0.0 for a negative penalty), so a select
-        # between them, not a conversion and a multiply an element
-        x = x - tl.where(in_output, presence, presence * 0.0)
+        # between them, not a conversion and a multiply an element (with the drafts'
+        # counts the select spilled 4 bytes under processing's register cap)
+        if HAS_DRAFTS:
+            x = x - presence * in_output.to(tl.float32)
+        else:
+            x = x - tl.where(in_output, presence, presence * 0.0)
         # tl.where, not &: the interpreter cannot & a scalar bool with a block of them
         saturated = tl.where(fix_excess, byte == SATURATED, False)
     # 6. temperature, except where step 7 still subtracts the excess first

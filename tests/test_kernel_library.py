@@ -212,3 +212,16 @@ def test_kth_known_is_the_kth_largest_known_max(k: int, kernel_device: torch.dev
     _kth_kernel[(rows,)](bounds.to(kernel_device), ks, *got, K=k, TILES=tiles)
     for value in got:
         assert torch.equal(value.cpu(), want)
+
+
+def test_kth_known_of_a_block_smaller_than_k(kernel_device: torch.device) -> None:
+    """A row of fewer tiles than k (a small vocabulary's block of 4): -inf, by the sort and
+    by the top-k (which takes the whole block then), and the max at k = 1."""
+    gen = _gen()
+    bounds = torch.randn(2, 4, generator=gen)
+    for k, want in ((5, torch.full((2,), float("-inf"))), (1, bounds.amax(dim=1))):
+        got = [torch.full((2,), 7.0, device=kernel_device) for _ in range(2)]
+        ks = torch.full((2,), k, dtype=torch.int32, device=kernel_device)
+        _kth_kernel[(2,)](bounds.to(kernel_device), ks, *got, K=k, TILES=4)
+        for value in got:
+            assert torch.equal(value.cpu(), want)
