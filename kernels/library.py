@@ -280,27 +280,48 @@ def listed_tile(visits_ptr, listed, first, visit, LISTED: tl.constexpr, BLOCK_SI
 
 
 @triton.jit
-def kth_known(bounds, lanes, k):
+def kth_known(bounds, lanes, k, BY_SORT: tl.constexpr = not INTERPRETED):
     """The k-th largest finite (or -inf) entry of a row's tile maxima `bounds` (lanes past
     the row hold -inf), +inf entries (unknown) left out: k tiles hold a logit at or above
     it, so the row's k-th largest logit is at or above it. -inf with fewer than k such
-    tiles, or k <= 0."""
+    tiles, or k <= 0. Compiled, a sort (BY_SORT); the interpreter runs the sort's network
+    a combine at a time in Python (about 0.3 s a program, 256 maxima), so there the same
+    value comes from `_kth_by_counting`."""
     known = tl.where(bounds < float("inf"), bounds, float("-inf"))
-    ordered = tl.sort(known, descending=True)
-    return tl.max(tl.where(lanes == k - 1, ordered, float("-inf")), axis=0)
+    if BY_SORT:
+        ordered = tl.sort(known, descending=True)
+        kth = tl.max(tl.where(lanes == k - 1, ordered, float("-inf")), axis=0)
+    else:
+        kth = _kth_by_counting(known, k)
+    return kth
 
 
 @triton.jit
-def kth_known_of_few(bounds, K: tl.constexpr):
+def kth_known_of_few(bounds, K: tl.constexpr, BY_TOP_K: tl.constexpr = not INTERPRETED):
     """`kth_known` for a constant k = K of at most 8: the K largest by a bitonic top-k
     (blocks of the next power of two, merged), not a sort of every tile. (At K = 20 the
-    top 32 took 9 registers more than the sort: a CTA an SM fewer for logprobs.)"""
+    top 32 took 9 registers more than the sort: a CTA an SM fewer for logprobs.) The
+    interpreter counts instead, as `kth_known` does."""
     tl.static_assert(K <= 8)
     known = tl.where(bounds < float("inf"), bounds, float("-inf"))
-    # at most the block: with fewer tiles than K, no rank K - 1 and so -inf
-    KP: tl.constexpr = min(triton.next_power_of_2(K), bounds.shape[0])
-    top = tl.topk(known, KP)
-    return tl.max(tl.where(tl.arange(0, KP) == K - 1, top, float("-inf")), axis=0)
+    if BY_TOP_K:
+        # at most the block: with fewer tiles than K, no rank K - 1 and so -inf
+        KP: tl.constexpr = min(triton.next_power_of_2(K), bounds.shape[0])
+        top = tl.topk(known, KP)
+        kth = tl.max(tl.where(tl.arange(0, KP) == K - 1, top, float("-inf")), axis=0)
+    else:
+        kth = _kth_by_counting(known, K)
+    return kth
+
+
+@triton.jit
+def _kth_by_counting(known, k):
+    """The k-th largest of `known` [N] (no NaN), repeats counted, -inf for k <= 0: the
+    largest value that at least k values reach, from an [N, N] comparison (numpy-vectorized
+    in the interpreter; N * N / threads compares a thread compiled, so never there)."""
+    reached_by = tl.sum((known[None, :] >= known[:, None]).to(tl.int32), axis=1)
+    kth = tl.max(tl.where(reached_by >= k, known, float("-inf")), axis=0)
+    return tl.where(k > 0, kth, float("-inf"))
 
 
 @triton.jit

@@ -179,23 +179,30 @@ def test_max_or_nan_is_the_max_or_nan_where_a_block_holds_one(
 
 
 @triton.jit
-def _kth_kernel(bounds_ptr, k_ptr, sorted_ptr, few_ptr, K: tl.constexpr, TILES: tl.constexpr):
-    """Program r: row r's k-th largest known tile max, by the sort (k from the table) and,
-    for k = K, by the top-k."""
+def _kth_kernel(
+    bounds_ptr, k_ptr, sorted_ptr, few_ptr, K: tl.constexpr, TILES: tl.constexpr,
+    COMPILED_FORM: tl.constexpr,
+):  # fmt: skip
+    """Program r: row r's k-th largest known tile max, by `kth_known` (k from the table)
+    and, for k = K, by `kth_known_of_few`; in their compiled forms (the sort, the top-k)
+    or the interpreter's (the counting)."""
     tiles = tl.arange(0, TILES)
     bounds = tl.load(bounds_ptr + tl.program_id(0) * TILES + tiles)
     k = tl.load(k_ptr + tl.program_id(0))
-    tl.store(sorted_ptr + tl.program_id(0), kth_known(bounds, tiles, k))
-    tl.store(few_ptr + tl.program_id(0), kth_known_of_few(bounds, K))
+    tl.store(sorted_ptr + tl.program_id(0), kth_known(bounds, tiles, k, COMPILED_FORM))
+    tl.store(few_ptr + tl.program_id(0), kth_known_of_few(bounds, K, COMPILED_FORM))
 
 
+@pytest.mark.parametrize("compiled_form", [True, False], ids=["sort", "counting"])
 @pytest.mark.parametrize("k", [1, 5, 8])
-def test_kth_known_is_the_kth_largest_known_max(k: int, kernel_device: torch.device) -> None:
+def test_kth_known_is_the_kth_largest_known_max(
+    k: int, compiled_form: bool, kernel_device: torch.device
+) -> None:
     """The k-th largest entry of a row's tile maxima with its repeats counted, unknown
     (+inf) entries left out: the sort's (any k) and the top-k's (a constant K, logprobs')
-    alike; -inf where fewer than k entries are known. Rows: random, rounded (ties at the
-    k-th), unknown entries among the k largest, -inf padding past the row, and too few
-    known."""
+    alike, and the interpreter's counting; -inf where fewer than k entries are known.
+    Rows: random, rounded (ties at the k-th), unknown entries among the k largest, -inf
+    padding past the row, and too few known."""
     gen = _gen()
     rows, tiles = 5, 256
     bounds = torch.randn(rows, tiles, generator=gen) * 4
@@ -209,19 +216,33 @@ def test_kth_known_is_the_kth_largest_known_max(k: int, kernel_device: torch.dev
     assert want[4] == float("-inf")
     got = [torch.full((rows,), 7.0, device=kernel_device) for _ in range(2)]
     ks = torch.full((rows,), k, dtype=torch.int32, device=kernel_device)
-    _kth_kernel[(rows,)](bounds.to(kernel_device), ks, *got, K=k, TILES=tiles)
+    _kth_kernel[(rows,)](
+        bounds.to(kernel_device), ks, *got, K=k, TILES=tiles, COMPILED_FORM=compiled_form
+    )
     for value in got:
         assert torch.equal(value.cpu(), want)
 
 
-def test_kth_known_of_a_block_smaller_than_k(kernel_device: torch.device) -> None:
+@pytest.mark.parametrize("compiled_form", [True, False], ids=["sort", "counting"])
+def test_kth_known_of_a_block_smaller_than_k(
+    compiled_form: bool, kernel_device: torch.device
+) -> None:
     """A row of fewer tiles than k (a small vocabulary's block of 4): -inf, by the sort and
-    by the top-k (which takes the whole block then), and the max at k = 1."""
+    by the top-k (which takes the whole block then), and the max at k = 1; -inf at k = 0
+    (`kth_known`, whose k is a runtime value)."""
     gen = _gen()
     bounds = torch.randn(2, 4, generator=gen)
     for k, want in ((5, torch.full((2,), float("-inf"))), (1, bounds.amax(dim=1))):
         got = [torch.full((2,), 7.0, device=kernel_device) for _ in range(2)]
         ks = torch.full((2,), k, dtype=torch.int32, device=kernel_device)
-        _kth_kernel[(2,)](bounds.to(kernel_device), ks, *got, K=k, TILES=4)
+        _kth_kernel[(2,)](
+            bounds.to(kernel_device), ks, *got, K=k, TILES=4, COMPILED_FORM=compiled_form
+        )
         for value in got:
             assert torch.equal(value.cpu(), want)
+    got = [torch.full((2,), 7.0, device=kernel_device) for _ in range(2)]
+    zero = torch.zeros(2, dtype=torch.int32, device=kernel_device)
+    _kth_kernel[(2,)](
+        bounds.to(kernel_device), zero, *got, K=1, TILES=4, COMPILED_FORM=compiled_form
+    )
+    assert torch.equal(got[0].cpu(), torch.full((2,), float("-inf")))
