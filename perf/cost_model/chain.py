@@ -132,8 +132,10 @@ def _untaken_blocks(
         if not branch or not _GUARD.match(text):
             continue
         target = labels.get(branch.group(1), 0)
+        if target <= offset:
+            continue  # a loop's back edge
         where = (os.path.basename(file), line)
-        if where in untaken and target > offset and not any(offset < e < target for e in exits):
+        if where in untaken and not any(offset < e < target for e in exits):
             blocks.append((offset + 16, target - 16))
         jump = _BRANCH.search(at_offset.get(target - 16, ""))
         if where in always and jump and re.match(r"BRA\b", at_offset[target - 16]):
