@@ -17,10 +17,12 @@ On CUDA the step is replayed from a CUDA graph, where neither runs: nothing to a
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch._dynamo.types import GuardFilterEntry
+
+if TYPE_CHECKING:  # torch._dynamo costs about a second to import: not for an annotation
+    from torch._dynamo.types import GuardFilterEntry
 
 
 def _on_code(entry: GuardFilterEntry) -> bool:
