@@ -793,7 +793,7 @@ def test_backends_emit_the_same_tokens_under_churn(kernel_device: torch.device) 
     gen = torch.Generator().manual_seed(21)
     rows = CHURN_CONFIG.max_num_reqs
     accepted = emitted_random = 0
-    num_steps = 8
+    num_steps = 8 if interpreted("triton", kernel_device) else 12  # the interpreter: fewer
     for step in range(num_steps):
         for backend, (sampler, _) in pairs.items():
             sampler.update_state(drivers[backend].next_update())
