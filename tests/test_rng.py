@@ -338,6 +338,10 @@ def test_no_sync_and_trace_replays_fresh_draws(device: torch.device) -> None:
 
 
 def test_compiled_matches_eager_bit_for_bit(device: torch.device) -> None:
+    # On the CPU with inductor's SIMD code, its default where the CPU has a vector ISA it
+    # supports: its scalar code (`cpp.vec_isa_ok = False`, as the demo command sets) calls
+    # libm's log, and `exponential` then differs from eager's in the last bit for about 7%
+    # of draws (345 of these 5,115), as its docstring allows; the uniforms stay exact.
     compiled = torch.compile(_all_draws, fullgraph=True, dynamic=False)
     seeds = _rows([0, -1, -(2**63), 2**63 - 1, 99], device)
     positions = _rows([0, 1, 2**40, 2**63 - 1, 12], device)
