@@ -1,10 +1,13 @@
-"""`share_interpreter_patches` (conftest.py installs it): a launch patches `triton.language`
-once, its helpers' calls do not patch it again, and the values and the restored language are
-what Triton's interpreter gives. `scan_in_log_steps` (installed there too): the kernels'
-scans give what Triton's element-by-element scan gives."""
+"""The interpreter's speed-ups (conftest.py installs them with `speed_up_interpreter`).
+`share_interpreter_patches`: a launch patches `triton.language` once, its helpers' calls do
+not patch it again, and the values and the restored language are what Triton's interpreter
+gives. `scan_in_log_steps`: the kernels' scans give what Triton's element-by-element scan
+gives. `skip_unasserted_overflow_checks`: the checks it drops were never asserted, and the
+values stay. `cache_numpy_dtypes`: the map it memoizes is Triton's."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import random
@@ -17,7 +20,13 @@ import triton.language as tl
 
 from graphsafe_sampler.kernels.bad_words import _segment_min
 from graphsafe_sampler.kernels.top_k_top_p import _minimum
-from graphsafe_sampler.testing import scan_in_log_steps, share_interpreter_patches
+from graphsafe_sampler.testing import (
+    cache_numpy_dtypes,
+    scan_in_log_steps,
+    share_interpreter_patches,
+    skip_unasserted_overflow_checks,
+    speed_up_interpreter,
+)
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="the Triton interpreter is off"
@@ -155,3 +164,88 @@ def test_log_step_scans_equal_the_element_by_element_scans(
     assert torch.equal(matched.movedim(axis, -1), want_matched)
     torch.testing.assert_close(least.movedim(axis, -1), want_least, rtol=0, atol=0, equal_nan=True)
     assert bool(want_matched.ne(v).any())  # runs that carried a minimum forward
+
+
+# --- skip_unasserted_overflow_checks, cache_numpy_dtypes ---------------------------------
+
+
+def test_every_speed_up_applies_to_this_triton() -> None:
+    assert speed_up_interpreter()
+    assert speed_up_interpreter()  # installing again changes nothing
+
+
+@triton.jit
+def _int32_ops(a_ptr, b_ptr, out_ptr):
+    lanes = tl.arange(0, 64)
+    a, b = tl.load(a_ptr + lanes), tl.load(b_ptr + lanes)
+    tl.store(out_ptr + lanes, a * b + a - b)  # wraps around, as int32 does on a GPU
+
+
+def _int32_ops_run(gen: torch.Generator) -> tuple[torch.Tensor, np.ndarray]:
+    a, b = torch.randint(-(2**31), 2**31, (2, 64), generator=gen, dtype=torch.int64)
+    out = torch.empty(64, dtype=torch.int32)
+    _int32_ops[(1,)](a.to(torch.int32), b.to(torch.int32), out)
+    a64, b64 = a.numpy(), b.numpy()
+    wrapped = (((a64 * b64 + a64 - b64) + 2**31) % 2**32 - 2**31).astype(np.int32)
+    return out, wrapped
+
+
+def test_the_dropped_overflow_checks_were_never_asserted(
+    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With Triton's own options (checks on, `debug` off) every int32 operation's check
+    reaches `device_assert`, which asserts nothing: overflowing operations wrap, no error.
+    Without the checks the values are the same, and `device_assert` is never reached. With
+    `debug` on the checks assert, and the speed-up leaves them on."""
+    from triton.language.semantic import TritonSemantic
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    stock = dataclasses.replace(builder.options, sanitize_overflow=True, debug=False)
+    asserts = [0]
+    device_assert = TritonSemantic.device_assert
+
+    def counted(self: TritonSemantic, *args: object, **kwargs: object) -> object:
+        asserts[0] += 1
+        return device_assert(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(TritonSemantic, "device_assert", counted)
+    monkeypatch.setattr(builder, "options", stock)
+    state = gen.get_state()
+    checked, wrapped = _int32_ops_run(gen)
+    assert asserts[0] >= 3 and bool((checked.numpy() != 0).all())  # 3 operations checked
+    np.testing.assert_array_equal(checked.numpy(), wrapped)
+
+    assert skip_unasserted_overflow_checks()
+    assert not builder.options.sanitize_overflow
+    asserts[0] = 0
+    gen.set_state(state)
+    unchecked, _ = _int32_ops_run(gen)
+    assert asserts[0] == 0
+    assert torch.equal(unchecked, checked)
+
+    monkeypatch.setattr(builder, "options", dataclasses.replace(stock, debug=True))
+    assert not skip_unasserted_overflow_checks()
+    assert builder.options.sanitize_overflow
+    gen.set_state(state)
+    with pytest.raises(Exception, match="int32 overflow detected"):
+        _int32_ops_run(gen)
+
+
+def test_the_cached_dtype_map_is_tritons() -> None:
+    from triton.runtime import interpreter
+
+    assert cache_numpy_dtypes() and cache_numpy_dtypes()  # idempotent
+    cached = interpreter._get_np_dtype
+    uncached = cached.uncached
+    assert not getattr(uncached, "cached", False)
+    scalars = [tl.int1, tl.int8, tl.uint8, tl.int16, tl.uint16, tl.int32, tl.uint32, tl.int64,
+               tl.uint64, tl.float16, tl.bfloat16, tl.float32, tl.float64, tl.float8e5,
+               tl.float8e4nv]  # fmt: skip
+    types = scalars + [tl.pointer_type(t) for t in scalars]
+    for scalar in list(types):
+        types += [tl.block_type(scalar, [4]), tl.block_type(scalar, [2, 8])]
+    for _ in range(2):  # filling the cache, then from it
+        for t in types:
+            assert cached(t) == uncached(t), t
+    assert cached(tl.float32) == np.float32 and cached(tl.pointer_type(tl.int8)) == np.uint64

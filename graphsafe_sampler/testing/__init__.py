@@ -9,10 +9,13 @@ serving loop (`no_joins`, `finish=True`) and the GPU check.
 
 `kernel_launches` (launches.py) lists the ops of a traced step that launch a GPU kernel.
 
-`share_interpreter_patches` (interpreter.py) spares the Triton interpreter (`TRITON_INTERPRET=1`)
-re-patching its language on every helper call: the CPU runs of the kernels, twice as fast;
+`speed_up_interpreter` (interpreter.py) installs four speed-ups of the Triton interpreter
+(`TRITON_INTERPRET=1`) that change no value: `share_interpreter_patches` spares it
+re-patching its language on every helper call (the CPU runs of the kernels, twice as fast);
 `scan_in_log_steps` runs its scans with a kernel's own combine function in log-depth steps
-on whole blocks, not one element at a time.
+on whole blocks, not one element at a time; `skip_unasserted_overflow_checks` drops the
+integer overflow checks its `device_assert` never evaluates; `cache_numpy_dtypes` memoizes
+its dtype map.
 
 `StateTensors`, `MakeFxReplayer` and `CudaGraphReplayer` (replay.py) are the one state
 snapshot and the replayers of a step captured once; `perf/gpu_check.py` uses them too.
@@ -34,7 +37,13 @@ from graphsafe_sampler.testing.graph_safety import (
     default_logits,
     state_fingerprint,
 )
-from graphsafe_sampler.testing.interpreter import scan_in_log_steps, share_interpreter_patches
+from graphsafe_sampler.testing.interpreter import (
+    cache_numpy_dtypes,
+    scan_in_log_steps,
+    share_interpreter_patches,
+    skip_unasserted_overflow_checks,
+    speed_up_interpreter,
+)
 from graphsafe_sampler.testing.launches import kernel_launches, launches_kernel
 from graphsafe_sampler.testing.replay import CudaGraphReplayer, MakeFxReplayer, StateTensors
 from graphsafe_sampler.testing.sync_detector import (
@@ -56,6 +65,7 @@ __all__ = [
     "StateTensors",
     "SyncOpDetector",
     "assert_no_sync",
+    "cache_numpy_dtypes",
     "check_graph_safety",
     "default_logits",
     "kernel_launches",
@@ -66,6 +76,8 @@ __all__ = [
     "refill",
     "scan_in_log_steps",
     "share_interpreter_patches",
+    "skip_unasserted_overflow_checks",
+    "speed_up_interpreter",
     "state_fingerprint",
     "stop_reason",
 ]

@@ -1,5 +1,7 @@
-"""Two speed-ups of the Triton interpreter (`TRITON_INTERPRET=1`) that leave its values as
-they are: `share_interpreter_patches` and `scan_in_log_steps`.
+"""Speed-ups of the Triton interpreter (`TRITON_INTERPRET=1`) that leave its values as they
+are: `share_interpreter_patches`, `scan_in_log_steps`, `skip_unasserted_overflow_checks` and
+`cache_numpy_dtypes`. `speed_up_interpreter` installs all four (tests/conftest.py and the
+GPU check's CPU smoke run call it).
 
 `share_interpreter_patches`: the interpreter without its per-call re-patching.
 
@@ -29,10 +31,24 @@ element i combines elements i - 2d + 1 .. i, earlier ones on the left), the comb
 function's own code on the same operands in another association: equal for any
 associative function whose results are exact (a minimum, a segmented minimum), and as
 `tl.associative_scan` requires of its function.
+
+`skip_unasserted_overflow_checks`: Triton's frontend follows every int32 `+`, `-` and `*`
+with an overflow check (`sanitize_overflow`, on by default): both operands cast to int64,
+the operation again, two comparisons and an `and`, handed to `device_assert`. Under the
+interpreter `device_assert` returns at once unless the builder's `debug` option is set,
+and the interpreter's never is (`InterpreterOptions.debug` is False, and nothing sets it):
+so the interpreter computed every check and threw it away, about a quarter of an
+interpreted kernel test's time. This turns the builder's `sanitize_overflow` off while
+its `debug` is off: no check that could fail is lost, and no value changes.
+
+`cache_numpy_dtypes`: the interpreter maps a Triton dtype to numpy's with a dict it builds
+again on each of its 200,000-odd calls in an interpreted Sampler test (about 8 % of it);
+this memoizes the map by the scalar dtype (a block maps as its element type).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -157,3 +173,68 @@ def scan_in_log_steps() -> bool:
     generic_scan.element_by_element = scan_ops.generic_scan  # type: ignore[attr-defined]
     scan_ops.generic_scan = generic_scan
     return True
+
+
+def skip_unasserted_overflow_checks() -> bool:
+    """Turn off the interpreter's integer overflow checks, whose `device_assert` it never
+    evaluates (see the module docstring). False, with nothing changed, where this Triton's
+    interpreter has no builder options of the expected shape or runs with `debug` on (then
+    its checks assert, and stay)."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    builder: Any = getattr(interpreter, "interpreter_builder", None)
+    options: Any = getattr(builder, "options", None)
+    fields = getattr(options, "__dataclass_fields__", {})  # a frozen dataclass: replaced
+    if "sanitize_overflow" not in fields or "debug" not in fields:
+        return False
+    if options.debug:
+        return False
+    if options.sanitize_overflow:
+        builder.options = dataclasses.replace(options, sanitize_overflow=False)
+    return True
+
+
+def cache_numpy_dtypes() -> bool:
+    """Memoize the interpreter's Triton-to-numpy dtype map (see the module docstring).
+    Idempotent. False, with nothing changed, where this Triton's interpreter has no
+    `_get_np_dtype`."""
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    np_dtype = getattr(interpreter, "_get_np_dtype", None)
+    if np_dtype is None:
+        return False
+    if getattr(np_dtype, "cached", False):
+        return True
+    cache: dict[Any, Any] = {}
+
+    def cached_np_dtype(tt_dtype: Any) -> Any:
+        # a block maps as its element type does, and every pointer type as one (uint64):
+        # the map's own rules; a scalar by its name (how dtypes compare)
+        scalar = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+        key = None if isinstance(scalar, tl.pointer_type) else scalar.name
+        found = cache.get(key)
+        if found is None:
+            found = cache[key] = np_dtype(scalar)
+        return found
+
+    cached_np_dtype.cached = True  # type: ignore[attr-defined]
+    cached_np_dtype.uncached = np_dtype  # type: ignore[attr-defined]
+    interpreter._get_np_dtype = cached_np_dtype
+    return True
+
+
+def speed_up_interpreter() -> bool:
+    """Install the four speed-ups of this module; whether every one applies to this Triton
+    (each that does not leaves the interpreter as it is)."""
+    installed = (
+        share_interpreter_patches(),
+        scan_in_log_steps(),
+        skip_unasserted_overflow_checks(),
+        cache_numpy_dtypes(),
+    )
+    return all(installed)

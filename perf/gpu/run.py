@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from graphsafe_sampler.bench.results import Results
-from graphsafe_sampler.testing import scan_in_log_steps, share_interpreter_patches
+from graphsafe_sampler.testing import speed_up_interpreter
 
 from .bench_part import run_bench_part
 from .book import format_markdown
@@ -91,8 +91,7 @@ def run_part_here(opts: Options, name: str, deadline: float) -> dict[str, Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, {"status": "running", "pid": os.getpid()})
     if opts.cpu_smoke:  # the Triton backend through the interpreter: the same values, sooner
-        share_interpreter_patches()
-        scan_in_log_steps()
+        speed_up_interpreter()
     try:
         result = RUNNERS[name](opts, deadline)
     except Exception as exc:
