@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""A cost model of the Triton step on an H200, computed on the CPU: an estimate, never a
-measurement.
+"""A cost model of the Triton step on an H200 (or, `--gpu`, an H100), computed on the CPU: an
+estimate, never a measurement.
 
 Why: a GPU is lent to some sessions only, for minutes. This model says, on any machine, what
 one `Sampler` step on the Triton backend launches, how many passes over the logits it makes,
@@ -9,7 +9,7 @@ a change to a kernel or to the pipeline shows its cost before a GPU run, and a G
 figure to be compared with.
 
     python perf/kernel_model.py [--rows 1 64 256] [--vocab 151936] [--cases all top_k_top_p]
-                                [--json PATH]
+                                [--gpu {h200,h100-sxm,h100-pcie,auto}] [--json PATH]
 
 How: a `Sampler(SamplerConfig(backend="triton", ...))` on the CPU, loaded with the GPU
 check's requests of the case (perf/gpu/measure.py `SamplerPool`, perf/gpu/cases.py), runs
@@ -151,7 +151,15 @@ from cost_model.access import (  # noqa: E402
     unknown_tiles,
 )
 from cost_model.aten_ops import AtenCounter, AtenOp  # noqa: E402
-from cost_model.machine import H200, Gpu, aten_time, ctas_per_sm, launch_time  # noqa: E402
+from cost_model.machine import (  # noqa: E402
+    GPUS,
+    H200,
+    Gpu,
+    aten_time,
+    ctas_per_sm,
+    gpu_for_device,
+    launch_time,
+)
 from cost_model.sass import Compiler, Variant  # noqa: E402
 
 
@@ -527,14 +535,32 @@ def format_report(model: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def resolve_gpu(choice: str) -> Gpu:
+    """`--gpu`: a preset by name, or with "auto" this machine's CUDA device
+    (`machine.gpu_for_device`), the H200 where there is none (the GPU check passes "auto",
+    so that on an H100 its estimates sit beside that H100's times)."""
+    if choice != "auto":
+        return GPUS[choice]
+    import torch
+
+    if not torch.cuda.is_available():
+        return H200
+    props = torch.cuda.get_device_properties(0)
+    return gpu_for_device(props.name, props.multi_processor_count)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=list(DEFAULT_ROWS))
     parser.add_argument("--vocab", type=int, default=DEFAULT_VOCAB)
     parser.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES))
+    parser.add_argument(
+        "--gpu", choices=[*GPUS, "auto"], default="h200",
+        help="the machine of the estimate (auto: this machine's CUDA device, else h200)",
+    )  # fmt: skip
     parser.add_argument("--json", help="write the model (an estimate) here")
     args = parser.parse_args(argv)
-    model = build_model(args.rows, args.vocab, args.cases)
+    model = build_model(args.rows, args.vocab, args.cases, resolve_gpu(args.gpu))
     print(format_report(model), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(model, indent=1) + "\n", encoding="utf-8")

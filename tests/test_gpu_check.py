@@ -454,13 +454,15 @@ def test_kernel_lines_carry_the_models_estimate_of_the_same_launch() -> None:
     launches = [{"name": "_process_logits_kernel", "est_us": 31.5},
                 {"name": "_sample_kernel", "est_us": 22.7},
                 {"name": "_other_kernel", "est_us": 1.0}]  # fmt: skip
-    model = {"vocab": 128_256, "cases": {"all": {"64": {"launches": launches}}}}
+    model = {"vocab": 128_256, "gpu": "NVIDIA H100 SXM (sm_90)",
+             "cases": {"all": {"64": {"launches": launches}}}}  # fmt: skip
     assert book.model_estimates(model, timed[0])["est_us"] == 31.5
     assert book.model_estimates(model, timed[2]) == {}  # another kernel at that index
     assert book.model_estimates({**model, "vocab": 151_936}, timed[0]) == {}
     md = book.format_markdown(Results({}, timed), model)
     assert "| all | 64 | 128256 | 1 | _sample_kernel | 64x5 | 8.0 | – | 22.7 |" in md
     assert "| all | 64 | 128256 | 2 | _x_kernel | 64x5 | 9.0 | – | – |" in md
+    assert "estimate of that launch on NVIDIA H100 SXM (sm_90) (an estimate" in md
 
 
 def test_kernels_part_runs_every_variant_and_names_failures(

@@ -71,6 +71,53 @@ def test_register_cap_gives_its_occupancy_and_no_more() -> None:
         assert machine.ctas_per_sm(warps, cap + 8, 0) < ctas, (warps, ctas, cap)
 
 
+def test_gpu_presets_by_device_name_and_sm_count() -> None:
+    """A GPU check on an H100 gets an H100's estimate: the part from the device's name, its
+    SMs from the device; an unknown device the H200's figures, and a name that says so."""
+    h200, sxm, pcie = machine.H200, machine.H100_SXM, machine.H100_PCIE
+    assert machine.gpu_for_device("NVIDIA H200", 132) is h200
+    assert machine.gpu_for_device("NVIDIA H100 80GB HBM3", 132) is sxm
+    assert machine.gpu_for_device("NVIDIA H100 PCIe", 114) is pcie
+    assert (sxm.hbm_peak_tbps, sxm.sms, sxm.clock_ghz) == (3.35, 132, h200.clock_ghz)
+    assert (pcie.hbm_peak_tbps, pcie.sms, pcie.clock_ghz) == (2.0, 114, 1.755)
+    # the occupancy limits are compute capability 9.0's on all three
+    for gpu in (sxm, pcie):
+        assert gpu.registers_per_sm == h200.registers_per_sm
+        assert gpu.shared_per_sm == h200.shared_per_sm
+    slice_ = machine.gpu_for_device("NVIDIA H100 80GB HBM3 MIG 3g.40gb", 60)
+    assert slice_.sms == 60 and slice_.hbm_peak_tbps == 3.35 and "60 SMs" in slice_.name
+    other = machine.gpu_for_device("NVIDIA A100-SXM4-80GB", 108)
+    assert other.name.startswith("NVIDIA A100-SXM4-80GB (with the H200's figures)")
+    assert other.sms == 108 and other.hbm_peak_tbps == h200.hbm_peak_tbps
+    # the same memory-bound launch: its memory time in the ratio of the bandwidths
+    on = [machine.launch_time(1e8, 264, 2, 8, [(1, 10, 1)], gpu) for gpu in (h200, sxm)]
+    assert on[1].memory_us / on[0].memory_us == pytest.approx(4.8 / 3.35)
+
+
+def test_the_gpu_option_picks_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    kernel_model = load_perf_script("kernel_model")
+    seen: list[machine.Gpu] = []
+
+    def fake_build(rows: object, vocab: object, cases: object, gpu: machine.Gpu) -> dict:
+        seen.append(gpu)
+        return {}
+
+    monkeypatch.setattr(kernel_model, "build_model", fake_build)
+    monkeypatch.setattr(kernel_model, "format_report", lambda model: "")
+    for argv, want in (([], machine.H200), (["--gpu", "h100-pcie"], machine.H100_PCIE),
+                       (["--gpu", "h100-sxm"], machine.H100_SXM)):  # fmt: skip
+        assert kernel_model.main(argv) == 0
+        assert seen[-1] is want
+    assert kernel_model.main(["--gpu", "auto"]) == 0
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        assert seen[-1] == machine.gpu_for_device(props.name, props.multi_processor_count)
+    else:
+        assert seen[-1] is machine.H200
+    with pytest.raises(SystemExit):
+        kernel_model.main(["--gpu", "a100"])
+
+
 def test_row_splits_hand_computed() -> None:
     """The split policies on an H200's 132 SMs at V = 151,936 (149 tiles): the count whose
     waves times walk (plus 8 tiles a program) is the shortest."""

@@ -1,11 +1,12 @@
-"""The machine of the estimate (an H200) and the formulas of perf/kernel_model.py's docstring:
-CTAs per SM from a variant's registers, warps and shared memory, and the time of a launch."""
+"""The machine of the estimate (an H200 by default; the H100s for a GPU check run on one) and
+the formulas of perf/kernel_model.py's docstring: CTAs per SM from a variant's registers,
+warps and shared memory, and the time of a launch."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,32 @@ class Gpu:
 
 
 H200 = Gpu()
+# NVIDIA's H100 datasheet: the SXM5 part has the H200's SMs and clock with HBM3 at 3.35 TB/s;
+# the PCIe part 114 SMs, 1.755 GHz at most and HBM2e at 2.0 TB/s. Both are compute
+# capability 9.0: the occupancy limits are the H200's.
+H100_SXM = Gpu(name="NVIDIA H100 SXM (sm_90)", hbm_peak_tbps=3.35)
+H100_PCIE = Gpu(name="NVIDIA H100 PCIe (sm_90)", hbm_peak_tbps=2.0, sms=114, clock_ghz=1.755)
+GPUS = {"h200": H200, "h100-sxm": H100_SXM, "h100-pcie": H100_PCIE}
+"""The machines `perf/kernel_model.py --gpu` names."""
+
+
+def gpu_for_device(name: str, sms: int) -> Gpu:
+    """The figures for a CUDA device, by its name (`torch.cuda.get_device_name`: "NVIDIA H100
+    80GB HBM3" is the SXM part) and its SM count (`multi_processor_count`), which replaces
+    the preset's where they differ (a MIG slice, another bin of the die). A device none of
+    the presets names takes the H200's figures, and its name says so."""
+    lower = name.lower()
+    if "h200" in lower:
+        gpu = H200
+    elif "h100" in lower and "pcie" in lower:
+        gpu = H100_PCIE
+    elif "h100" in lower:
+        gpu = H100_SXM
+    else:
+        gpu = replace(H200, name=f"{name} (with the H200's figures)")
+    if sms != gpu.sms:
+        gpu = replace(gpu, name=f"{gpu.name}, {sms} SMs", sms=sms)
+    return gpu
 
 
 def ctas_per_sm(num_warps: int, registers: int, shared_bytes: int, gpu: Gpu = H200) -> int:

@@ -249,10 +249,11 @@ def _kernel_lines(kernels: Sequence[CaseResult], model: dict[str, Any] | None) -
     """The Triton step kernel by kernel, each launch timed alone, beside the cost model."""
     if not kernels:
         return []
+    machine = f" on {model['gpu']}" if model and model.get("gpu") else ""
     lines = ["", "## The Triton step, kernel by kernel", "",
              "Each launch of one `Sampler` step on the Triton backend, replayed alone; `est` "
-             "is perf/kernel_model.py's estimate of that launch (an estimate, never a "
-             "measurement; – where it was not computed).", "",
+             f"is perf/kernel_model.py's estimate of that launch{machine} (an estimate, never "
+             "a measurement; – where it was not computed).", "",
              "| case | rows | vocab | # | kernel | grid | µs | x read | est µs |",
              "|---|---:|---:|---:|---|---|---:|---:|---:|"]  # fmt: skip
     order = sorted(kernels, key=lambda c: (c.rows * c.vocab, c.stage, _kernel_index(c)))

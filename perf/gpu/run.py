@@ -62,10 +62,11 @@ from the start, on the CPU: about 30 s for the default grid)."""
 def start_model(opts: Options) -> Background:
     """perf/kernel_model.py for the grid's rows, its largest vocabulary and the headline
     cases, on the CPU beside the parts (no device time): the estimates bench.md puts beside
-    each timed kernel."""
+    each timed kernel, for this machine's GPU (`--gpu auto`: an H100's bandwidth and SMs
+    on an H100)."""
     cases = [c for c in HEADLINE_CASES if c in opts.cases] or list(HEADLINE_CASES)
     cmd = [sys.executable, str(MODEL_SCRIPT), "--rows", *map(str, opts.rows),
-           "--vocab", str(max(opts.vocabs)), "--cases", *cases,
+           "--vocab", str(max(opts.vocabs)), "--cases", *cases, "--gpu", "auto",
            "--json", str(opts.out / MODEL_JSON)]  # fmt: skip
     env = {k: v for k, v in child_env(opts).items() if k != "TRITON_INTERPRET"}
     return Background(cmd, opts.out / "model.log", env)
