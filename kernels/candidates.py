@@ -12,6 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .dependent_launch import await_prior_grids
 from .library import (
     LISTED_STAGES,
     chunk_bounds,
@@ -114,6 +115,7 @@ def _candidates_kernel(
     STATS: tl.constexpr,
     TILES_BLOCK: tl.constexpr,  # a power of two >= num_tiles
     BLOCK_SIZE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Stage 1, over rows x splits: one read of a chunk of the row, its statistics and its
     PARTIAL largest logits, sorted descending, -inf padded, with their token ids (-1 padded)
@@ -130,6 +132,7 @@ def _candidates_kernel(
     min becomes at most that max, still below every logit a cut may keep. The walk goes
     over the tiles `library.tiles_to_visit` lists, so a skipped tile costs nothing in it.
     Rows without top-k read every tile: top-p alone needs the whole row's mass."""
+    await_prior_grids(PDL)
     row = tl.program_id(0)
     part = tl.program_id(1)
     begin = part * chunk

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from .constants import SATURATED
+from .dependent_launch import await_prior_grids, pdl_launch
 from .library import check_rows, check_table, inplace_op
 
 
@@ -38,6 +39,7 @@ def _commit_history_kernel(
     SATURATED: tl.constexpr,
     HAS_KEEP: tl.constexpr,
     OVERFLOW_BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Per row r with slot s = slots[r] and token t = token_ids[r], when keep[r] and s is not
     the padding slot (rows must have distinct slots, except the padding slot):
@@ -56,6 +58,7 @@ def _commit_history_kernel(
     as the PyTorch commit does (its branch-free index_put_ targets the spare): every state
     tensor equals the PyTorch commit's bit for bit, the spare column included.
     """
+    await_prior_grids(PDL)
     row = tl.program_id(0)
     commit_row(
         row, tl.load(slots_ptr + row), tl.load(token_ids_ptr + row), keep_ptr,
@@ -201,7 +204,9 @@ def launch_commit_history(
         num_generated, counts, overflow_token, overflow_excess, window, padding_slot
     )
     args, constexprs = tables.launch_args(keep, overflow_block)
-    _commit_history_kernel[(slots.shape[0],)](slots, token_ids, *args, **constexprs)
+    _commit_history_kernel[(slots.shape[0],)](
+        slots, token_ids, *args, **constexprs, **pdl_launch(slots.device)
+    )
 
 
 @inplace_op(

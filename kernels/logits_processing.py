@@ -23,6 +23,7 @@ import triton.language as tl
 
 from .bad_words import ban_bad_words, load_bad_block
 from .constants import GREEDY_TEMPERATURE, SATURATED
+from .dependent_launch import await_prior_grids, pdl_launch
 from .library import (
     PIPELINE_STAGES,
     TILE,
@@ -151,6 +152,7 @@ def _process_logits_kernel(
     BLOCK_SIZE: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr,
     BAD_BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Steps 1-7 of docs/kernels.md, logits processing (the comments carry their numbers),
     from `source` into `logits`, with a barrier after each phase whose stores the next one
@@ -165,6 +167,7 @@ def _process_logits_kernel(
     [begin, end) of whole tiles: it makes every phase on its own columns only (the sparse
     tables are read whole, their entries outside it skipped), so the barriers order all
     the stores to a column, which one program makes."""
+    await_prior_grids(PDL)
     row = tl.program_id(0)
     begin = tl.program_id(1) * chunk
     end = tl.minimum(begin + chunk, vocab_size)
@@ -372,6 +375,7 @@ def launch_process_logits(
         enable_fp_fusion=False,
         # 8 warps capped at 64 registers: 4 CTAs an SM and no spill with every feature (4
         # warps: 96 registers and a spill, once the bad-words scan joined the kernel)
+        **pdl_launch(source.device),
         num_warps=8,
         maxnreg=process_splits.max_registers(8),
     )  # fmt: skip

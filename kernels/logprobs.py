@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .dependent_launch import await_prior_grids, pdl_launch
 from .library import (
     LISTED_STAGES,
     SplitPolicy,
@@ -175,6 +176,7 @@ def _logprobs_kernel(
     TILES_BLOCK: tl.constexpr,  # a power of two >= ceil(V / BLOCK_SIZE) (HAS_TILES)
     BLOCK_SIZE: tl.constexpr,
     NO_TOKEN: tl.constexpr,
+    PDL: tl.constexpr,
     SPLIT_BLOCK: tl.constexpr = 2,  # a power of two >= splits (SPLIT)
 ):
     """Per row r with sampled token t = tokens[r], over the source row x (raw or processed
@@ -210,6 +212,7 @@ def _logprobs_kernel(
     (`library.last_to_arrive`) merges them (`_merge_chunks`: the top K of a row is the top K
     of its chunks' top Ks) and writes the outputs, with no launch of its own.
     """
+    await_prior_grids(PDL)
     row = tl.program_id(0)
     part = tl.program_id(1)
     row_ptr = source_ptr + row.to(tl.int64) * source_stride
@@ -415,6 +418,7 @@ def launch_logprobs(
         SUBTRACT_LSE=subtract_lse, SPLIT=split, HAS_TILES=tiles is not None,
         TILES_BLOCK=triton.next_power_of_2(num_tiles), BLOCK_SIZE=block_size,
         NO_TOKEN=_NO_TOKEN, SPLIT_BLOCK=max(2, triton.next_power_of_2(splits)),
+        **pdl_launch(source.device),
     )  # fmt: skip
 
 

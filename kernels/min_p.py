@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .dependent_launch import await_prior_grids, pdl_launch
 from .library import check_logits, inplace_op
 
 
@@ -22,7 +23,9 @@ def _min_p_kernel(
     min_p_ptr,  # [num_slots] float32
     vocab_size,
     BLOCK_SIZE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    await_prior_grids(PDL)
     row = tl.program_id(0)
     slot = tl.load(slots_ptr + row)
     min_p = tl.load(min_p_ptr + slot)
@@ -56,7 +59,13 @@ def launch_min_p(
     """Launch `_min_p_kernel` over the rows; allocates nothing, returns None."""
     num_rows, vocab_size = logits.shape
     _min_p_kernel[(num_rows,)](
-        logits, logits.stride(0), slots, min_p, vocab_size, BLOCK_SIZE=block_size
+        logits,
+        logits.stride(0),
+        slots,
+        min_p,
+        vocab_size,
+        BLOCK_SIZE=block_size,
+        **pdl_launch(logits.device),
     )
 
 

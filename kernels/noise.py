@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from .constants import SALT_SAMPLE
+from .dependent_launch import await_prior_grids, pdl_launch
 from .library import check_rows, inplace_op
 
 
@@ -94,7 +95,9 @@ def _rng_noise_kernel(
     vocab_size,
     SALT: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    await_prior_grids(PDL)
     row = tl.program_id(0)
     offset, mult = row_key(tl.load(seeds_ptr + row), tl.load(positions_ptr + row), SALT)
     out = row.to(tl.int64) * vocab_size
@@ -120,7 +123,15 @@ def launch_rng_noise(
     Outputs must be contiguous. Allocates nothing, returns None."""
     num_rows, vocab_size = hashes.shape
     _rng_noise_kernel[(num_rows,)](
-        seeds, positions, hashes, uniforms, gumbels, vocab_size, SALT=salt, BLOCK_SIZE=block_size
+        seeds,
+        positions,
+        hashes,
+        uniforms,
+        gumbels,
+        vocab_size,
+        SALT=salt,
+        BLOCK_SIZE=block_size,
+        **pdl_launch(hashes.device),
     )
 
 

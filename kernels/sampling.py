@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from .constants import GREEDY_TEMPERATURE, SALT_SAMPLE
+from .dependent_launch import await_prior_grids, pdl_launch
 from .history import CommitTables, commit_row
 from .library import (
     LISTED_STAGES,
@@ -92,6 +93,7 @@ def _sample_kernel(
     SPLIT: tl.constexpr,
     TILES_BLOCK: tl.constexpr,  # a power of two >= 2 and a chunk's tiles (HAS_TILE_MAX)
     BLOCK_SIZE: tl.constexpr,
+    PDL: tl.constexpr,
     SPLIT_BLOCK: tl.constexpr = 2,  # a power of two >= splits (SPLIT)
     COMMIT: tl.constexpr = False,  # commit each row's token (history.py)
     SATURATED: tl.constexpr = 255,
@@ -118,6 +120,7 @@ def _sample_kernel(
     out), lowest index and first NaN, and the row's last program to finish merges them
     (`library.last_to_arrive`, `_merge_chunks`): no launch of its own. The program that makes a
     row's token then commits it (COMMIT), as `history.commit_history` would."""
+    await_prior_grids(PDL)
     row = tl.program_id(0)
     split = tl.program_id(1)
     begin = split * chunk
@@ -410,6 +413,7 @@ def launch_sample_tokens(
         SPLIT_BLOCK=max(2, triton.next_power_of_2(splits)),
         HAS_BUFFER=buffer is not None,
         **committing,
+        **pdl_launch(logits.device),
     )
 
 

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from .candidates import STATS, _candidates_kernel, _row_filters
+from .dependent_launch import await_prior_grids, pdl_launch
 from .library import (
     SEARCH_STAGES,
     TILE,
@@ -111,11 +112,13 @@ def _top_k_top_p_kernel(
     STATS: tl.constexpr,
     GATHER: tl.constexpr,  # the searches' gather (kernels/top_k_top_p.py GATHER), 0: none
     BLOCK_SIZE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Stage 2, one program per row: the chunks' statistics and lists merged, the cut read
     off the merged buffer, or searched for where the buffer cannot settle it, the search
     cut short by a gather of the few logits left around the cut (docs/kernels.md,
     top-k/top-p)."""
+    await_prior_grids(PDL)
     row = tl.program_id(0)
     # The chunks' statistics and lists ([SPLIT_BLOCK] each, [SPLIT_BLOCK, PARTIAL]) depend on
     # the row alone: all loaded first, with the slot, in one round (a warp issues in order,
@@ -419,7 +422,7 @@ def launch_top_k_top_p(
         vocab_size, chunk, candidates, num_tiles,
         HAS_MIN_P=min_p is not None, HAS_TILE_MAX=tile_max is not None, PARTIAL=partial,
         STATS=STATS, TILES_BLOCK=triton.next_power_of_2(num_tiles), BLOCK_SIZE=block_size,
-        num_warps=4,
+        **pdl_launch(device), num_warps=4,
         maxnreg=top_k_top_p_splits.max_registers(4) if partial <= CHUNK_PARTIAL else None,
     )  # fmt: skip
     _top_k_top_p_kernel[(num_rows,)](
@@ -450,6 +453,7 @@ def launch_top_k_top_p(
         STATS=STATS,
         GATHER=gather,
         BLOCK_SIZE=CUT_BLOCK,
+        **pdl_launch(device),
         num_warps=4,
         maxnreg=register_cap(4, CUT_CTAS_PER_SM),
     )

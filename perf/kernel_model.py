@@ -198,6 +198,11 @@ def assumptions(gpu: Gpu = H200) -> dict[str, Any]:
         "logprobs_second_pass": "never (rare: a token within an ulp of the sampled one)",
         "branches_in_loops": "all taken (static SASS count: an upper bound)",
         "caches": "none: every byte is an HBM byte",
+        "programmatic_dependent_launch": (
+            "compiled as sm_90 launches it (on), but every launch still costs the full "
+            "launch overhead: the overlap it buys is not modelled (the GPU check times the "
+            "step with it and without)"
+        ),
         "loads": (
             "a loop whose SASS copies its loads asynchronously (LDGSTS) is pipelined S "
             f"stages deep (its num_stages, {stages} unless it names another): after the "
@@ -216,7 +221,8 @@ def _triton_on_cpu(num_sms: int) -> Iterator[None]:
     (`config.triton_available`, also imported by perf/gpu/targets.py): in this process
     nothing runs on the device, every launch is recorded instead. And split the rows of the
     kernels that split them (processing, top-k/top-p, sampling, logprobs) as on a GPU of
-    `num_sms` SMs (off CUDA the pipeline does not split)."""
+    `num_sms` SMs (off CUDA the pipeline does not split), and launch them with programmatic
+    dependent launch, as on sm_90 (`cuda_compile.hopper_launches`)."""
     import gpu.targets
 
     import graphsafe_sampler.config as config
@@ -232,6 +238,8 @@ def _triton_on_cpu(num_sms: int) -> Iterator[None]:
         "logprobs_splits": logprobs_splits,
         "process_splits": process_splits,
     }
+    from cuda_compile import hopper_launches
+
     saved = config.triton_available, gpu.targets.triton_available
     config.triton_available = gpu.targets.triton_available = lambda device: True
     for name, splitter in splitters.items():
@@ -239,7 +247,8 @@ def _triton_on_cpu(num_sms: int) -> Iterator[None]:
             pipeline, name, lambda rows, vocab, device, f=splitter: f(rows, vocab, device, num_sms)
         )
     try:
-        yield
+        with hopper_launches():
+            yield
     finally:
         config.triton_available, gpu.targets.triton_available = saved
         for name, splitter in splitters.items():

@@ -55,6 +55,7 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 import torch
 import triton
+from ptx_order import waits_first
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
@@ -101,6 +102,7 @@ class Compiled:
     store_phases: list[list[int]] = field(default_factory=list)  # see `store_phases`
     fenced_stores: list[int] = field(default_factory=list)  # see `fenced_stores`
     released_stores: list[int] = field(default_factory=list)  # see `released_stores`
+    waits_first: bool | None = None  # see `waits_first`
 
 
 def _scalar_type(value: object) -> str:
@@ -124,7 +126,9 @@ class Recorder:
         params = kernel.params
         bound = dict(zip([p.name for p in params], args, strict=False))
         options = {
-            k: kwargs.pop(k) for k in ("num_warps", "enable_fp_fusion", "maxnreg") if k in kwargs
+            k: kwargs.pop(k)
+            for k in ("num_warps", "enable_fp_fusion", "maxnreg", "launch_pdl")
+            if k in kwargs
         }
         bound.update(kwargs)  # constexprs passed by name
         signature: dict[str, str] = {}
@@ -370,8 +374,23 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
     return calls
 
 
+@contextlib.contextmanager
+def hopper_launches() -> Iterator[None]:
+    """Have the launchers decide programmatic dependent launch as on an sm_90 device (on: the
+    `PDL` constexpr and `launch_pdl`, kernels/dependent_launch.py), which this CPU's tensors
+    would turn off: the variants recorded are the ones a Hopper GPU compiles."""
+    from graphsafe_sampler.kernels import dependent_launch
+
+    saved = dependent_launch.pdl_supported
+    dependent_launch.pdl_supported = lambda device, *args, **kwargs: True  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        dependent_launch.pdl_supported = saved  # type: ignore[assignment]
+
+
 def record() -> list[Launch]:
-    """Every launch of `_launches`, recorded without running anything."""
+    """Every launch of `_launches`, recorded without running anything, as on sm_90."""
     recorder = Recorder()
     original = JITFunction.run
 
@@ -380,9 +399,10 @@ def record() -> list[Launch]:
 
     JITFunction.run = run  # type: ignore[method-assign]
     try:
-        for label, call in _launches():
-            recorder.label = label
-            call()
+        with hopper_launches():
+            for label, call in _launches():
+                recorder.label = label
+                call()
     finally:
         JITFunction.run = original  # type: ignore[method-assign]
     return recorder.launches
@@ -610,6 +630,7 @@ def compile_launch(launch: Launch, arch: int) -> Compiled:
         result.store_phases = store_phases(compiled.asm["ttgir"])
         result.fenced_stores = fenced_stores(compiled.asm["ttgir"])
         result.released_stores = released_stores(compiled.asm["ttgir"])
+        result.waits_first = waits_first(compiled.asm["ptx"])
         if options.get("enable_fp_fusion") is False:
             result.fma_lines = fma_lines(compiled.asm["ptx"])
             result.fma_in_ptx = any("tl.fma(" not in line for line in result.fma_lines)
@@ -667,6 +688,12 @@ def main(argv: list[str] | None = None) -> int:
     missing = sorted(kernels_in_package() - covered)
     fused = [r.label for r in results if r.fma_in_ptx]
     spilled = [r.label for r in results if r.spill_bytes]
+    # a kernel launched early (launch_pdl) must wait first; one that waits, be launched so
+    unordered = [
+        r.label
+        for r in results
+        if r.ok and (r.waits_first is not True or r.options.get("launch_pdl") is not True)
+    ]
     report = {
         "arch": args.arch,
         "triton": triton.__version__,
@@ -674,6 +701,7 @@ def main(argv: list[str] | None = None) -> int:
         "missing_kernels": missing,
         "fma_despite_no_fusion": fused,
         "spilled": spilled,
+        "pdl_unordered": unordered,
     }
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
@@ -684,6 +712,7 @@ def main(argv: list[str] | None = None) -> int:
         ("never launched", missing),
         ("fma", fused),
         ("spilled", spilled),
+        ("not waiting first under programmatic dependent launch", unordered),
     )
     for what, items in problems:
         if items:
@@ -691,7 +720,7 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(r.seconds for r in results)
     print(f"{len(results) - len(failed)}/{len(results)} variants compiled for sm_{args.arch} "
           f"in {total:.0f} s", flush=True)  # fmt: skip
-    return 1 if failed or missing or fused or spilled else 0
+    return 1 if failed or missing or fused or spilled or unordered else 0
 
 
 if __name__ == "__main__":

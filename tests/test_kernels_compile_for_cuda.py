@@ -246,3 +246,42 @@ def test_process_logits_orders_its_phases(report: dict[str, Any]) -> None:
             assert _ordered(stores, again, bias), where
         if "bad_words=True" in r["label"]:
             assert _ordered(stores, excess, bad_words), where
+
+
+def test_every_kernel_waits_for_the_grids_before_it(report: dict[str, Any]) -> None:
+    """Launched as on sm_90, programmatic dependent launch on: every variant passes Triton's
+    `launch_pdl` with its `PDL` constexpr, and its PTX waits (`griddepcontrol.wait`) before
+    any instruction that may touch global memory and before any branch, so a kernel that
+    starts while the one before it still runs sees memory as an ordered launch would."""
+    assert report["pdl_unordered"] == []
+    for r in report["results"]:
+        assert r["constexprs"]["PDL"] is True, r["label"]
+        assert r["options"]["launch_pdl"] is True, r["label"]
+        assert r["waits_first"] is True, r["label"]
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        # the wait after the parameters and shared memory only: first
+        ("ld.param.b64 %rd1, [k_param_0];\nst.shared.b32 [%r1], %r2;\n"
+         "griddepcontrol.wait ;\nld.global.b32 %r3, [%rd1];", True),
+        # a load, a predicated store, an asynchronous copy, an atomic, a generic load or a
+        # branch before it: not first
+        ("ld.global.nc.b32 %r3, [%rd1];\ngriddepcontrol.wait ;", False),
+        ("@%p1 st.global.b32 [%rd1], %r2;\ngriddepcontrol.wait ;", False),
+        ("cp.async.cg.shared.global [%r1], [%rd1], 16;\ngriddepcontrol.wait ;", False),
+        ("atom.global.gpu.acq_rel.add.u32 %r1, [%rd1], 1;\ngriddepcontrol.wait ;", False),
+        ("ld.b32 %r3, [%rd1];\ngriddepcontrol.wait ;", False),
+        ("@%p1 bra $L__BB0_2;\ngriddepcontrol.wait ;", False),
+        # no wait at all: the first access decides, and a kernel without either is None
+        ("ld.global.b32 %r3, [%rd1];", False),
+        ("mov.u32 %r5, %ctaid.x;\nret;", None),
+    ],
+)  # fmt: skip
+def test_waits_first_reads_the_order_of_the_ptx(body: str, expected: bool | None) -> None:
+    from ptx_order import waits_first
+
+    head = ".version 8.7\n.target sm_90a\n.visible .entry k(\n"
+    ptx = head + ".param .u64 .ptr .global k_param_0\n)\n{\n"
+    assert waits_first(ptx + body.replace("\n", "\n\t") + "\n}\n") is expected
