@@ -538,3 +538,51 @@ def test_a_triton_backend_that_fails_to_build_is_a_failure(monkeypatch: pytest.M
     monkeypatch.delenv("TRITON_INTERPRET")
     reason = targets.sampler_or_reason(config, cpu)
     assert isinstance(reason, str) and "needs CUDA or TRITON_INTERPRET=1" in reason
+
+
+@pytest.mark.parametrize("before", [None, "1"])
+def test_the_step_without_pdl_is_timed_with_it_off_and_put_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, before: str | None
+) -> None:
+    from graphsafe_sampler.bench.results import run_context
+    from graphsafe_sampler.kernels.dependent_launch import PDL_ENV
+
+    if before is None:
+        monkeypatch.delenv(PDL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(PDL_ENV, before)
+    opts = _tiny_options()
+    opts.out_dir = str(tmp_path)
+    book_ = book.BenchBook(opts, run_context(torch.device("cpu"), suite="test"))
+    seen: list[str | None] = []
+
+    class Step:  # stands in for the Triton Sampler: what the timing reads of it
+        config = type("Config", (), {"max_num_logprobs": 5})()
+
+        def __call__(self, x: torch.Tensor) -> None:
+            seen.append(os.environ.get(PDL_ENV))
+
+    class Pool:
+        def load(self, sampler: object, case: str, rows: int) -> float:
+            seen.append(os.environ.get(PDL_ENV))
+            return 0.01
+
+    timer = bench_part.Timer(torch.device("cpu"), rep_ms=1, cpu_rounds=3)
+    x = torch.randn(2, 64)
+    bench_part._time_without_pdl(book_, timer, Pool(), Step(), x, "all")  # type: ignore[arg-type]
+    assert seen and set(seen) == {"0"}  # the load, the untimed call and every timed one
+    assert os.environ.get(PDL_ENV) == before
+    [case] = book_.results.cases
+    assert case.provider == bench_cases.NO_PDL and (case.stage, case.rows, case.vocab) == (
+        "all", 2, 64,
+    )  # fmt: skip
+    assert case.extra["pdl"] is False and case.median_us > 0
+
+    # a step that raises still puts the setting back
+    class Broken(Step):
+        def __call__(self, x: torch.Tensor) -> None:
+            raise RuntimeError("capture failed")
+
+    with pytest.raises(RuntimeError, match="capture failed"):
+        bench_part._time_without_pdl(book_, timer, Pool(), Broken(), x, "all")  # type: ignore[arg-type]
+    assert os.environ.get(PDL_ENV) == before

@@ -4,6 +4,7 @@ on graph replay over the grid, smallest shapes first; and the top-k/top-p kernel
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -13,12 +14,14 @@ import torch
 from graphsafe_sampler import Sampler
 from graphsafe_sampler.bench import stages
 from graphsafe_sampler.bench.results import FLOOR_PROVIDER, run_context
+from graphsafe_sampler.kernels.dependent_launch import PDL_ENV, pdl_supported
 
 from .book import BenchBook, case_result
 from .cases import (
     CANDIDATE_CASES,
     CANDIDATES_PROVIDER,
     KERNEL_PROVIDER,
+    NO_PDL,
     VLLM_STYLE,
     case_grid,
     case_logprobs,
@@ -109,10 +112,16 @@ def run_bench_part(opts: Options, deadline: float) -> dict[str, Any]:
                 timed = timer(lambda: sampler(x))
                 extra = {"backend": backend, "max_num_logprobs": sampler.config.max_num_logprobs,
                          "update_s": round(update_s, 3)}  # fmt: skip
+                if backend == "triton":  # whether programmatic dependent launch was on
+                    extra["pdl"] = pdl_supported(device)
                 book.add(case_result(case, provider_name(kind, device), rows, vocab, timed, extra))
 
             name = provider_name(kind, device)
             measure(f"{case} {name} R{rows}-V{vocab}", run, name)
+            # the same step with programmatic dependent launch off, where it is on
+            if backend == "triton" and case in CANDIDATE_CASES and pdl_supported(device):
+                off = functools.partial(_time_without_pdl, book, timer, pool, sampler, x, case)
+                measure(f"{case} {NO_PDL} R{rows}-V{vocab}", off, NO_PDL)
             # the Triton step kernel by kernel (on the interpreter: one shape, it is slow)
             smoke_kernels = rows == min(opts.rows) and case == CANDIDATE_CASES[-1]
             if backend == "triton" and case in CANDIDATE_CASES and (cuda or smoke_kernels):
@@ -149,6 +158,31 @@ def _time_peer(
     timed = timer(lambda: peer(logits.copy_(x)), eager=True)
     extra = {"includes": "a copy of the logits (the peer writes into them)"}
     book.add(case_result(case, VLLM_STYLE, rows, vocab, timed, extra))
+
+
+def _time_without_pdl(
+    book: BenchBook, timer: Timer, pool: SamplerPool, sampler: Sampler, x: torch.Tensor,
+    case: str,
+) -> None:  # fmt: skip
+    """The Triton Sampler's step with programmatic dependent launch off (GRAPHSAFE_SAMPLER_PDL
+    =0 while it is captured and timed; its variants compile on the first call, untimed),
+    provider `NO_PDL`, beside the same step with it on."""
+    rows, vocab = x.shape
+    saved = os.environ.get(PDL_ENV)
+    os.environ[PDL_ENV] = "0"
+    try:
+        update_s = pool.load(sampler, case, rows)
+        sampler(x)  # compiles the variants without PDL, outside the capture
+        sync(timer.device)
+        timed = timer(lambda: sampler(x))
+    finally:
+        if saved is None:
+            del os.environ[PDL_ENV]
+        else:
+            os.environ[PDL_ENV] = saved
+    extra = {"backend": "triton", "max_num_logprobs": sampler.config.max_num_logprobs,
+             "update_s": round(update_s, 3), "pdl": False}  # fmt: skip
+    book.add(case_result(case, NO_PDL, rows, vocab, timed, extra))
 
 
 def _time_kernels(

@@ -50,6 +50,7 @@ SAMPLER_PROVIDERS = (
     "sampler-compiled-graph",
     "sampler-graph",
     "sampler-triton-graph",
+    "sampler-triton-no-pdl-graph",
     "sampler-compiled",
     "sampler-eager",
     "sampler-triton",
@@ -60,6 +61,11 @@ vLLM-V1-style eager peer (graphsafe_sampler.bench.vllm_style), timed eagerly as 
 its sampler, after the graph."""
 
 VLLM_STYLE = "vllm-style-eager"
+
+NO_PDL = "sampler-triton-no-pdl-graph"
+"""The Triton Sampler with programmatic dependent launch turned off (GRAPHSAFE_SAMPLER_PDL=0,
+kernels/dependent_launch.py), beside `sampler-triton-graph` (on, where the GPU has it):
+what PDL buys on this GPU."""
 
 READ_FLOOR = "amax"
 """The one-read floor's provider: `torch.amax(logits, -1)`, one pass over the logits (the
