@@ -586,3 +586,21 @@ def test_the_step_without_pdl_is_timed_with_it_off_and_put_back(
     with pytest.raises(RuntimeError, match="capture failed"):
         bench_part._time_without_pdl(book_, timer, Pool(), Broken(), x, "all")  # type: ignore[arg-type]
     assert os.environ.get(PDL_ENV) == before
+
+
+def test_pdl_lines_set_the_step_without_it_beside_it() -> None:
+    """What programmatic dependent launch saved at a shape timed both ways, in all and a
+    launch after the step's first (the model's launch count); none where one side is
+    missing."""
+    on = _case("all", bench_cases.TRITON_GRAPH, 30.0)
+    off = _case("all", bench_cases.NO_PDL, 36.0)
+    alone = _case("top_k_top_p", bench_cases.NO_PDL, 25.0)  # no PDL-on time to set it by
+    model = {"vocab": 128_256, "cases": {"all": {"64": {"launches": [{}] * 5}}}}
+    md = book.format_markdown(Results({}, [on, off, alone]), model)
+    assert "## Programmatic dependent launch: the Triton step with it and without" in md
+    assert "| all | 64 | 128256 | 30.0 | 36.0 | 6.0 | 5 | 1.50 |" in md
+    assert "| top_k_top_p | 64 |" not in md.split("## Programmatic")[1]
+    # without the model (another vocabulary): no launch count
+    md = book.format_markdown(Results({}, [on, off]), {**model, "vocab": 151_936})
+    assert "| all | 64 | 128256 | 30.0 | 36.0 | 6.0 | – | – |" in md
+    assert "## Programmatic" not in book.format_markdown(Results({}, [on]), model)

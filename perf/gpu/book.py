@@ -23,9 +23,11 @@ from .cases import (
     CANDIDATES_PROVIDER,
     FLASHINFER,
     KERNEL_PROVIDER,
+    NO_PDL,
     READ_FLOOR,
     SAMPLER_PROVIDERS,
     SPEC_STAGE,
+    TRITON_GRAPH,
 )
 from .options import Options
 from .report import BENCH_JSON, BENCH_MD, error_text, say, write_json
@@ -216,6 +218,7 @@ def format_markdown(results: Results, model: dict[str, Any] | None = None) -> st
                 f"| {c.stage} | {c.rows} | {c.vocab} | {c.extra.get('candidates')} | "
                 f"{_us(c.median_us)} ({_ratio(c.ratio_to_floor)}) | {c.extra.get('mean_reads')} |"
             )
+    lines += _pdl_lines(cases, model)
     lines += _kernel_lines([c for c in cases if _is_kernel(c)], model)
     for title, key in (("Notes", "notes"), ("Errors", "errors")):
         if ctx.get(key):
@@ -243,6 +246,32 @@ def model_estimates(model: dict[str, Any] | None, case: CaseResult) -> dict[str,
         return {}
     launch = step["launches"][index]
     return launch if launch.get("name") == case.extra.get("kernel") else {}
+
+
+def _pdl_lines(cases: Sequence[CaseResult], model: dict[str, Any] | None) -> list[str]:
+    """The Triton step with programmatic dependent launch on and off, shape by shape: what it
+    saved in all, and a launch (over the step's launches after its first, as the cost
+    model counts them; – where it was not computed)."""
+    on = {(c.stage, c.rows, c.vocab): c for c in cases if c.provider == TRITON_GRAPH}
+    off = [c for c in cases if c.provider == NO_PDL and (c.stage, c.rows, c.vocab) in on]
+    if not off:
+        return []
+    lines = ["", "## Programmatic dependent launch: the Triton step with it and without", "",
+             "| case | rows | vocab | on µs | off µs | saved µs | launches | saved a launch µs |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for c in sorted(off, key=lambda c: (c.rows * c.vocab, c.stage)):
+        saved = c.median_us - on[(c.stage, c.rows, c.vocab)].median_us
+        launches = None
+        if model and model.get("vocab") == c.vocab:
+            step = model.get("cases", {}).get(c.stage, {}).get(str(c.rows))
+            launches = len(step["launches"]) if step else None
+        each = saved / (launches - 1) if launches and launches > 1 else None
+        lines.append(
+            f"| {c.stage} | {c.rows} | {c.vocab} | "
+            f"{_us(on[(c.stage, c.rows, c.vocab)].median_us)} | {_us(c.median_us)} | "
+            f"{saved:.1f} | {launches or '–'} | {'–' if each is None else f'{each:.2f}'} |"
+        )
+    return lines
 
 
 def _kernel_lines(kernels: Sequence[CaseResult], model: dict[str, Any] | None) -> list[str]:

@@ -62,6 +62,10 @@ its sampler, after the graph."""
 
 VLLM_STYLE = "vllm-style-eager"
 
+TRITON_GRAPH = "sampler-triton-graph"
+"""The Triton Sampler's step on graph replay (with programmatic dependent launch where the
+GPU has it)."""
+
 NO_PDL = "sampler-triton-no-pdl-graph"
 """The Triton Sampler with programmatic dependent launch turned off (GRAPHSAFE_SAMPLER_PDL=0,
 kernels/dependent_launch.py), beside `sampler-triton-graph` (on, where the GPU has it):
