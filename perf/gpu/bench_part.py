@@ -118,8 +118,11 @@ def run_bench_part(opts: Options, deadline: float) -> dict[str, Any]:
 
             name = provider_name(kind, device)
             measure(f"{case} {name} R{rows}-V{vocab}", run, name)
-            # the same step with programmatic dependent launch off, where it is on
-            if backend == "triton" and case in CANDIDATE_CASES and pdl_supported(device):
+            # the same step with programmatic dependent launch off, where it is on: at the
+            # smallest rows only, where launches weigh most (its variants compile anew, a
+            # few seconds a shape out of the part's budget)
+            pdl_shape = rows == min(opts.rows) and case in CANDIDATE_CASES
+            if backend == "triton" and pdl_shape and pdl_supported(device):
                 off = functools.partial(_time_without_pdl, book, timer, pool, sampler, x, case)
                 measure(f"{case} {NO_PDL} R{rows}-V{vocab}", off, NO_PDL)
             # the Triton step kernel by kernel (on the interpreter: one shape, it is slow)

@@ -69,7 +69,7 @@ GPU has it)."""
 NO_PDL = "sampler-triton-no-pdl-graph"
 """The Triton Sampler with programmatic dependent launch turned off (GRAPHSAFE_SAMPLER_PDL=0,
 kernels/dependent_launch.py), beside `sampler-triton-graph` (on, where the GPU has it):
-what PDL buys on this GPU."""
+what PDL buys on this GPU, at the grid's smallest rows."""
 
 READ_FLOOR = "amax"
 """The one-read floor's provider: `torch.amax(logits, -1)`, one pass over the logits (the
