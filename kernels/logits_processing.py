@@ -373,9 +373,9 @@ def launch_process_logits(
         BAD_BLOCK=min(triton.next_power_of_2(max(num_bad, 1)), bad_block),
         # why: x - f * count must round twice, as torch's separate multiply and subtract do
         enable_fp_fusion=False,
+        **pdl_launch(source.device),
         # 8 warps capped at 64 registers: 4 CTAs an SM and no spill with every feature (4
         # warps: 96 registers and a spill, once the bad-words scan joined the kernel)
-        **pdl_launch(source.device),
         num_warps=8,
         maxnreg=process_splits.max_registers(8),
     )  # fmt: skip

@@ -20,7 +20,9 @@ spills registers (`ptxas -v`: a spill is local-memory traffic in every loop iter
 Each variant's `store_phases` (the source lines of its global stores, numbered by the
 barriers of its TTGIR) let the test check that a kernel orders the stores that its threads
 would otherwise race on, and its `released_stores` those another program reads after an
-atomic; the interpreter, one thread, never shows such a race.
+atomic; the interpreter, one thread, never shows such a race. The launches are recorded as
+an sm_90 device makes them, with programmatic dependent launch (`hopper_launches`), and
+each variant's PTX must wait for the grids before it first (`ptx_order.waits_first`).
 
 Run in its own process, with the interpreter off (it sets TRITON_INTERPRET=0 before Triton
 is imported, and refuses to run where Triton was already imported in interpreter mode):
