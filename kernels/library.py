@@ -35,13 +35,12 @@ us slower at B = 64 and 256 (sampling took 68 registers, 7 CTAs an SM instead of
 logprobs variant spilled."""
 
 RACE_STAGES = tl.constexpr(5)
-"""Stages of the pipeline on the sampling kernel's race over a covered row's lists
-(kernels/sampling.py, `_race_buffer`), RACE_BLOCK entries a block: unpipelined, each block's
-loads waited out the memory's latency after the last block's reductions (7 blocks at B = 1,
-50 chunks' lists of 32). The race at B = 1, estimated by perf/kernel_model.py: 7 x (0.8 +
+"""Stages of the pipeline on the sampling kernel's race over the later ranks of a covered
+row's lists (kernels/list_race.py, `race_lists`: where some list keeps more logits than
+its first block of ranks holds), a block of ranks an iteration. When the race went over
+the whole union (7 blocks of 256 at B = 1), estimated by perf/kernel_model.py: 7 x (0.8 +
 0.1) = 6.3 us unpipelined, 0.8 + 7 x 0.4 = 3.6 at 3 stages, 0.8 + 7 x 0.2 = 2.2 at 5 (no
-better at 8: the step's estimate stayed); 8 KB of shared memory a program, no CTA an SM
-fewer."""
+better at 8)."""
 
 SEARCH_STAGES = tl.constexpr(5)
 """Stages of the pipeline on the cut kernel's passes over a row (the radix search's, the

@@ -25,7 +25,6 @@ from .dependent_launch import await_prior_grids, pdl_launch
 from .history import CommitTables, commit_row
 from .library import (
     LISTED_STAGES,
-    RACE_STAGES,
     TILE,
     SplitPolicy,
     arrival_counters,
@@ -44,6 +43,7 @@ from .library import (
     tile_count,
     tiles_to_visit,
 )
+from .list_race import RACE_BLOCK, race_lists
 from .noise import gumbel, row_key, token_hash
 
 _INT32_MAX = 2**31 - 1
@@ -79,6 +79,7 @@ def _sample_kernel(
     buffer_values_ptr,  # [num_rows, N] float32 (HAS_BUFFER): top_k_top_p's chunk lists
     buffer_ids_ptr,  # [num_rows, N] int32 (HAS_BUFFER): their token ids (-1: padding)
     buffer_len,  # N (HAS_BUFFER)
+    list_len,  # each chunk's list's entries (HAS_BUFFER): N = chunks x list_len
     vocab_size,
     chunk,  # columns a program scans, a multiple of BLOCK_SIZE (the row when not SPLIT)
     # COMMIT: keep, the history tables and their sizes, as `history.commit_row` takes them
@@ -100,7 +101,9 @@ def _sample_kernel(
     HAS_KEEP: tl.constexpr = False,
     OVERFLOW_BLOCK: tl.constexpr = 2,
     HAS_BUFFER: tl.constexpr = False,
-    RACE_BLOCK: tl.constexpr = 256,  # the lists' entries raced at a time (HAS_BUFFER)
+    CHUNK_BLOCK: tl.constexpr = 2,  # a power of two >= the lists' chunks (HAS_BUFFER)
+    RANK_BLOCK: tl.constexpr = 2,  # ranks of every list raced at a time (HAS_BUFFER)
+    ONE_BLOCK: tl.constexpr = True,  # RANK_BLOCK >= each list's length (HAS_BUFFER)
 ):  # fmt: skip
     """Per row r with slot s = slots[r]: greedy rows (temperature[s] < GREEDY_BELOW) take
     argmax(logits[r]), lowest index on ties; random rows take argmax(logits[r] + gumbel[r]),
@@ -229,9 +232,9 @@ def _sample_kernel(
             # their chunk's answer nor arrive
             finish = split == 0
             if finish:
-                token = _race_buffer(
-                    row, buffer_values_ptr, buffer_ids_ptr, buffer_len, threshold, is_random,
-                    offset, mult, RACE_BLOCK,
+                token = race_lists(
+                    row, buffer_values_ptr, buffer_ids_ptr, buffer_len, list_len, threshold,
+                    is_random, offset, mult, CHUNK_BLOCK, RANK_BLOCK, ONE_BLOCK,
                 )  # fmt: skip
     if SPLIT:  # noqa: SIM102 (a constexpr guard)
         if not covered:
@@ -257,39 +260,6 @@ def _sample_kernel(
                 overflow_excess_ptr, window_ptr, counts_stride, num_overflow, window_len,
                 padding_slot, SATURATED, HAS_KEEP, OVERFLOW_BLOCK,
             )  # fmt: skip
-
-
-@triton.jit
-def _race_buffer(
-    row, values_ptr, ids_ptr, buffer_len, threshold, is_random, offset, mult,
-    RACE_BLOCK: tl.constexpr,
-):  # fmt: skip
-    """A covered row's token from its listed logits alone: those at or above the threshold
-    are every token the row keeps, so the greedy argmax, or the race's argmax of logit +
-    noise (the same noise of the same ids), lowest id on ties, is the walk's token. RACE_BLOCK
-    entries at a time (the whole union at once, 2,048 at B = 1, spilled), the next blocks'
-    loads in flight while one is raced (`library.RACE_STAGES`)."""
-    best = tl.full((), float("-inf"), tl.float32)
-    best_id = tl.full((), 2147483647, tl.int32)
-    for start in tl.range(0, buffer_len, RACE_BLOCK, num_stages=RACE_STAGES):
-        entry = start + tl.arange(0, RACE_BLOCK)
-        at = row.to(tl.int64) * buffer_len + entry
-        inside = entry < buffer_len
-        x = tl.load(values_ptr + at, mask=inside, other=float("-inf"))
-        ids = tl.load(ids_ptr + at, mask=inside, other=-1)
-        # the threshold is above every unlisted logit, so above the -inf padding too
-        kept = x >= threshold
-        if is_random:
-            x = x + gumbel(token_hash(tl.maximum(ids, 0), offset, mult))
-        x = tl.where(kept, x, float("-inf"))
-        top = tl.max(x, axis=0)
-        top_id = tl.min(tl.where(kept & (x == top), ids, 2147483647), axis=0)
-        # the lists are not in id order: equal values keep the lower id
-        take = (top > best) | ((top == best) & (top_id < best_id))
-        best = tl.where(take, top, best)
-        best_id = tl.where(take, top_id, best_id)
-    # the row's max is at or above the threshold, so listed: never unset (0 if it were)
-    return tl.where(best_id == 2147483647, 0, best_id)
 
 
 @triton.jit
@@ -369,7 +339,8 @@ def launch_sample_tokens(
         history, committing = commit.launch_args(keep)
         committing["COMMIT"] = True
         num_generated = commit.num_generated
-    covered, values, ids, buffer_len = tokens, logits, tokens, 1  # unread without a buffer
+    # unread without a buffer
+    covered, values, ids, buffer_len, list_len = tokens, logits, tokens, 1, 1
     if buffer is not None:
         if threshold is None:
             raise ValueError("the candidate lists need the threshold they were cut with")
@@ -378,6 +349,10 @@ def launch_sample_tokens(
         for name, table, dtype in (("lists", values, torch.float32), ("ids", ids, torch.int32)):
             check_table(name, table, dtype, (num_rows, *values.shape[1:]))
         buffer_len = max(1, math.prod(values.shape[1:]))
+        list_len = max(1, values.shape[-1])
+    # a block of RACE_BLOCK list entries: RANK_BLOCK ranks of every chunk's list
+    chunk_block = max(2, triton.next_power_of_2(buffer_len // list_len))
+    rank_block = max(2, min(RACE_BLOCK // chunk_block, triton.next_power_of_2(list_len)))
     _sample_kernel[(num_rows, splits)](
         logits,
         logits.stride(0),
@@ -396,6 +371,7 @@ def launch_sample_tokens(
         values,
         ids,
         buffer_len,
+        list_len,
         vocab_size,
         chunk,
         history[0],  # keep; num_generated is the one above
@@ -412,6 +388,9 @@ def launch_sample_tokens(
         BLOCK_SIZE=block_size,
         SPLIT_BLOCK=max(2, triton.next_power_of_2(splits)),
         HAS_BUFFER=buffer is not None,
+        CHUNK_BLOCK=chunk_block,
+        RANK_BLOCK=rank_block,
+        ONE_BLOCK=rank_block >= list_len,
         **committing,
         **pdl_launch(logits.device),
     )

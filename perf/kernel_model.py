@@ -350,7 +350,7 @@ def _launch_entry(
     serial = [
         (float(work.walks[key].max()) * tiles, instructions, stages)
         for key, (instructions, stages) in tile_loops.items()
-    ] + list(counted.values())
+    ]
     ctas = ctas_per_sm(variant.num_warps, variant.registers, variant.shared_bytes, gpu)
     # outside the tile loops: the longest path of the code a program runs, leaving out the
     # loops no row runs (the redo pass, a settled row's search, a sparse table's blocks past
@@ -370,7 +370,7 @@ def _launch_entry(
     path = variant.straight_line(unwalked, untaken, set(counted), always)
     timing = launch_time(
         read + written, programs, ctas, variant.num_warps, serial, gpu, path.load_rounds,
-        path.instructions,
+        path.instructions, list(counted.values()),
     )  # fmt: skip
     return {
         "kind": "triton",

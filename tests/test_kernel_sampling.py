@@ -536,6 +536,71 @@ def test_covered_rows_race_over_the_lists(splits: int, kernel_device: torch.devi
     assert not torch.equal(draw(poisoned, None)[covered], want[covered])
 
 
+@pytest.mark.parametrize("chunks", [64, 3])
+def test_a_covered_race_reads_the_ranks_that_keep_a_logit_only(
+    chunks: int, kernel_device: torch.device
+) -> None:
+    """A covered row's race takes the first ranks of every chunk's list (RACE_BLOCK / 64 of
+    32 where 64 chunks share a block; all 32 for 3), and the later ones only where the last
+    rank raced still keeps a logit somewhere: rows keeping fewer logits a chunk than a block
+    has ranks, exactly that many, and more, random and greedy, draw what the walk over the
+    same kept logits draws. The ranks past a row's first block, where it keeps fewer than
+    a block's ranks a chunk, hold huge values (out of order, as no list would): read, they
+    would win."""
+    from graphsafe_sampler.kernels.list_race import RACE_BLOCK
+
+    gen = _gen()
+    rows, vocab, list_len = 8, 8192, 32
+    device = kernel_device
+    ranks = min(RACE_BLOCK // 64, list_len) if chunks == 64 else list_len
+    assert ranks < list_len or chunks == 3  # the 64 chunks' case has later ranks to race
+    # per row, the most logits a chunk keeps: fewer than a block's ranks (one block), as
+    # many (the next block checked and found empty), more (blocks in the pipelined loop)
+    most = [1, ranks // 2, ranks - 1, ranks - 1, ranks, ranks, 3 * ranks // 2, list_len - 1]
+    most = [min(m, list_len) for m in most]
+    values = torch.full((rows, chunks, list_len), float("-inf"))
+    ids = torch.full((rows, chunks, list_len), -1, dtype=torch.int32)
+    threshold = torch.zeros(rows)
+    logits = torch.full((rows, vocab), -1e9)
+    for r in range(rows):
+        token_ids = torch.randperm(vocab, generator=gen)[: chunks * list_len].view(chunks, -1)
+        # each list: descending, kept = at or above 0 (ties among them), then below
+        counts = torch.randint(0, most[r] + 1, (chunks,), generator=gen)
+        crowded = int(torch.randint(0, chunks, (1,), generator=gen))
+        counts[crowded] = most[r]
+        if most[r] > ranks:
+            # the crowded list's kept logits tie at the row's max, with the row's lowest id
+            # at its last kept rank: past the first block, where the greedy token is
+            flat = token_ids.view(-1)
+            low, at = int(flat.argmin()), crowded * list_len + most[r] - 1
+            flat[low], flat[at] = flat[at].clone(), flat[low].clone()
+        for c in range(chunks):
+            kept = torch.round(torch.rand(int(counts[c]), generator=gen) * 15) / 4
+            if c == crowded and most[r] > ranks:
+                kept = torch.full((most[r],), 4.0)
+            dropped = -1.0 - torch.rand(list_len - int(counts[c]), generator=gen) * 8
+            column = torch.cat([kept, dropped]).sort(descending=True).values
+            values[r, c], ids[r, c] = column, token_ids[c].to(torch.int32)
+            logits[r, token_ids[c]] = column
+        if most[r] < ranks:  # never read: past the first block's ranks
+            values[r, :, ranks:] = 1e6
+    slots = torch.arange(rows)
+    temperature = torch.tensor([0.0, 0.8] * (rows // 2))
+    seeds = torch.randint(0, 2**62, (rows,), generator=gen)
+    positions = torch.randint(0, 2**20, (rows,), generator=gen)
+    covered = torch.ones(rows, dtype=torch.int32)
+    args = [t.to(device) for t in (slots, temperature, seeds, positions)]
+    threshold, logits = threshold.to(device), logits.to(device)
+    buffer = (covered.to(device), values.to(device), ids.to(device))
+
+    def draw(lists: tuple[torch.Tensor, ...] | None) -> torch.Tensor:
+        tokens = torch.full((rows,), -1, dtype=torch.int64, device=device)
+        launch_sample_tokens(logits, *args[:4], tokens, threshold, buffer=lists)
+        return tokens.cpu()
+
+    assert torch.equal(draw(buffer), draw(None))
+
+
 def test_candidate_lists_are_checked(kernel_device: torch.device) -> None:
     """The lists go with their flags, ids and threshold, in their dtypes and shapes:
     refused before any launch otherwise; the op's schema holds them (opcheck)."""

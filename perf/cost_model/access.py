@@ -16,6 +16,7 @@ import torch
 
 from .sass import TILE_LOOP, Variant
 from .shares import (
+    crowded_list_share,
     few_share,
     multi_record_share,
     record_tiles,
@@ -349,6 +350,7 @@ def _top_k_top_p_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
 
 
 def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
+    from graphsafe_sampler.kernels import list_race
     from graphsafe_sampler.kernels import sampling as k
 
     slots = a["slots_ptr"]
@@ -402,6 +404,14 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     # a covered row races (ptxas makes `if not covered:`, the uncovered rows' arrival and
     # merge, this `if`'s else-block: where every row is covered the chain leaves it out)
     taken[source_line(k._sample_kernel, "if covered:", before="finish = split == 0")] = covered
+    crowded, later = ones, 0.0
+    if c["HAS_BUFFER"]:
+        list_len, ranks = int(a["list_len"]), int(c["RANK_BLOCK"])
+        chunks = int(a["buffer_len"]) // list_len
+        later = float(math.ceil(list_len / ranks) - 1)  # the ranks after the first block
+        if survivors is not None:
+            crowded = crowded_list_share(survivors, chunks, ranks)
+        taken[source_line(list_race.race_lists, "if more:")] = covered * crowded * float(later > 0)
     work = Work(
         reads={
             "logits_ptr": read,
@@ -429,11 +439,10 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         },
         walks={tile_loop(k._sample_kernel, 0): visited},
         taken=taken,
-        # a covered row's first program races over the whole union, RACE_BLOCK at a time
-        trips={
-            source_line(k._race_buffer, "for start in"): covered
-            * math.ceil(a["buffer_len"] / c["RACE_BLOCK"])
-        },
+        # a covered row's first program races RANK_BLOCK ranks of every chunk's list, and
+        # the rest of the ranks only where some list keeps that many (`crowded_list_share`
+        # of the row's survivors; without them, every row)
+        trips={source_line(list_race.race_lists, "for first in"): covered * crowded * later},
     )
     return _with_commit(work, a, c)
 

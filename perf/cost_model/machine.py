@@ -92,18 +92,25 @@ def launch_time(
     gpu: Gpu = H200,
     load_rounds: int = 0,  # outside the tile loops (cost_model.chain): a latency each
     instructions: int = 0,  # issued outside the tile loops, by each warp
+    # (expected iterations, loop instructions, stages) of loops counted by their trips
+    # (access.Work.trips), which some programs may not enter at all
+    counted_loops: Sequence[tuple[float, float, int]] = (),
 ) -> Timing:
-    """The module docstring's formula for one Triton launch."""
+    """The module docstring's formula for one Triton launch. A counted loop is charged as a
+    tile loop of `trips` tiles, except that one of fewer expected trips than one (entered by
+    that share of the programs, for one trip) pays that share of its first wait."""
     waves = math.ceil(programs / (gpu.sms * ctas))
     resident = min(ctas, math.ceil(programs / gpu.sms))
     share = min(num_warps, gpu.issue_per_clock / resident)  # warp-instructions a clock
     serial_ns = load_rounds * gpu.memory_latency_ns + instructions * num_warps / share / (
         gpu.clock_ghz
     )
-    for tiles, instructions, stages in tile_loops:
+    loops = [(tiles, i, s, 1.0) for tiles, i, s in tile_loops]
+    loops += [(trips, i, s, min(trips, 1.0)) for trips, i, s in counted_loops]
+    for tiles, instructions, stages, first_wait in loops:
         compute = instructions * num_warps / share / gpu.clock_ghz
         if stages > 1 and tiles:  # the first tile waits; then S - 1 tiles are in flight
-            serial_ns += gpu.memory_latency_ns + tiles * max(
+            serial_ns += gpu.memory_latency_ns * first_wait + tiles * max(
                 compute, gpu.memory_latency_ns / (stages - 1)
             )
         else:

@@ -4,6 +4,9 @@ with. Estimates for LLM-like rows, not bounds."""
 
 from __future__ import annotations
 
+import functools
+import math
+
 import torch
 
 
@@ -66,3 +69,30 @@ def few_share(kept: torch.Tensor, tiles: int, few: int) -> torch.Tensor:
         term = term * rate / n
         at_most = at_most + term
     return (at_most - none) / (1.0 - none)
+
+
+def crowded_list_share(kept: torch.Tensor, chunks: int, ranks: int) -> torch.Tensor:
+    """Per row, the probability that one of `chunks` lists holds `ranks` or more of the row's
+    `kept` logits, for logits at random columns (a shuffled vocabulary): each logit in a list
+    chosen uniformly, so the lists' counts are multinomial. What sends a covered row's race
+    past its first `ranks` ranks of every list (kernels/list_race.py)."""
+    return torch.tensor(
+        [_crowded(round(float(n)), max(chunks, 1), ranks) for n in kept.flatten()],
+        dtype=torch.float64,
+    ).view(kept.shape)
+
+
+@functools.cache
+def _crowded(n: int, m: int, r: int) -> float:
+    """P(max count >= r) for n balls in m bins, exactly: P(every count < r) = n! [y^n]
+    (sum_{j<r} (y/m)^j / j!)^m (the exponential generating function of a bin holding fewer
+    than r), 1 where n > (r - 1) m (some bin must hold r)."""
+    if n < r:
+        return 0.0
+    if n > (r - 1) * m:
+        return 1.0
+    term = [1.0 / (m**j * math.factorial(j)) for j in range(r)]
+    poly = [1.0] + [0.0] * n  # the power so far, to degree n
+    for _ in range(m):
+        poly = [sum(poly[d - j] * term[j] for j in range(min(r, d + 1))) for d in range(n + 1)]
+    return min(1.0, max(0.0, 1.0 - math.factorial(n) * poly[n]))
