@@ -506,6 +506,10 @@ def test_covered_rows_race_over_the_lists(splits: int, kernel_device: torch.devi
     covered = buffer[0].bool().cpu()
     assert not covered[:3].any(), covered
     assert covered[3:].sum() >= rows - 5, covered  # the usual row is covered
+    # each chunk's list descends (its kept logits lead it), which the race rank by rank
+    # relies on
+    lists = buffer[1].cpu()[covered]
+    assert (lists[..., :-1] >= lists[..., 1:]).all(), lists
     scratch = (
         torch.empty(rows, splits, device=device),
         torch.empty(rows, splits, dtype=torch.int32, device=device),
