@@ -59,28 +59,34 @@ program over its row of each tensor:
     candidates       filtered rows: 1 read, in      chunk statistics written; lists
                      chunks (stage 1 of top-k/      written where the buffer is used;
                      top-p); a buffered top-k row   the row's tile maxima read per
-                     with the tile maxima: k of     program
-                     the tiles (their k largest
-                     maxima) and the unknown ones
+                     with the tile maxima: the      program
+                     tiles at or above its floor
+                     (bench rows, below) and the
+                     unknown ones
     top_k_top_p      8 search passes per            chunk statistics and lists read;
                      unsettled filter, + 1 read     threshold written; per-slot k, p,
                      and 1 write with APPLY         min_p
     sample           1 read; with the tile maxima   threshold; seed and position: random
                      and a cut, the tiles holding   rows; the chunk's tile maxima; with
-                     one of top-k's k and the       a commit (the unsplit program's, or
-                     unknown ones                   the merge's), commit_history's
+                     one of the filters'            a commit (the unsplit program's, or
+                     survivors (bench rows) and     the merge's), commit_history's
+                     the unknown ones
     logprobs         1 read of the source (the      K + 1 ids and values, rank, lse written;
                      rare second pass: never);      the row's raw-tile table read per
-                     with the raw tiles, max(K,     program
-                     survivors / 2) of the tiles
-                     (the sampled token taken as
-                     a top-k survivor of uniform
-                     rank)
+                     with the raw tiles, those      program
+                     reaching the K-th largest
+                     max or the sampled token
+                     (bench rows, over the
+                     sampled token)
     commit_history   none                           committing rows: one count byte read
                                                     and written, one ring entry written
     min_p            rows with min_p: 2 reads +     per-slot min_p
                      1 write
     any other        every tile loop walked once    one row of each tensor argument read
+
+Bench rows: the filters' survivors and the tiles stage 1, sampling and logprobs read are
+counted on the GPU check's own rows (`cost_model.bench_rows`); without the step's
+temperatures, top-k's k stands for the survivors (logprobs: a survivor of uniform rank).
 
 Settled rows: top-k with k <= CANDIDATES (128) is exact from the candidate buffer (the
 chunks' lists merged) after stage 1's one read, and so is top-p after it (its survivors are
@@ -94,7 +100,7 @@ per program: an upper bound.
 
 Branches: an `if` inside a tile loop counts as taken (the static upper bound) unless the
 access table gives the fraction of iterations that run its block: the sampling kernel's
-hash, run on the tiles holding a survivor of top-k (k / tiles of them, at least one tile of
+hash, run on the tiles holding a survivor (survivors / tiles of them, at least one tile of
 a program's chunk); a running top-k's merge (logprobs' top K, top-k/top-p stage 1's list),
 run on the tiles holding a new one of its k largest so far, for logits in random order
 (`cost_model.shares.record_tiles`), here among the tiles it reads; the reductions of a
@@ -103,7 +109,7 @@ tiles `library.tiles_to_visit` lists counts those alone: its walks a row are the
 Tiles marked unknown (+inf) are those step 7's saturated tokens fall in, at random columns,
 and those where a biased, stop or banned token held the tile's max
 (`cost_model.access.unknown_tiles`); the sampling kernel's few-survivors path, run on the
-hashed tiles of a top-k row holding at most FEW_SURVIVORS of its k (k spread over the row's
+hashed tiles of a top-k row holding at most FEW_SURVIVORS of its survivors (spread over the row's
 tiles, Poisson). The block is found in the SASS as the instructions a
 predicated branch at the `if`'s line jumps over, and its else-block (where the then-block
 ends with a jump over one) counts by the rest of the fraction; each instruction counts with
@@ -151,6 +157,8 @@ from cost_model.access import (  # noqa: E402
     unknown_tiles,
 )
 from cost_model.aten_ops import AtenCounter, AtenOp  # noqa: E402
+from cost_model.bench_rows import FILTERS, TEMPERATURES, row_counts, row_filters  # noqa: E402
+from cost_model.bench_rows import ROWS as BENCH_ROWS  # noqa: E402
 from cost_model.machine import (  # noqa: E402
     GPUS,
     H200,
@@ -196,6 +204,7 @@ def assumptions(gpu: Gpu = H200) -> dict[str, Any]:
         "achievable_bandwidth_tbps": round(gpu.bytes_per_us / 1e6, 3),
         "search_passes_unsettled": SEARCH_PASSES,
         "logprobs_second_pass": "never (rare: a token within an ulp of the sampled one)",
+        "filters_reads": f"counted on {BENCH_ROWS} of the GPU check's rows (bench_rows.py)",
         "branches_in_loops": "all taken (static SASS count: an upper bound)",
         "caches": "none: every byte is an HBM byte",
         "programmatic_dependent_launch": (
@@ -421,11 +430,19 @@ def model_step(
             continue
         entry = _launch_entry(event, compiler.get(event), rows, vocab, gpu, context)
         launches.append(entry)
-        if event.kernel.__name__ == "_top_k_top_p_kernel":
+        if event.kernel.__name__ == "_candidates_kernel":  # the filters' survivors
+            filters = row_filters({**event.args, **context}, event.constexprs)
             context[SURVIVORS] = kept_by_top_k(event.args)
+            if filters is not None:
+                block = event.constexprs["BLOCK_SIZE"]
+                context[SURVIVORS] = row_counts(filters, vocab, block, "survivors")
+                context[FILTERS] = filters
+        if event.kernel.__name__ == "_top_k_top_p_kernel":
             context[COVERED] = covered_rows(event.args, event.constexprs)
         if event.kernel.__name__ == "_process_logits_kernel":
             context[UNKNOWN_TILES] = unknown_tiles(event.args, event.constexprs)
+            slots = event.args["slots_ptr"]
+            context[TEMPERATURES] = event.args["temperature_ptr"][slots].to(torch.float64)
     triton_launches = sum(1 for entry in launches if entry["kind"] == "triton")
     return {
         "launches": launches,

@@ -20,8 +20,10 @@ import pytest
 import torch
 from perf_scripts import PERF, load_perf_script
 
+from graphsafe_sampler.bench.logits import llm_like_logits
+
 load_perf_script("kernel_model")  # puts perf/ on sys.path: its package cost_model/
-from cost_model import access, aten_ops, chain, machine, sass  # noqa: E402
+from cost_model import access, aten_ops, bench_rows, chain, machine, sass  # noqa: E402
 
 ROWS = (1, 3)
 VOCAB = 4099  # not a multiple of the 1,024-element tile, nor of 16
@@ -338,6 +340,99 @@ BRANCHED = """\
         /*0040*/              @!P0 BRA `(.L_x_0) ;
         /*0050*/                   EXIT ;
 """
+
+
+def _recount(
+    vocab: int, block: int, temperature: float, k: int, p: float, min_p: float, logprobs_k: int
+) -> tuple[float, float, float, float]:
+    """bench_rows' four means, recounted a row and a token at a time from the filters'
+    definitions (sorted float64 probabilities, no library code)."""
+    raw = llm_like_logits(bench_rows.ROWS, vocab, seed=bench_rows.SEED).double()
+    tiles = math.ceil(vocab / block)
+    sums = [0.0, 0.0, 0.0, 0.0]
+    for row in raw:
+        x = row / temperature
+        if min_p:
+            x = torch.where(x < x.max() + math.log(min_p), float("-inf"), x)
+        order = x.argsort(descending=True)
+        n = int(torch.isfinite(x).sum())
+        if 0 < k < vocab:
+            n = min(n, k)
+        probs = torch.softmax(x[order[:n]], 0)
+        if p < 1.0:  # the smallest prefix holding p: tokens whose mass before them is < p
+            n = int(((probs.cumsum(0) - probs) < p).sum())
+        kept = order[:n].tolist()
+        probs = torch.softmax(x[order[:n]], 0)
+        spans = [slice(t * block, (t + 1) * block) for t in range(tiles)]
+        scaled_max = [float((row / temperature)[span].max()) for span in spans]
+        raw_max = [float(row[span].max()) for span in spans]
+        floor = sorted(scaled_max, reverse=True)[k - 1] if 0 < k <= tiles else float("-inf")
+        if min_p:
+            floor = max(floor, max(scaled_max) + math.log(min_p))
+        cut = min(float(x[t]) for t in kept)
+        kth = sorted(raw_max, reverse=True)[logprobs_k - 1] if logprobs_k else math.inf
+        reached = [sum(m >= min(float(row[t]), kth) for m in raw_max) for t in kept]
+        sums[0] += n
+        sums[1] += sum(m >= floor for m in scaled_max)
+        sums[2] += sum(m >= cut for m in scaled_max)
+        sums[3] += sum(float(q) * r for q, r in zip(probs, reached, strict=True))
+    return tuple(total / bench_rows.ROWS for total in sums)  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        (1.0, 8, 1.0, 0.0, 3),
+        (0.8, 12, 0.9, 0.05, 5),
+        (1.0, 0, 0.9, 0.0, 2),
+        (1.3, 0, 1.0, 0.1, 0),
+        (0.5, 40, 1.0, 0.2, 1),  # k past the 33 tiles: min_p's floor alone
+    ],
+    ids=["top_k", "all", "top_p", "min_p", "k_past_tiles"],
+)
+def test_bench_row_counts_recount_the_kernels_rules(
+    filters: tuple[float, int, float, float, int],
+) -> None:
+    """The survivors and the tiles stage 1, sampling and logprobs read, on the bench's rows,
+    against a recount from the filters' definitions."""
+    vocab, block = 4099, 128
+    counts = bench_rows.bench_row_counts(vocab, block, *filters)
+    survivors, candidate, cut, logprobs = _recount(vocab, block, *filters)
+    assert counts.survivors == survivors
+    assert counts.candidate_tiles == candidate
+    assert counts.cut_tiles == cut
+    assert counts.logprobs_tiles == pytest.approx(logprobs, rel=1e-6)  # float32 vs float64 logits
+
+
+def test_bench_row_counts_of_greedy_and_top_k_rows() -> None:
+    """A greedy row keeps its argmax, which logprobs finds in the K tiles reaching the K-th
+    largest tile max; top-k alone keeps k, and stage 1 reads the k tiles at or above its
+    k-th largest tile max (the rows' noise leaves no ties)."""
+    vocab, block = 8192, 256
+    greedy = bench_rows.bench_row_counts(vocab, block, 0.0, 0, 1.0, 0.0, 4)
+    assert (greedy.survivors, greedy.cut_tiles, greedy.logprobs_tiles) == (1.0, 1.0, 4.0)
+    top_k = bench_rows.bench_row_counts(vocab, block, 1.0, 20, 1.0, 0.0, 0)
+    assert (top_k.survivors, top_k.candidate_tiles) == (20.0, 20.0)
+    assert 1.0 <= top_k.cut_tiles <= 20.0
+    # min_p's floor raises top-k's: fewer tiles
+    both = bench_rows.bench_row_counts(vocab, block, 1.0, 20, 1.0, 0.05, 0)
+    assert both.candidate_tiles < top_k.candidate_tiles and both.survivors < 20.0
+
+
+def test_logprobs_reads_the_tiles_counted_on_the_bench_rows() -> None:
+    """With the step's filters known, the logprobs access model reads a row's counted tiles
+    (and its sampled token); without them, the old uniform-rank share."""
+    vocab, block, rows = 32768, 1024, 2
+    filters = torch.tensor([[0.8, 50.0, 0.9, 0.05]] * rows, dtype=torch.float64)
+    args: dict[str, Any] = {"source_ptr": torch.empty(rows, vocab), "chunk": vocab}
+    constexprs = {"K": 5, "HAS_TILES": True, "BLOCK_SIZE": block, "SPLIT": False}
+    counted = bench_rows.bench_row_counts(vocab, block, 0.8, 50, 0.9, 0.05, 5)
+    work = access.WORK["_logprobs_kernel"]({**args, access.FILTERS: filters}, constexprs)
+    expected = counted.logprobs_tiles / (vocab // block) + 1 / vocab
+    assert work.reads["source_ptr"].tolist() == pytest.approx([expected] * rows)
+    survivors = torch.full((rows,), 50.0, dtype=torch.float64)
+    old = access.WORK["_logprobs_kernel"]({**args, access.SURVIVORS: survivors}, constexprs)
+    assert old.reads["source_ptr"].tolist() == pytest.approx([25 / 32 + 1 / vocab] * rows)
 
 
 def test_record_tiles_follows_the_record_count_of_a_shuffled_row() -> None:

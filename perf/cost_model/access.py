@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from .bench_rows import FILTERS, row_counts, row_filters
 from .sass import TILE_LOOP, Variant
 from .shares import (
     crowded_list_share,
@@ -26,7 +27,7 @@ from .shares import (
 
 SURVIVORS = "model:survivors"
 """A pseudo-argument perf/kernel_model.py hands the sampling kernel's access model: per row,
-the tokens top-k keeps (k, or V where top-k is off), from the step's top-k/top-p launch."""
+the tokens the filters keep (`bench_rows`; without the temperatures, top-k's k, or V)."""
 
 COVERED = "model:covered"
 """A pseudo-argument perf/kernel_model.py hands the sampling kernel's access model: per row,
@@ -272,7 +273,11 @@ def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     skipping = torch.zeros_like(k_on)
     if c["HAS_TILE_MAX"]:
         skipping = (rows["buffered"] > 0) & k_on
-        visited = torch.where(skipping, visited_share(top_k, tiles, a.get(UNKNOWN_TILES)), 1.0)
+        # the tiles at or above the floor, counted on the benchmark's rows; or top-k's k
+        filters = row_filters(a, c)
+        block = c["BLOCK_SIZE"]
+        above = top_k if filters is None else row_counts(filters, vocab, block, "candidate_tiles")
+        visited = torch.where(skipping, visited_share(above, tiles, a.get(UNKNOWN_TILES)), 1.0)
     # the mass is weighed by top-p rows that read every tile
     weigh = _f((a["top_p_ptr"][slots] < 1.0) & ~skipping)
     # a read tile merges when it holds a new one of the list's floor-rank largest (k, or the
@@ -457,14 +462,16 @@ def _logprobs_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     split = float(c["SPLIT"])  # each program writes its chunk's partials, not the outputs
     tiles = math.ceil(vocab / c["BLOCK_SIZE"])
     chunk_tiles = math.ceil(a["chunk"] / c["BLOCK_SIZE"])
-    # with the raw tiles, a row reads the tiles holding one of its K largest or a token at
-    # or above the sampled one: the sampled token taken as a top-k survivor of uniform
-    # rank, so max(K, survivors / 2) tiles (`visited_share`); without a cut, every tile
-    visited = ones
-    survivors = a.get(SURVIVORS)
-    if c["HAS_TILES"]:
-        visited = ones if survivors is None else visited_share(survivors.clamp(min=2 * c["K"]) / 2,
-                                                          tiles, None)  # fmt: skip
+    # with the raw tiles, the tiles holding one of the K largest or a token at or above the
+    # sampled one: counted on the benchmark's rows, else max(K, survivors / 2) of them (the
+    # sampled token a survivor of uniform rank); without a cut, every tile
+    visited, reached = ones, a.get(SURVIVORS)
+    if reached is not None:
+        reached = reached.clamp(min=2 * c["K"]) / 2
+    if a.get(FILTERS) is not None:
+        reached = row_counts(a[FILTERS], vocab, c["BLOCK_SIZE"], "logprobs_tiles", c["K"])
+    if c["HAS_TILES"] and reached is not None:
+        visited = visited_share(reached, tiles, None)
     merge = source_line(k._logprobs_kernel, "if (tile_max > kth_v) |")
     # the running top K is merged with a tile holding a new one of the K largest, among the
     # tiles the program reads
