@@ -24,9 +24,9 @@ temperature its slot's table holds (from the processing launch), with which the 
 launches count their reads on the benchmark's rows (`row_counts`)."""
 
 FILTERS = "model:filters"
-"""A pseudo-argument perf/kernel_model.py hands the launches after the top-k/top-p one: per
-row, (temperature, top_k, top_p, min_p) [rows, 4] float64 (`row_filters`), with which
-logprobs counts its reads on the benchmark's rows."""
+"""A pseudo-argument perf/kernel_model.py hands the launches after stage 1's (top-k/top-p's
+first): per row, (temperature, top_k, top_p, min_p) [rows, 4] float64 (`row_filters`), with
+which logprobs counts its reads on the benchmark's rows."""
 
 ROWS = 8
 """Benchmark rows the counts average over (seeded: the same rows every run)."""
