@@ -144,21 +144,10 @@ TESTS = HERE.parent / "tests"
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from cost_model.access import (  # noqa: E402
-    COVERED,
-    SEARCH_PASSES,
-    SURVIVORS,
-    UNKNOWN_TILES,
-    WORK,
-    covered_rows,
-    generic_work,
-    kept_by_top_k,
-    row_bytes,
-    unknown_tiles,
-)
+from cost_model.access import SEARCH_PASSES, WORK, generic_work, row_bytes  # noqa: E402
 from cost_model.aten_ops import AtenCounter, AtenOp  # noqa: E402
-from cost_model.bench_rows import FILTERS, TEMPERATURES, row_counts, row_filters  # noqa: E402
 from cost_model.bench_rows import ROWS as BENCH_ROWS  # noqa: E402
+from cost_model.context import tells_later  # noqa: E402
 from cost_model.machine import (  # noqa: E402
     GPUS,
     H200,
@@ -428,21 +417,8 @@ def model_step(
             else:
                 free.append(event.name)
             continue
-        entry = _launch_entry(event, compiler.get(event), rows, vocab, gpu, context)
-        launches.append(entry)
-        if event.kernel.__name__ == "_candidates_kernel":  # the filters' survivors
-            filters = row_filters({**event.args, **context}, event.constexprs)
-            context[SURVIVORS] = kept_by_top_k(event.args)
-            if filters is not None:
-                block = event.constexprs["BLOCK_SIZE"]
-                context[SURVIVORS] = row_counts(filters, vocab, block, "survivors")
-                context[FILTERS] = filters
-        if event.kernel.__name__ == "_top_k_top_p_kernel":
-            context[COVERED] = covered_rows(event.args, event.constexprs)
-        if event.kernel.__name__ == "_process_logits_kernel":
-            context[UNKNOWN_TILES] = unknown_tiles(event.args, event.constexprs)
-            slots = event.args["slots_ptr"]
-            context[TEMPERATURES] = event.args["temperature_ptr"][slots].to(torch.float64)
+        launches.append(_launch_entry(event, compiler.get(event), rows, vocab, gpu, context))
+        context.update(tells_later(event, context, vocab))
     triton_launches = sum(1 for entry in launches if entry["kind"] == "triton")
     return {
         "launches": launches,

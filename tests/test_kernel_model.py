@@ -23,7 +23,7 @@ from perf_scripts import PERF, load_perf_script
 from graphsafe_sampler.bench.logits import llm_like_logits
 
 load_perf_script("kernel_model")  # puts perf/ on sys.path: its package cost_model/
-from cost_model import access, aten_ops, bench_rows, chain, machine, sass  # noqa: E402
+from cost_model import access, aten_ops, bench_rows, chain, context, machine, sass  # noqa: E402
 
 ROWS = (1, 3)
 VOCAB = 4099  # not a multiple of the 1,024-element tile, nor of 16
@@ -433,6 +433,43 @@ def test_logprobs_reads_the_tiles_counted_on_the_bench_rows() -> None:
     survivors = torch.full((rows,), 50.0, dtype=torch.float64)
     old = access.WORK["_logprobs_kernel"]({**args, access.SURVIVORS: survivors}, constexprs)
     assert old.reads["source_ptr"].tolist() == pytest.approx([25 / 32 + 1 / vocab] * rows)
+
+
+def test_launches_tell_later_ones_the_temperatures_survivors_and_filters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Processing hands on its rows' temperatures; stage 1 then counts the survivors on the
+    bench rows with them and hands on the filters; without them, top-k's k."""
+    from types import SimpleNamespace
+
+    def launch(name: str, args: dict[str, Any], constexprs: dict[str, Any]) -> Any:
+        return SimpleNamespace(kernel=SimpleNamespace(__name__=name), args=args,
+                               constexprs=constexprs)  # fmt: skip
+
+    monkeypatch.setattr(context, "unknown_tiles", lambda a, c: torch.zeros(2))
+    vocab, slots = 8192, torch.tensor([1, 0])
+    told = context.tells_later(
+        launch("_process_logits_kernel",
+               {"slots_ptr": slots, "temperature_ptr": torch.tensor([0.8, 1.0])}, {}),
+        {}, vocab,
+    )  # fmt: skip
+    t, p, m = (float(torch.tensor(v)) for v in (0.8, 0.9, 0.05))  # the tables' float32
+    assert told[bench_rows.TEMPERATURES].tolist() == [1.0, t]
+    stage1 = launch(
+        "_candidates_kernel",
+        {"slots_ptr": slots, "vocab_size": vocab, "top_k_ptr": torch.tensor([20, 50]),
+         "top_p_ptr": torch.tensor([0.9, 1.0]), "min_p_ptr": torch.tensor([0.05, 0.0])},
+        {"HAS_MIN_P": True, "BLOCK_SIZE": 256},
+    )  # fmt: skip
+    later = context.tells_later(stage1, told, vocab)
+    assert later[bench_rows.FILTERS].tolist() == [[1.0, 50, 1.0, 0.0], [t, 20, p, m]]
+    counted = [
+        bench_rows.bench_row_counts(vocab, 256, 1.0, 50, 1.0, 0.0, 0).survivors,
+        bench_rows.bench_row_counts(vocab, 256, t, 20, p, m, 0).survivors,
+    ]
+    assert later[access.SURVIVORS].tolist() == counted and counted[1] < 20
+    alone = context.tells_later(stage1, {}, vocab)
+    assert alone[access.SURVIVORS].tolist() == [50.0, 20.0] and bench_rows.FILTERS not in alone
 
 
 def test_record_tiles_follows_the_record_count_of_a_shuffled_row() -> None:

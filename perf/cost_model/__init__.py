@@ -7,4 +7,6 @@ estimate, never a measurement), one concern each:
     chain     a program's longest path outside its tile loops: rounds of loads, instructions
     access    each kernel's reads, writes and tile walks per program: the access table
     shares    the shares of a row's tiles a walk reads, merges or hashes, which it weighs
+    bench_rows  what the filters keep and the tiles their consumers read, on the bench rows
+    context   what a step's launches tell the later ones: the access table's extra arguments
 """
