@@ -24,17 +24,46 @@ spilled."""
 
 
 @triton.jit
-def _race_ranks(
-    first, chunk, base, list_len, chunks, values_ptr, ids_ptr, threshold, is_random, offset,
-    mult, best, best_id, RANK_BLOCK: tl.constexpr, MORE: tl.constexpr,
-):  # fmt: skip
+def _load_ranks(
+    first, chunk, base, list_len, chunks, values_ptr, ids_ptr, wanted, RANK_BLOCK: tl.constexpr
+):
     """Ranks [first, first + RANK_BLOCK) of every chunk's list ([RANK_BLOCK, CHUNK_BLOCK]
-    entries, `base` each chunk's list) raced into (best, best_id) -> (best, best_id, with
-    MORE whether the last of these ranks keeps a logit in some chunk, else False)."""
+    values and ids, `base` each chunk's list; -inf and -1 past the lists or where not
+    `wanted`)."""
     rank = first + tl.arange(0, RANK_BLOCK)[:, None]
-    inside = (rank < list_len) & (chunk < chunks)
+    # tl.where, not &: the interpreter cannot & a scalar bool with a block of them
+    inside = tl.where(wanted, (rank < list_len) & (chunk < chunks), False)
     x = tl.load(values_ptr + base + rank, mask=inside, other=float("-inf"))
     ids = tl.load(ids_ptr + base + rank, mask=inside, other=-1)
+    return x, ids
+
+
+@triton.jit
+def first_ranks(
+    row, values_ptr, ids_ptr, buffer_len, list_len, wanted, CHUNK_BLOCK: tl.constexpr,
+    RANK_BLOCK: tl.constexpr,
+):  # fmt: skip
+    """The first RANK_BLOCK ranks of row `row`'s lists, for `race_lists`, loaded where
+    `wanted` (a covered row's racing program): the sampling kernel issues them with its
+    parameters, before any use of those, so that the race waits no round of its own (a
+    warp issues in order: loaded inside the race, after the row's key, they waited one)."""
+    chunk = tl.arange(0, CHUNK_BLOCK)[None, :]
+    base = row.to(tl.int64) * buffer_len + chunk * list_len  # [1, CHUNK_BLOCK]
+    return _load_ranks(
+        0, chunk, base, list_len, buffer_len // list_len, values_ptr, ids_ptr, wanted,
+        RANK_BLOCK,
+    )  # fmt: skip
+
+
+@triton.jit
+def _race_ranks(
+    x, ids, first, threshold, is_random, offset, mult, best, best_id,
+    RANK_BLOCK: tl.constexpr, MORE: tl.constexpr,
+):  # fmt: skip
+    """Ranks [first, first + RANK_BLOCK) of every chunk's list (`_load_ranks`' x and ids)
+    raced into (best, best_id) -> (best, best_id, with MORE whether the last of these ranks
+    keeps a logit in some chunk, else False)."""
+    rank = first + tl.arange(0, RANK_BLOCK)[:, None]
     # the threshold is above every unlisted logit, so above the -inf padding too
     kept = x >= threshold
     if is_random:
@@ -53,10 +82,12 @@ def _race_ranks(
 
 @triton.jit
 def race_lists(
-    row, values_ptr, ids_ptr, buffer_len, list_len, threshold, is_random, offset, mult,
-    CHUNK_BLOCK: tl.constexpr, RANK_BLOCK: tl.constexpr, ONE_BLOCK: tl.constexpr,
+    row, first_values, first_ids, values_ptr, ids_ptr, buffer_len, list_len, threshold,
+    is_random, offset, mult, CHUNK_BLOCK: tl.constexpr, RANK_BLOCK: tl.constexpr,
+    ONE_BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """A covered row's token from its listed logits alone: those at or above the threshold
+    """A covered row's token from its listed logits alone (`first_ranks` its first block,
+    loaded by the caller): those at or above the threshold
     are every token the row keeps, so the greedy argmax, or the race's argmax of logit +
     noise (the same noise of the same ids), lowest id on ties, is the walk's token.
 
@@ -68,20 +99,23 @@ def race_lists(
     round of loads, where racing the whole union took 7 pipelined blocks at B = 1. With
     ONE_BLOCK (RANK_BLOCK >= the lists' length: the whole union, from B = 64 on) there is
     nothing after the first block to look for."""
-    chunks = buffer_len // list_len
-    chunk = tl.arange(0, CHUNK_BLOCK)[None, :]
-    base = row.to(tl.int64) * buffer_len + chunk * list_len  # [1, CHUNK_BLOCK]
     best = tl.full((), float("-inf"), tl.float32)
     best_id = tl.full((), 2147483647, tl.int32)
     best, best_id, more = _race_ranks(
-        0, chunk, base, list_len, chunks, values_ptr, ids_ptr, threshold, is_random, offset,
-        mult, best, best_id, RANK_BLOCK, not ONE_BLOCK,
+        first_values, first_ids, 0, threshold, is_random, offset, mult, best, best_id,
+        RANK_BLOCK, not ONE_BLOCK,
     )  # fmt: skip
     if more:
+        chunks = buffer_len // list_len
+        chunk = tl.arange(0, CHUNK_BLOCK)[None, :]
+        base = row.to(tl.int64) * buffer_len + chunk * list_len  # [1, CHUNK_BLOCK]
         for first in tl.range(RANK_BLOCK, list_len, RANK_BLOCK, num_stages=RACE_STAGES):
+            x, ids = _load_ranks(
+                first, chunk, base, list_len, chunks, values_ptr, ids_ptr, True, RANK_BLOCK
+            )
             best, best_id, _ = _race_ranks(
-                first, chunk, base, list_len, chunks, values_ptr, ids_ptr, threshold,
-                is_random, offset, mult, best, best_id, RANK_BLOCK, False,
+                x, ids, first, threshold, is_random, offset, mult, best, best_id, RANK_BLOCK,
+                False,
             )  # fmt: skip
     # the row's max is at or above the threshold, so listed: never unset (0 if it were)
     return tl.where(best_id == 2147483647, 0, best_id)

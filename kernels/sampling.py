@@ -43,7 +43,7 @@ from .library import (
     tile_count,
     tiles_to_visit,
 )
-from .list_race import RACE_BLOCK, race_lists
+from .list_race import RACE_BLOCK, first_ranks, race_lists
 from .noise import gumbel, row_key, token_hash
 
 _INT32_MAX = 2**31 - 1
@@ -151,6 +151,12 @@ def _sample_kernel(
     covered = tl.zeros((), tl.int1)
     if HAS_BUFFER:
         covered = tl.load(covered_ptr + row) != 0
+        # a covered row's first program races over the lists (below, before the walk, so
+        # that the block is not held over it): their first ranks, in the parameters' round
+        first_values, first_ids = first_ranks(
+            row, buffer_values_ptr, buffer_ids_ptr, buffer_len, list_len, covered & (split == 0),
+            CHUNK_BLOCK, RANK_BLOCK,
+        )  # fmt: skip
 
     # a tile wholly below the cut is all -inf: it changes neither the best nor the NaN, so
     # the walk reads only the others, listed in column order (the list's comparison is the
@@ -165,6 +171,14 @@ def _sample_kernel(
     mult = tl.zeros((), tl.uint32)
     if is_random:
         offset, mult = row_key(seed, position, SALT)
+    raced = 0
+    if HAS_BUFFER:  # noqa: SIM102 (a constexpr guard)
+        if covered & (split == 0):
+            raced = race_lists(
+                row, first_values, first_ids, buffer_values_ptr, buffer_ids_ptr, buffer_len,
+                list_len, threshold, is_random, offset, mult, CHUNK_BLOCK, RANK_BLOCK,
+                ONE_BLOCK,
+            )  # fmt: skip
 
     # Running argmax with the lowest index on ties: a later tile replaces the best only when
     # strictly greater. An all -inf row never replaces index 0 (its first chunk's start),
@@ -226,29 +240,22 @@ def _sample_kernel(
         best = tl.where(better, tile_max, best)
     token = tl.where(first_nan < 2147483647, first_nan, best_index)
     finish = True
-    if HAS_BUFFER:  # noqa: SIM102 (a constexpr guard)
-        if covered:
-            # the row's first program races over the lists; the others neither write
-            # their chunk's answer nor arrive
-            finish = split == 0
-            if finish:
-                token = race_lists(
-                    row, buffer_values_ptr, buffer_ids_ptr, buffer_len, list_len, threshold,
-                    is_random, offset, mult, CHUNK_BLOCK, RANK_BLOCK, ONE_BLOCK,
-                )  # fmt: skip
-    if SPLIT:  # noqa: SIM102 (a constexpr guard)
-        if not covered:
-            splits = tl.num_programs(1)
-            at = row.to(tl.int64) * splits + split
-            tl.store(partial_best_ptr + at, best)
-            tl.store(partial_index_ptr + at, best_index)
-            tl.store(partial_nan_ptr + at, first_nan)
-            finish = last_to_arrive(arrivals_ptr + row, splits)
-            if finish:
-                token = _merge_chunks(
-                    row, splits, partial_best_ptr, partial_index_ptr, partial_nan_ptr,
-                    SPLIT_BLOCK,
-                )  # fmt: skip
+    if covered:  # (never without HAS_BUFFER)
+        # the row's first program raced over the lists; the others neither write their
+        # chunk's answer nor arrive
+        finish = split == 0
+        token = raced
+    elif SPLIT:
+        splits = tl.num_programs(1)
+        at = row.to(tl.int64) * splits + split
+        tl.store(partial_best_ptr + at, best)
+        tl.store(partial_index_ptr + at, best_index)
+        tl.store(partial_nan_ptr + at, first_nan)
+        finish = last_to_arrive(arrivals_ptr + row, splits)
+        if finish:
+            token = _merge_chunks(
+                row, splits, partial_best_ptr, partial_index_ptr, partial_nan_ptr, SPLIT_BLOCK
+            )
     if finish:
         tl.store(tokens_ptr + row, token.to(tokens_ptr.dtype.element_ty))
         if COMMIT:

@@ -829,6 +829,17 @@ def test_step_estimate_grows_with_rows(model: dict[str, Any]) -> None:
         assert times == sorted(times) and times[0] < times[-1]
 
 
+def test_a_covered_row_races_in_its_parameters_round(model: dict[str, Any]) -> None:
+    """Every row of these cases is covered: its racing program loads the lists' first ranks
+    with the slot's parameters, so it waits three rounds (the slot and the covered flag; the
+    parameters and the lists; the commit's count byte and ring entry), not a fourth for the
+    lists after the row's key."""
+    for case in CASES:
+        for data in model["cases"][case].values():
+            (sample,) = [e for e in data["launches"] if e["name"] == "_sample_kernel"]
+            assert sample["constexprs"]["HAS_BUFFER"] and sample["load_rounds"] == 3, sample
+
+
 def test_every_launch_has_its_occupancy_and_hot_loop(model: dict[str, Any]) -> None:
     from graphsafe_sampler.kernels import logits_processing, logprobs, sampling, top_k_top_p
 

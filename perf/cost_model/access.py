@@ -406,8 +406,8 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     walked = 1.0 - covered
     read, visited = read * walked, visited * walked
     split = split * walked
-    # a covered row races (ptxas makes `if not covered:`, the uncovered rows' arrival and
-    # merge, this `if`'s else-block: where every row is covered the chain leaves it out)
+    # a covered row races; the uncovered rows' arrival and merge is this `if`'s else-block,
+    # which the chain leaves out where every row is covered
     taken[source_line(k._sample_kernel, "if covered:", before="finish = split == 0")] = covered
     crowded, later = ones, 0.0
     if c["HAS_BUFFER"]:
