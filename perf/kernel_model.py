@@ -84,9 +84,10 @@ program over its row of each tensor:
                      1 write
     any other        every tile loop walked once    one row of each tensor argument read
 
-Bench rows: the filters' survivors and the tiles stage 1, sampling and logprobs read are
-counted on the GPU check's own rows (`cost_model.bench_rows`); without the step's
-temperatures, top-k's k stands for the survivors (logprobs: a survivor of uniform rank).
+Bench rows: the filters' survivors (which sampling's shares take) and the tiles stage 1 and
+logprobs read are counted on the GPU check's own rows (`cost_model.bench_rows`); without the
+step's temperatures, top-k's k stands for the survivors (logprobs: a survivor of uniform
+rank).
 
 Settled rows: top-k with k <= CANDIDATES (128) is exact from the candidate buffer (the
 chunks' lists merged) after stage 1's one read, and so is top-p after it (its survivors are

@@ -344,12 +344,12 @@ BRANCHED = """\
 
 def _recount(
     vocab: int, block: int, temperature: float, k: int, p: float, min_p: float, logprobs_k: int
-) -> tuple[float, float, float, float]:
-    """bench_rows' four means, recounted a row and a token at a time from the filters'
+) -> tuple[float, float, float]:
+    """bench_rows' three means, recounted a row and a token at a time from the filters'
     definitions (sorted float64 probabilities, no library code)."""
     raw = llm_like_logits(bench_rows.ROWS, vocab, seed=bench_rows.SEED).double()
     tiles = math.ceil(vocab / block)
-    sums = [0.0, 0.0, 0.0, 0.0]
+    sums = [0.0, 0.0, 0.0]
     for row in raw:
         x = row / temperature
         if min_p:
@@ -369,13 +369,11 @@ def _recount(
         floor = sorted(scaled_max, reverse=True)[k - 1] if 0 < k <= tiles else float("-inf")
         if min_p:
             floor = max(floor, max(scaled_max) + math.log(min_p))
-        cut = min(float(x[t]) for t in kept)
         kth = sorted(raw_max, reverse=True)[logprobs_k - 1] if logprobs_k else math.inf
         reached = [sum(m >= min(float(row[t]), kth) for m in raw_max) for t in kept]
         sums[0] += n
         sums[1] += sum(m >= floor for m in scaled_max)
-        sums[2] += sum(m >= cut for m in scaled_max)
-        sums[3] += sum(float(q) * r for q, r in zip(probs, reached, strict=True))
+        sums[2] += sum(float(q) * r for q, r in zip(probs, reached, strict=True))
     return tuple(total / bench_rows.ROWS for total in sums)  # type: ignore[return-value]
 
 
@@ -393,14 +391,13 @@ def _recount(
 def test_bench_row_counts_recount_the_kernels_rules(
     filters: tuple[float, int, float, float, int],
 ) -> None:
-    """The survivors and the tiles stage 1, sampling and logprobs read, on the bench's rows,
+    """The survivors and the tiles stage 1 and logprobs read, on the bench's rows,
     against a recount from the filters' definitions."""
     vocab, block = 4099, 128
     counts = bench_rows.bench_row_counts(vocab, block, *filters)
-    survivors, candidate, cut, logprobs = _recount(vocab, block, *filters)
+    survivors, candidate, logprobs = _recount(vocab, block, *filters)
     assert counts.survivors == survivors
     assert counts.candidate_tiles == candidate
-    assert counts.cut_tiles == cut
     assert counts.logprobs_tiles == pytest.approx(logprobs, rel=1e-6)  # float32 vs float64 logits
 
 
@@ -410,10 +407,9 @@ def test_bench_row_counts_of_greedy_and_top_k_rows() -> None:
     k-th largest tile max (the rows' noise leaves no ties)."""
     vocab, block = 8192, 256
     greedy = bench_rows.bench_row_counts(vocab, block, 0.0, 0, 1.0, 0.0, 4)
-    assert (greedy.survivors, greedy.cut_tiles, greedy.logprobs_tiles) == (1.0, 1.0, 4.0)
+    assert (greedy.survivors, greedy.logprobs_tiles) == (1.0, 4.0)
     top_k = bench_rows.bench_row_counts(vocab, block, 1.0, 20, 1.0, 0.0, 0)
     assert (top_k.survivors, top_k.candidate_tiles) == (20.0, 20.0)
-    assert 1.0 <= top_k.cut_tiles <= 20.0
     # min_p's floor raises top-k's: fewer tiles
     both = bench_rows.bench_row_counts(vocab, block, 1.0, 20, 1.0, 0.05, 0)
     assert both.candidate_tiles < top_k.candidate_tiles and both.survivors < 20.0

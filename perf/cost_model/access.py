@@ -468,7 +468,7 @@ def _logprobs_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     visited, reached = ones, a.get(SURVIVORS)
     if reached is not None:
         reached = reached.clamp(min=2 * c["K"]) / 2
-    if a.get(FILTERS) is not None:
+    if c["HAS_TILES"] and a.get(FILTERS) is not None:
         reached = row_counts(a[FILTERS], vocab, c["BLOCK_SIZE"], "logprobs_tiles", c["K"])
     if c["HAS_TILES"] and reached is not None:
         visited = visited_share(reached, tiles, None)

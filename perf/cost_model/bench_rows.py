@@ -39,7 +39,6 @@ class RowCounts:
 
     survivors: float  # tokens the filters keep (min_p, then top-k, then top-p)
     candidate_tiles: float  # tiles at or above stage 1's floor (top-k rows: `_tile_floor`)
-    cut_tiles: float  # tiles whose max reaches the cut: what sampling reads
     logprobs_tiles: float  # tiles logprobs reads with the raw tiles, over the sampled token
 
 
@@ -71,15 +70,15 @@ def bench_row_counts(
         floor = min_p_threshold(scaled, torch.full((ROWS,), min_p, dtype=torch.float32))
         scaled = torch.where(scaled < floor, float("-inf"), scaled)
     k_on = 0 < top_k < vocab
-    cut = top_k_top_p_cut(
-        scaled,
-        torch.full((ROWS,), top_k if k_on else 0, dtype=torch.int64),
-        torch.full((ROWS,), top_p, dtype=torch.float32),
-        conditional=False,
-        sort=True,
-    )  # [R, 1]
-    if greedy:
-        cut = scaled.amax(-1, keepdim=True)
+    cut = scaled.amax(-1, keepdim=True)  # [R, 1]: greedy keeps the max
+    if not greedy:
+        cut = top_k_top_p_cut(
+            scaled,
+            torch.full((ROWS,), top_k if k_on else 0, dtype=torch.int64),
+            torch.full((ROWS,), top_p, dtype=torch.float32),
+            conditional=False,
+            sort=True,
+        )
     kept = (scaled >= cut) & (scaled > float("-inf"))  # [R, V]: min_p's -inf are out
     tiles = math.ceil(vocab / block)
     pad = tiles * block - vocab
@@ -97,9 +96,6 @@ def bench_row_counts(
     if min_p > 0.0:
         floor = torch.maximum(floor, processed_max.amax(-1, keepdim=True) + math.log(min_p))
     candidate = (processed_max >= floor).sum(-1).double()
-    # the cut with min_p's folded in: the lowest logit kept
-    lowest_kept = torch.where(kept, scaled, float("inf")).amin(-1, keepdim=True)
-    cut_tiles = (processed_max >= lowest_kept).sum(-1).double()
     # logprobs: E over the sampled token t of the tiles reaching min(raw[t], K-th raw max)
     probs = torch.softmax(torch.where(kept, scaled, float("-inf")).double(), dim=-1)  # [R, V]
     kth = torch.full((ROWS, 1), float("inf"))  # K = 0: no floor
@@ -114,7 +110,6 @@ def bench_row_counts(
     return RowCounts(
         survivors=float(kept.sum(-1).double().mean()),
         candidate_tiles=float(candidate.mean()),
-        cut_tiles=float(cut_tiles.mean()),
         logprobs_tiles=float(reads.mean()),
     )
 
