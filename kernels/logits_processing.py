@@ -58,14 +58,15 @@ def _dense_tile(
     repetition, frequency, presence, fix_excess, scale_on, temperature,
     SATURATED: tl.constexpr, HAS_GRAMMAR: tl.constexpr, HAS_DRAFTS: tl.constexpr,
     HAS_TILE_MAX: tl.constexpr, HAS_RAW_TILES: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    EXACT: tl.constexpr, FULL: tl.constexpr,
+    EXACT: tl.constexpr, FULL: tl.constexpr, STORE_LOGITS: tl.constexpr,
 ):  # fmt: skip
     """Steps 3-6 on the tile at `start`, read once and written once, with its raw and
     processed statistics -> whether the tile must be made again with EXACT: it holds NaN
     (a quotient outside the fast divisions' range, or a NaN logit) or, with HAS_TILE_MAX,
     +inf. The tile is [BLOCK_SIZE / 32, 32], a bitmask word a row: each word loaded once,
     and the bit positions loop-invariant. FULL: the tile lies inside the row (start +
-    BLOCK_SIZE <= end), so no load, store or reduction is masked."""
+    BLOCK_SIZE <= end), so no load, store or reduction is masked. STORE_LOGITS False: the
+    tile's logits are not stored (its statistics are), for the GPU check's timing probe."""
     WORD_COLS: tl.constexpr = min(32, BLOCK_SIZE)
     tile_row_ids = tl.arange(0, BLOCK_SIZE // WORD_COLS)[:, None]
     tile_col_ids = tl.arange(0, WORD_COLS)[None, :]
@@ -90,7 +91,8 @@ def _dense_tile(
         drafts_ptr, preceding, num_drafts, penalties_on, repetition, frequency, presence,
         fix_excess, scale_on, temperature, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, EXACT,
     )  # fmt: skip
-    tl.store(row_ptr + cols, x, mask=in_row)
+    if STORE_LOGITS:
+        tl.store(row_ptr + cols, x, mask=in_row)
     if HAS_TILE_MAX:
         # the tile's largest logit, +inf where it holds NaN (a tile every consumer reads;
         # a marked quotient's tile is made again, with the table's entry)
@@ -153,6 +155,10 @@ def _process_logits_kernel(
     SPARSE_BLOCK: tl.constexpr,
     BAD_BLOCK: tl.constexpr,
     PDL: tl.constexpr,
+    # False only in the GPU check's probe of what the dense pass's [B, V] store costs: the
+    # logits are left unwritten but for the sparse phases' tokens, which those phases then
+    # make from the unwritten ones (a wrong output, and wrong tile maxima where they act)
+    STORE_LOGITS: tl.constexpr,
 ):
     """Steps 1-7 of docs/kernels.md, logits processing (the comments carry their numbers),
     from `source` into `logits`, with a barrier after each phase whose stores the next one
@@ -221,12 +227,12 @@ def _process_logits_kernel(
     for start in tl.range(full_end, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
         redo |= _dense_tile(
             start, *row_args, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX, HAS_RAW_TILES,
-            BLOCK_SIZE, EXACT=HAS_DRAFTS, FULL=False,
+            BLOCK_SIZE, EXACT=HAS_DRAFTS, FULL=False, STORE_LOGITS=STORE_LOGITS,
         )  # fmt: skip
     for start in tl.range(begin, full_end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
         redo |= _dense_tile(
             start, *row_args, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX, HAS_RAW_TILES,
-            BLOCK_SIZE, EXACT=HAS_DRAFTS, FULL=True,
+            BLOCK_SIZE, EXACT=HAS_DRAFTS, FULL=True, STORE_LOGITS=STORE_LOGITS,
         )  # fmt: skip
     # with drafts (the rejection sampler's rows) the first pass is already IEEE division:
     # the drafts' counts and the range checks together spilled under the register cap
@@ -235,7 +241,7 @@ def _process_logits_kernel(
         for start in tl.range(begin, end, BLOCK_SIZE):
             _dense_tile(
                 start, *row_args, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX,
-                HAS_RAW_TILES, BLOCK_SIZE, EXACT=True, FULL=False,
+                HAS_RAW_TILES, BLOCK_SIZE, EXACT=True, FULL=False, STORE_LOGITS=STORE_LOGITS,
             )  # fmt: skip
     # The sparse phases' tables (their first blocks) depend on the slot alone: loaded here,
     # in one round, and the bad words' ring in the next, beside the bias phase's loads
@@ -332,9 +338,12 @@ def launch_process_logits(
     sparse_block: int = 128,
     bad_block: int = 128,
     splits: int = 1,  # programs a row is split over (`process_splits`)
+    store_logits: bool = True,  # False: the GPU check's probe (logits left mostly unwritten)
 ) -> None:
     """Launch `_process_logits_kernel` over rows x splits; tables must be contiguous.
-    Allocates nothing, returns None."""
+    Allocates nothing, returns None. store_logits False leaves out the dense pass's store
+    of `logits` (only the sparse phases' tokens are written; the tile tables are), so
+    that a timing shows what the [B, V] store costs: never for an output."""
     num_rows, vocab_size = logits.shape
     num_bad = bad_tokens.shape[1] if bad_tokens is not None else 0
     splits, chunk = split_chunks(vocab_size, splits, block_size)
@@ -371,6 +380,7 @@ def launch_process_logits(
         BLOCK_SIZE=block_size,
         SPARSE_BLOCK=sparse_block,
         BAD_BLOCK=min(triton.next_power_of_2(max(num_bad, 1)), bad_block),
+        STORE_LOGITS=store_logits,
         # why: x - f * count must round twice, as torch's separate multiply and subtract do
         enable_fp_fusion=False,
         **pdl_launch(source.device),

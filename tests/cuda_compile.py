@@ -188,12 +188,13 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
 
     # the pipeline always passes the bad-words tables, and the tile-max table unless custom
     # processors run (and the raw-tile table in the raw logprobs modes); the kernel tests
-    # also launch without either
-    for grammar, drafts, bad_words, tiles, raw in (
-        (False, False, True, True, False), (True, False, True, True, False),
-        (False, True, True, True, False), (True, True, True, True, False),
-        (False, False, True, False, False), (False, False, False, False, False),
-        (False, False, True, True, True), (True, False, True, True, True),
+    # also launch without either. Last, the GPU check's probe without the store of "all"
+    for grammar, drafts, bad_words, tiles, raw, store in (
+        (False, False, True, True, False, True), (True, False, True, True, False, True),
+        (False, True, True, True, False, True), (True, True, True, True, False, True),
+        (False, False, True, False, False, True), (False, False, False, False, False, True),
+        (False, False, True, True, True, True), (True, False, True, True, True, True),
+        (True, False, True, True, True, False),
     ):  # fmt: skip
 
         def process(
@@ -202,6 +203,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
             bad: bool = bad_words,
             tiles: bool = tiles,
             raw: bool = raw,
+            store: bool = store,
         ) -> None:
             logits_processing.launch_process_logits(
                 x, _t(rows, vocab), slots, _i32(slots_n, 8), _t(slots_n, 8), _i32(slots_n),
@@ -212,12 +214,12 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
                 _i64(rows, 2) if drafts else None, _i64(rows) if drafts else None,
                 *((_i32(slots_n, 1024),) * 3 + (_i32(slots_n, 16),) if bad else (None,) * 4),
                 tile_max=_t(rows, 1) if tiles else None,
-                raw_tiles=_t(rows, 1, 2) if raw else None,
+                raw_tiles=_t(rows, 1, 2) if raw else None, store_logits=store,
             )  # fmt: skip
 
         label = (
             f"process_logits grammar={grammar} drafts={drafts} bad_words={bad_words} "
-            f"tile_max={tiles} raw_tiles={raw}"
+            f"tile_max={tiles} raw_tiles={raw}" + ("" if store else " store_logits=False")
         )
         calls.append((label, process))
 

@@ -143,8 +143,14 @@ def test_cpu_smoke_run_writes_every_result(tmp_path: Path) -> None:
     assert names.index("_sample_kernel") < names.index("_logprobs_kernel")
     assert "_commit_history_kernel" not in names
     assert "## The Triton step, kernel by kernel" in md
-    # the sampler's line, the candidate buffer's two, then a line per kernel of the step
-    assert md.count("\n| all | ") == 1 + 2 + len(step)
+    # processing's launch once more, without its store (the probe), beside it in its section
+    probe = [c for c in results.cases if c.provider == bench_cases.NO_STORE_PROVIDER]
+    assert [(c.stage, c.extra["index"], c.extra["kernel"]) for c in probe] == [
+        ("all", 0, "_process_logits_kernel")
+    ]
+    assert "## Processing without its [B, V] store" in md
+    # the sampler's line, the candidate buffer's two, a line per kernel of the step, the probe
+    assert md.count("\n| all | ") == 1 + 2 + len(step) + 1
     assert md.count("\n| rejection | ") == 1 and "`rejection`: speculative decoding" in md
 
 
@@ -452,7 +458,8 @@ def test_kernel_lines_carry_the_models_estimate_of_the_same_launch() -> None:
     for case, name in zip(timed, names, strict=True):
         case.extra.update(kernel=name, grid=[64, 5])
     launches = [{"name": "_process_logits_kernel", "est_us": 31.5},
-                {"name": "_sample_kernel", "est_us": 22.7},
+                {"name": "_sample_kernel", "est_us": 22.7, "memory_us": 3.3, "waves": 2,
+                 "serial_us": 10.35},
                 {"name": "_other_kernel", "est_us": 1.0}]  # fmt: skip
     model = {"vocab": 128_256, "gpu": "NVIDIA H100 SXM (sm_90)",
              "cases": {"all": {"64": {"launches": launches}}}}  # fmt: skip
@@ -460,9 +467,35 @@ def test_kernel_lines_carry_the_models_estimate_of_the_same_launch() -> None:
     assert book.model_estimates(model, timed[2]) == {}  # another kernel at that index
     assert book.model_estimates({**model, "vocab": 151_936}, timed[0]) == {}
     md = book.format_markdown(Results({}, timed), model)
-    assert "| all | 64 | 128256 | 1 | _sample_kernel | 64x5 | 8.0 | – | 22.7 |" in md
-    assert "| all | 64 | 128256 | 2 | _x_kernel | 64x5 | 9.0 | – | – |" in md
+    # est, then its memory time and its serial time over all waves (2 x 10.35)
+    assert "| all | 64 | 128256 | 1 | _sample_kernel | 64x5 | 8.0 | – | 22.7 | 3.3 | 20.7 |" in md
+    assert "| 0 | _process_logits_kernel | 64x5 | 7.0 | – | 31.5 | – | – |" in md
+    assert "| all | 64 | 128256 | 2 | _x_kernel | 64x5 | 9.0 | – | – | – | – |" in md
     assert "estimate of that launch on NVIDIA H100 SXM (sm_90) (an estimate" in md
+    assert "## Processing without its [B, V] store" not in md  # no probe was timed
+
+
+def test_store_lines_set_the_probe_beside_processing_and_its_share_of_the_bytes() -> None:
+    """The probe (processing replayed without its store) goes beside the timed launch of the
+    same case, shape and index, with what it saved and the store's share of the launch's
+    bytes by the model (B x V x 4 over the bytes read and written); a probe whose launch
+    was not timed, or a shape the model was not computed for, gets no line or no share."""
+    kernels = [_case("all", f"{bench_cases.KERNEL_PROVIDER}0", 40.0),
+               _case("all", f"{bench_cases.KERNEL_PROVIDER}0", 12.0, rows=1)]  # fmt: skip
+    probes = [_case("all", bench_cases.NO_STORE_PROVIDER, 30.0),
+              _case("all", bench_cases.NO_STORE_PROVIDER, 11.0, rows=1),
+              _case("top_k_top_p", bench_cases.NO_STORE_PROVIDER, 5.0)]  # fmt: skip
+    for case in kernels + probes:
+        case.extra.update(kernel="_process_logits_kernel", grid=[64, 2], index=0)
+    moved = 64 * 128_256 * 4 * 2.5  # the store, 40 % of the launch's bytes
+    launches = [{"name": "_process_logits_kernel", "est_us": 31.5, "read_bytes": moved * 0.6,
+                 "write_bytes": moved * 0.4}]  # fmt: skip
+    model = {"vocab": 128_256, "cases": {"all": {"64": {"launches": launches}}}}
+    md = book.format_markdown(Results({}, kernels + probes), model)
+    section = md[md.index("## Processing without its [B, V] store") :]
+    assert "| all | 64 | 128256 | 40.0 | 30.0 | 10.0 | 25% | 40% |" in section
+    assert "| all | 1 | 128256 | 12.0 | 11.0 | 1.0 | 8% | – |" in section  # no model at 1 row
+    assert "top_k_top_p" not in section  # its launch was not timed
 
 
 def test_kernels_part_runs_every_variant_and_names_failures(

@@ -443,6 +443,44 @@ def test_small_tiles_match_torch_backend(
     assert torch.equal(got, _torch_backend(logits, slots, state, grammar))
 
 
+def test_the_store_probe_stores_only_the_sparse_phases_tokens(kernel_device: torch.device) -> None:
+    """store_logits=False, the GPU check's probe of what the dense pass's [B, V] store costs:
+    no logit of the dense pass is stored (the buffer keeps its fill but at the sparse phases'
+    tokens), and the tile tables are still written: the raw one as with the store, the
+    tile maxima too wherever no sparse phase touched the tile (those phases read logits the
+    probe left out)."""
+    gen = _gen()
+    rows, vocab, tiles = 3, 16_000, 16
+    # prompts of V / 8 tokens: a longer max_model_len
+    penalty = penalty_state(rows + 1, vocab, gen, max_model_len=4_000, device=kernel_device)
+    state = _random_state(rows + 1, vocab, gen, penalty)
+    slots = torch.tensor([0, 2, 1], device=kernel_device)
+    logits = (torch.randn(rows, vocab, generator=gen) * 4).to(kernel_device)
+    grammar = _random_grammar(rows, vocab, gen, kernel_device)
+    args = (*state.kernel_args(), grammar, *state.penalty_args())
+    runs = []
+    for store in (True, False):
+        got = torch.full_like(logits, float("nan"))
+        tile_max = torch.full((rows, tiles), -7.0, device=kernel_device)
+        raw = torch.full((rows, tiles, 2), -7.0, device=kernel_device)
+        launch_process_logits(logits, got, slots, *args, splits=2, tile_max=tile_max,
+                              raw_tiles=raw, store_logits=store)  # fmt: skip
+        runs.append((got.cpu(), tile_max.cpu(), raw.cpu()))
+    (full, full_max, full_raw), (probe, probe_max, probe_raw) = runs
+    assert not bool(full.isnan().any())  # with the store every logit is written
+    assert torch.equal(probe_raw, full_raw)
+    overflow = state.penalties.overflow_token.device.cpu()
+    checked = 0
+    for r, s in enumerate(slots.tolist()):
+        sparse = {*state.bias_ids[s].tolist(), *state.stop_ids[s].tolist()}
+        sparse |= {t for t in overflow[s].tolist() if t >= 0}
+        assert set((~probe[r].isnan()).nonzero().flatten().tolist()) <= sparse
+        untouched = sorted(set(range(tiles)) - {t // 1024 for t in sparse})
+        assert torch.equal(probe_max[r, untouched], full_max[r, untouched])
+        checked += len(untouched)
+    assert checked >= 8, checked  # at most 21 of 16 tiles a row are touched
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 def test_tile_maxima(splits: int, kernel_device: torch.device) -> None:
     """The tile-max table: each 1,024-token tile's largest processed logit exactly (+inf

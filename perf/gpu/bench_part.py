@@ -22,6 +22,7 @@ from .cases import (
     CANDIDATES_PROVIDER,
     KERNEL_PROVIDER,
     NO_PDL,
+    NO_STORE_PROVIDER,
     VLLM_STYLE,
     case_grid,
     case_logprobs,
@@ -188,12 +189,17 @@ def _time_without_pdl(
     book.add(case_result(case, NO_PDL, rows, vocab, timed, extra))
 
 
+PROCESSING_KERNEL = "_process_logits_kernel"
+"""The launch `_time_kernels` also replays without its [B, V] store (`NO_STORE_PROVIDER`)."""
+
+
 def _time_kernels(
     book: BenchBook, timer: Timer, sampler: Sampler, x: torch.Tensor, case: str
 ) -> None:
     """Each Triton launch of one `sampler(x)`, recorded with its arguments and replayed
     alone (provider `step-kernel-<index>`, extra: its name and grid), in the step's order; the
-    cost model's estimate of the same launch goes beside it in bench.md."""
+    cost model's estimate of the same launch goes beside it in bench.md. Processing's launch
+    is replayed once more without its dense pass's store (`NO_STORE_PROVIDER`)."""
     rows, vocab = x.shape
     with observed_launches() as launches:
         sampler(x)
@@ -212,6 +218,12 @@ def _time_kernels(
         shape = list(grid(kwargs) if callable(grid) else grid)
         extra = {"kernel": kernel.__name__, "grid": shape}
         book.add(case_result(case, f"{KERNEL_PROVIDER}{index}", rows, vocab, timed, extra))
+        if kernel.__name__ == PROCESSING_KERNEL:
+            probe = functools.partial(launch, kwargs={**kwargs, "STORE_LOGITS": False})
+            probe()  # compiles the variant, outside the capture
+            sync(timer.device)
+            extra = {**extra, "index": index}
+            book.add(case_result(case, NO_STORE_PROVIDER, rows, vocab, timer(probe), extra))
     for key, t in touched.items():
         t.copy_(saved[key])
 

@@ -24,6 +24,7 @@ from .cases import (
     FLASHINFER,
     KERNEL_PROVIDER,
     NO_PDL,
+    NO_STORE_PROVIDER,
     READ_FLOOR,
     SAMPLER_PROVIDERS,
     SPEC_STAGE,
@@ -220,6 +221,7 @@ def format_markdown(results: Results, model: dict[str, Any] | None = None) -> st
             )
     lines += _pdl_lines(cases, model)
     lines += _kernel_lines([c for c in cases if _is_kernel(c)], model)
+    lines += _store_lines(cases, model)
     for title, key in (("Notes", "notes"), ("Errors", "errors")):
         if ctx.get(key):
             lines += ["", f"## {title}", ""] + [f"- {n}" for n in ctx[key]]
@@ -282,17 +284,54 @@ def _kernel_lines(kernels: Sequence[CaseResult], model: dict[str, Any] | None) -
     lines = ["", "## The Triton step, kernel by kernel", "",
              "Each launch of one `Sampler` step on the Triton backend, replayed alone; `est` "
              f"is perf/kernel_model.py's estimate of that launch{machine} (an estimate, never "
-             "a measurement; – where it was not computed).", "",
-             "| case | rows | vocab | # | kernel | grid | µs | x read | est µs |",
-             "|---|---:|---:|---:|---|---|---:|---:|---:|"]  # fmt: skip
+             "a measurement; – where it was not computed): the larger of its memory time "
+             "(`est mem`) and its programs' serial time, issue and load latency, over all "
+             "their waves (`est serial`), plus a launch.", "",
+             "| case | rows | vocab | # | kernel | grid | µs | x read | est µs | est mem µs "
+             "| est serial µs |",
+             "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
     order = sorted(kernels, key=lambda c: (c.rows * c.vocab, c.stage, _kernel_index(c)))
     for c in order:
-        est = model_estimates(model, c).get("est_us")
+        est = model_estimates(model, c)
+        serial = est["waves"] * est["serial_us"] if "serial_us" in est else None
         grid = "x".join(str(g) for g in c.extra.get("grid", []))
         lines.append(
             f"| {c.stage} | {c.rows} | {c.vocab} | {_kernel_index(c)} | "
             f"{c.extra.get('kernel')} | {grid} | {_us(c.median_us)} | "
-            f"{_ratio(c.extra.get('ratio_to_read'))} | {_us(est)} |"
+            f"{_ratio(c.extra.get('ratio_to_read'))} | {_us(est.get('est_us'))} | "
+            f"{_us(est.get('memory_us'))} | {_us(serial)} |"
+        )
+    return lines
+
+
+def _store_lines(cases: Sequence[CaseResult], model: dict[str, Any] | None) -> list[str]:
+    """Processing's launch with its dense pass's [B, V] store and without (the probe
+    `NO_STORE_PROVIDER`), shape by shape: what leaving the store out saved, beside the
+    store's share of the launch's bytes by the cost model (– where it was not computed)."""
+    timed = {(c.stage, c.rows, c.vocab, _kernel_index(c)): c for c in cases if _is_kernel(c)}
+    pairs = [
+        (timed[key], c) for c in cases if c.provider == NO_STORE_PROVIDER
+        and (key := (c.stage, c.rows, c.vocab, c.extra.get("index"))) in timed
+    ]  # fmt: skip
+    if not pairs:
+        return []
+    lines = ["", "## Processing without its [B, V] store", "",
+             "The step's processing launch replayed alone, then again with the dense pass's "
+             "store of the processed logits left out (a probe: its output is then wrong). "
+             "Bound by memory, the launch saves about the store's share of its bytes (the "
+             "cost model's count, an estimate); bound by issue, little.", "",
+             "| case | rows | vocab | with µs | without µs | saved µs | saved | store's share "
+             "of the bytes (est) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for with_store, without in sorted(pairs, key=lambda p: (p[0].rows * p[0].vocab, p[0].stage)):
+        saved = with_store.median_us - without.median_us
+        est = model_estimates(model, with_store)
+        moved = est.get("read_bytes", 0) + est.get("write_bytes", 0)
+        share = with_store.rows * with_store.vocab * 4 / moved if moved else None
+        lines.append(
+            f"| {with_store.stage} | {with_store.rows} | {with_store.vocab} | "
+            f"{_us(with_store.median_us)} | {_us(without.median_us)} | {saved:.1f} | "
+            f"{saved / with_store.median_us:.0%} | {'–' if share is None else f'{share:.0%}'} |"
         )
     return lines
 

@@ -79,6 +79,13 @@ KERNEL_PROVIDER = "step-kernel-"
 """The Triton step's launches timed one by one: provider `step-kernel-<index in the step>`,
 extra["kernel"] its name."""
 
+NO_STORE_PROVIDER = "processing-no-store"
+"""A probe, not a provider of tokens: the step's processing launch replayed alone with its
+dense pass's [B, V] store left out (STORE_LOGITS=False, kernels/logits_processing.py),
+extra["index"] its place in the step. Against the same launch with the store it tells
+whether processing is bound by memory (it saves about the store's share of the bytes) or
+by issue (it saves little): which of the two the next speed-up must cut."""
+
 
 def case_logprobs(case: str) -> int:
     """max_num_logprobs of the Sampler a case runs on: logprobs are a config-level feature,
