@@ -478,7 +478,8 @@ def test_the_store_probe_stores_only_the_sparse_phases_tokens(kernel_device: tor
         untouched = sorted(set(range(tiles)) - {t // 1024 for t in sparse})
         assert torch.equal(probe_max[r, untouched], full_max[r, untouched])
         checked += len(untouched)
-    assert checked >= 8, checked  # at most 21 of 16 tiles a row are touched
+    # slot 0's tables hold up to 21 sparse tokens over the 16 tiles, the others' fewer
+    assert checked >= 8, checked
 
 
 @pytest.mark.parametrize("splits", [1, 3])
