@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from made_once import made_once
 
 HERE = Path(__file__).resolve().parent
 
@@ -38,20 +39,27 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The sm_90 report of every variant, compiled once for this module's tests (~1 minute),
-    with the script's exit status under "returncode"."""
-    tmp_path = tmp_path_factory.mktemp("cuda_compile")
-    report_path = tmp_path / "compile.json"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")  # a cold compile, every run
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "cuda_compile.py"), "--arch", "90", "--json", str(report_path)],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    print(proc.stdout[-6000:], proc.stderr[-3000:])
-    result: dict[str, Any] = json.loads(report_path.read_text(encoding="utf-8"))
-    result["returncode"] = proc.returncode
-    return result
+    """The sm_90 report of every variant, compiled once a run for this module's tests,
+    whichever workers run them (~1 minute), with the script's exit status under
+    "returncode"."""
+
+    def make(path: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        # a cold compile, every run
+        env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache"))
+        proc = subprocess.run(
+            [sys.executable, str(HERE / "cuda_compile.py"), "--arch", "90", "--json", str(path)],
+            env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        print(proc.stdout[-6000:], proc.stderr[-3000:])
+        result = json.loads(path.read_text(encoding="utf-8"))
+        result["returncode"] = proc.returncode
+        path.write_text(json.dumps(result), encoding="utf-8")
+
+    # once for all of pytest-xdist's workers that run this module's tests
+    path = made_once(tmp_path_factory, "cuda_compile.json", make)
+    report: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return report
 
 
 def test_every_kernel_variant_compiles_for_sm90(report: dict[str, Any]) -> None:
