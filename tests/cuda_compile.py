@@ -669,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
     launches = record()
     # a launch whose kernel, signature, constexprs and options another one had compiles to
     # the same cubin (`compile_launch` gives triton.compile nothing else): its report is
-    # that one's, under its own label (12 of the 66 launches, about 15% of the run)
+    # that one's, under its own label (12 of the 67 launches, about 15% of the run)
     done: dict[str, Compiled] = {}
     for i, launch in enumerate(launches, 1):
         key = repr(
