@@ -278,9 +278,11 @@ def chi_square_rig() -> tuple[Sampler, RejectionSampler, Verify]:
     new requests. Eager: a step of 4,096 flattened rows takes about 40 ms here, less than
     compiling it would cost (graph replay has tests of its own)."""
     # Small capacities for the features these rows leave off: the torch backend pays for
-    # every capacity slot.
+    # every capacity slot. max_model_len too: the overflow tables hold ceil(max_model_len /
+    # 255) entries a slot (514 at the default 131,072), and the 406 positions a row reaches
+    # here fit in 1,024.
     config = gs.SamplerConfig(
-        max_num_reqs=CHI_ROWS, vocab_size=CHI_VOCAB, seed=5, max_bad_words=1,
+        max_num_reqs=CHI_ROWS, vocab_size=CHI_VOCAB, seed=5, max_model_len=1024, max_bad_words=1,
         max_bad_word_len=2, max_bad_words_tokens=2, max_logit_bias_tokens=2,
         max_stop_token_ids=1,
     )  # fmt: skip

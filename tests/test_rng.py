@@ -338,15 +338,24 @@ def test_no_sync_and_trace_replays_fresh_draws(device: torch.device) -> None:
 
 
 def test_compiled_matches_eager_bit_for_bit(device: torch.device) -> None:
-    # On the CPU with inductor's SIMD code, its default where the CPU has a vector ISA it
-    # supports: its scalar code (`cpp.vec_isa_ok = False`, as the demo command sets) calls
-    # libm's log, and `exponential` then differs from eager's in the last bit for about 7%
-    # of draws (345 of these 5,115), as its docstring allows; the uniforms stay exact.
+    """Inductor's code of every draw equals eager's, at two steps. On the CPU one draw may
+    differ in its last bit, where inductor writes scalar C++: it calls libm's log there,
+    and `exponential` then differs from eager's (vectorized) in the last bit for about 7%
+    of draws (345 of these 5,115), as its docstring allows. Scalar is this suite's choice
+    (tests/conftest.py: `TORCHINDUCTOR_VEC_ISA_OK=1` gives SIMD back, and with it the
+    exact exponentials) and the demo command's, made once a process at its first compile;
+    SIMD, inductor's default where the CPU has a vector ISA, is exact."""
+    exact = device.type == "cuda" or torch._inductor.config.cpp.vec_isa_ok is not False
     compiled = torch.compile(_all_draws, fullgraph=True, dynamic=False)
     seeds = _rows([0, -1, -(2**63), 2**63 - 1, 99], device)
     positions = _rows([0, 1, 2**40, 2**63 - 1, 12], device)
     for step in range(2):  # a second step: same graph, advanced positions, fresh numbers
-        got, want = compiled(seeds, positions + step), _all_draws(seeds, positions + step)
-        for g, w in zip(got, want, strict=True):
-            assert torch.equal(g, w)
+        uniforms, exponentials, row_uniforms = compiled(seeds, positions + step)
+        want = _all_draws(seeds, positions + step)
+        assert torch.equal(uniforms, want[0]) and torch.equal(row_uniforms, want[2])
+        if exact:
+            assert torch.equal(exponentials, want[1])
+        else:  # positive floats: adjacent ones are adjacent int32 bit patterns
+            ulps = exponentials.view(torch.int32) - want[1].view(torch.int32)
+            assert ulps.abs().max() <= 1
     assert not torch.equal(compiled(seeds, positions)[0], compiled(seeds, positions + 1)[0])

@@ -127,9 +127,12 @@ def test_seeded_tokens_do_not_depend_on_row_batch_or_padding(backend: str) -> No
 def test_chi_square_against_reference_distribution(params: SP) -> None:
     vocab, rows, steps = 64, 1024, 200  # 204,800 draws
     # Small capacities for the features these rows leave off: the torch backend pays for
-    # every capacity slot, and 200 steps of 1,024 rows must stay quick.
+    # every capacity slot, and 200 steps of 1,024 rows must stay quick. max_model_len too:
+    # the overflow tables hold ceil(max_model_len / 255) entries a slot (514 at the default),
+    # and the 206 positions a row reaches here fit in 512.
     config = SamplerConfig(
-        max_num_reqs=rows, vocab_size=vocab, seed=11, max_bad_words=1, max_bad_word_len=2,
+        max_num_reqs=rows, vocab_size=vocab, seed=11, max_model_len=512, max_bad_words=1,
+        max_bad_word_len=2,
         max_bad_words_tokens=2, max_logit_bias_tokens=2, max_stop_token_ids=1,
     )  # fmt: skip
     sampler = Sampler(config, "cpu")

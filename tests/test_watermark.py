@@ -72,10 +72,12 @@ def test_200_watermarked_tokens_are_detected_and_unwatermarked_ones_are_not() ->
 def test_a_watermark_keeps_the_sampling_distribution() -> None:
     """Chi-square over 1,024 requests x 50 rounds, each round fresh contexts: 51,200 draws."""
     vocab, rows, rounds = 64, 1024, 50
+    # small capacities, as the Sampler's chi-square test has them (tests/test_sampler.py):
+    # 53 tokens a request at most
     config = SamplerConfig(
-        max_num_reqs=rows, vocab_size=vocab, seed=11, max_bad_words=1, max_bad_word_len=2,
-        max_bad_words_tokens=2, max_logit_bias_tokens=2, max_stop_token_ids=1,
-        watermark_context_len=N,
+        max_num_reqs=rows, vocab_size=vocab, seed=11, max_model_len=128, max_bad_words=1,
+        max_bad_word_len=2, max_bad_words_tokens=2, max_logit_bias_tokens=2,
+        max_stop_token_ids=1, watermark_context_len=N,
     )  # fmt: skip
     sampler = Sampler(config, "cpu")
     params = SP(temperature=0.9, top_k=40)
