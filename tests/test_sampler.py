@@ -132,8 +132,8 @@ def test_chi_square_against_reference_distribution(params: SP) -> None:
     # and the 206 positions a row reaches here fit in 512.
     config = SamplerConfig(
         max_num_reqs=rows, vocab_size=vocab, seed=11, max_model_len=512, max_bad_words=1,
-        max_bad_word_len=2,
-        max_bad_words_tokens=2, max_logit_bias_tokens=2, max_stop_token_ids=1,
+        max_bad_word_len=2, max_bad_words_tokens=2, max_logit_bias_tokens=2,
+        max_stop_token_ids=1,
     )  # fmt: skip
     sampler = Sampler(config, "cpu")
     prompt = [1, 2, 3]
