@@ -199,18 +199,26 @@ def _candidates_kernel(
             start = listed_tile(visits_ptr, listed, first, visit, HAS_TILE_MAX, BLOCK_SIZE)
             cols = start + tl.arange(0, BLOCK_SIZE)
             in_chunk = cols < end
-            x = tl.load(row_ptr + cols, mask=in_chunk, other=float("nan"))
-            valid = x == x
+            # columns past the chunk read -inf, which no floor, mass or max takes in
+            x = tl.load(row_ptr + cols, mask=in_chunk, other=float("-inf"))
             # a finite entry of the table is the tile's max, and the tile holds no NaN: only
-            # an unknown tile (+inf), or every tile without the table, takes two reductions
+            # an unknown tile (+inf), or every tile without the table, takes two reductions,
+            # and its NaNs become -inf for what follows, so that a known tile's logits need
+            # no NaN test (a usual visit: about 340 -> 300 SASS instructions a thread)
             tile_max = tl.full((), float("inf"), tl.float32)
             if HAS_TILE_MAX:
                 tile_max = tl.load(tile_row + start // BLOCK_SIZE)
             if tile_max == float("inf"):
+                valid = x == x
                 tile_max = tl.max(tl.where(valid, x, float("-inf")), axis=0)
-                nan_count += tl.sum((~valid & in_chunk).to(tl.int32), axis=0)
-            if not bounded:
-                low = tl.minimum(low, tl.min(tl.where(valid, x, float("inf")), axis=0))
+                nan_count += tl.sum((~valid).to(tl.int32), axis=0)
+                if not bounded:
+                    low = tl.minimum(
+                        low, tl.min(tl.where(valid & in_chunk, x, float("inf")), axis=0)
+                    )  # fmt: skip
+                x = tl.where(valid, x, float("-inf"))
+            elif not bounded:
+                low = tl.minimum(low, tl.min(tl.where(in_chunk, x, float("inf")), axis=0))
             new_max = tl.maximum(chunk_max, tile_max)
             if use_buffer:
                 # only top-p weighs masses (top-k alone skips the exp per logit), and not
@@ -220,7 +228,7 @@ def _candidates_kernel(
                     # (its exp(-inf - -inf) would be nan), so the base is then 0
                     base = tl.where(new_max > float("-inf"), new_max, 0.0)
                     total = total * exp_ftz(chunk_max - base)
-                    total += tl.sum(tl.where(valid, exp_ftz(x - base), 0.0), axis=0)
+                    total += tl.sum(exp_ftz(x - base), axis=0)
                 # the list's floor-rank value, max + ln(min_p) now (below min_p's cut at
                 # the end); not skip_below, which a logit of the k largest may equal
                 floor = list_floor
@@ -229,8 +237,8 @@ def _candidates_kernel(
                         floor = tl.maximum(floor, new_max + log_min_p)
                 # the tile's logits at or below the floor, or below the tile maxima's
                 # floor (which a logit of the k largest may equal), stay out of the list
-                hit = valid & (x > floor) & (x >= skip_below)
-                left_out = tl.maximum(left_out, tl.where(valid & ~hit, x, float("-inf")))
+                hit = (x > floor) & (x >= skip_below)
+                left_out = tl.maximum(left_out, tl.where(hit, float("-inf"), x))
                 if (tile_max > floor) & (tile_max >= skip_below):
                     hits = tl.sum(hit.to(tl.int32), axis=0)
                     # the tile's hits go in largest first, each at its rank with its id,

@@ -36,8 +36,7 @@ them unread), taken as the rows the buffer settles (`covered_rows`)."""
 
 UNKNOWN_TILES = "model:unknown_tiles"
 """A pseudo-argument perf/kernel_model.py hands the launches after processing: per row, the
-fraction of its tiles processing marked unknown in the tile-max table (`unknown_tiles`),
-which every consumer reads."""
+fraction of its tiles marked unknown in the tile-max table (`unknown_tiles`), all read."""
 
 SEARCH_PASSES = 8
 """Passes of the top-k/top-p radix search over a row the buffer does not settle: its maximum
@@ -313,9 +312,10 @@ def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             ): rows["buffered"] * record_tiles(floor_rank, read_tiles),
             source_line(k._candidates_kernel, "if hits > 1:"): multi,
             source_line(k._candidates_kernel, "if weigh:"): weigh,
-            # the chunk's min, reduced by the rows the tile maxima bound not (every skipping
-            # row has its k known tiles in the model)
+            # the chunk's min (an unknown tile's, a known one's), reduced by the rows the
+            # tile maxima bound not (every skipping row has its k known tiles in the model)
             source_line(k._candidates_kernel, "if not bounded:"): _f(~skipping),
+            source_line(k._candidates_kernel, "elif not bounded:"): _f(~skipping),
             # the reductions of a tile the table does not know (+inf), among those read
             source_line(k._candidates_kernel, 'if tile_max == float("inf"):'): unknown_read,
         },
