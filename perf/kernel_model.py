@@ -100,8 +100,10 @@ and reads none of its logits. Arguments the table does not name are charged one 
 per program: an upper bound.
 
 Branches: an `if` inside a tile loop counts as taken (the static upper bound) unless the
-access table gives the fraction of iterations that run its block: the sampling kernel's
-hash, run on the tiles holding a survivor (survivors / tiles of them, at least one tile of
+access table gives the fraction of iterations that run its block: processing's penalties
+and temperature (steps 5 and 6), run by the rows with a penalty or a temperature on (the
+slowest program's: the largest fraction over the rows, as for every branch); the sampling
+kernel's hash, run on the tiles holding a survivor (survivors / tiles of them, at least one tile of
 a program's chunk); a running top-k's merge (logprobs' top K, top-k/top-p stage 1's list),
 run on the tiles holding a new one of its k largest so far, for logits in random order
 (`cost_model.shares.record_tiles`), here among the tiles it reads; the reductions of a

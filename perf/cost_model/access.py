@@ -90,8 +90,8 @@ def _f(mask: torch.Tensor) -> torch.Tensor:
 
 def _sparse_tokens(a: dict[str, Any], c: dict[str, Any]) -> dict[str, torch.Tensor]:
     """Per row of a process_logits launch: the tokens its phases after the dense pass
-    store (biased, stop ids, banned, saturated), and the rows with a full overflow table,
-    whose step 7 rewrites the whole row."""
+    store (biased, stop ids, banned, saturated), the rows with a full overflow table, whose
+    step 7 rewrites the whole row, and those whose stop ids are banned or that scale."""
     slots = a["slots_ptr"]
     zeros = torch.zeros(slots.shape[0], dtype=torch.float64)
     freq = a["frequency_ptr"][slots]
@@ -111,6 +111,8 @@ def _sparse_tokens(a: dict[str, Any], c: dict[str, Any]) -> dict[str, torch.Tens
         "tokens": bias + stopping * stops + banned + used,
         "excess": used.to(torch.float64),
         "full": _f(fix_excess & scale_on & table[:, -1]),
+        "stopping": stopping,
+        "scale_on": _f(scale_on),
     }
 
 
@@ -130,7 +132,7 @@ def unknown_tiles(a: dict[str, Any], c: dict[str, Any]) -> torch.Tensor:
 
 
 def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
-    from graphsafe_sampler.kernels import bad_words, sparse_phases
+    from graphsafe_sampler.kernels import bad_words, sparse_phases, token_steps
     from graphsafe_sampler.kernels import logits_processing as k
 
     slots, vocab = a["slots_ptr"], a["vocab_size"]
@@ -139,16 +141,13 @@ def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     rep, freq = a["repetition_ptr"][slots], a["frequency_ptr"][slots]
     penalties = _f((rep != 1.0) | (freq != 0.0) | (a["presence_ptr"][slots] != 0.0))
     fix_excess = freq != 0.0
-    preceding = a["num_preceding_ptr"] if c["HAS_DRAFTS"] else 0
-    stopping = _f(a["num_generated_ptr"][slots] + preceding < a["min_tokens_ptr"][slots])
     entries = a["num_overflow"]
     used = (a["overflow_token_ptr"][slots, :entries] >= 0).sum(1) * fix_excess
-    # single elements of the row (biased, stop ids, banned, saturated tokens), and the rows
-    # whose full overflow table takes one more pass over the row
+    # single tokens (biased, stop ids, banned, saturated); rows a full overflow table passes
     sparse_tokens = _sparse_tokens(a, c)
     sparse, full = sparse_tokens["tokens"] / vocab, sparse_tokens["full"]
-    # bad words: a block of entries is read when its first is in use, else that one alone;
-    # the ring of recent outputs is gathered from
+    stopping = sparse_tokens["stopping"]
+    # bad words: a block read where its first entry is used, else that one; the ring gathered
     bad_rows, ring = zeros, zeros
     if c["HAS_BAD_WORDS"]:
         back, block = a["bad_back_ptr"][slots], c["BAD_BLOCK"]
@@ -156,8 +155,7 @@ def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         bad_rows = (entries_used * block + blocks - entries_used) / back.shape[1]
         ring = _f(entries_used > 0)
     bias = (a["bias_values_ptr"][slots] != 0.0).sum(1)
-    # the sparse tables' blocks past their first, walked where a row's used entries fill the
-    # first (the bias and stop tables': those before the first repeat of their first id)
+    # the sparse tables' blocks past their first, walked where used entries fill the first
     block, bad_block = c["SPARSE_BLOCK"], c["BAD_BLOCK"]
     bias_more = _walks_past_first(a["bias_ids_ptr"][slots], block)
     stop_more = _walks_past_first(a["stop_ids_ptr"][slots], block)
@@ -191,14 +189,11 @@ def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             "raw_tiles_ptr": ones * float(c["HAS_RAW_TILES"]),
         },
         walks={
-            # the row's partial last tile, alone where V is no multiple of BLOCK_SIZE: in
-            # the last program of a row, whose chunk is no longer than the others'
-            # (split_chunks) and whose main loop walks one tile fewer, so that no program
-            # is slower than one walking a whole chunk in the main loop
+            # the row's partial last tile, alone: in a row's last program, whose main loop
+            # walks a tile fewer (split_chunks), so no program is slower than a whole chunk
             tile_loop(k._process_logits_kernel, 0): 0 * ones,
             tile_loop(k._process_logits_kernel, 1): ones,
-            # the pass again with IEEE division: a tile held a quotient outside the hoisted
-            # reciprocal's range, NaN or +inf, never in an LLM-like row
+            # the pass again with IEEE division (a quotient outside the fast range): never
             tile_loop(k._process_logits_kernel, 2): 0 * ones,
             tile_loop(sparse_phases.apply_excess, 0): full,
             # (above); the overflow table's walk over its used entries
@@ -206,6 +201,11 @@ def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             source_line(sparse_phases.ban_stop_ids, "while more:"): stopping * stop_more,
             source_line(bad_words.ban_bad_words, "while more:"): bad_more,
             source_line(sparse_phases.apply_excess, "while listed >= 0:"): _f(used > 0),
+        },
+        # steps 5 and 6 (token_steps), a branch on the row's parameters in each tile
+        taken={
+            source_line(token_steps.penalise_and_scale, "if penalties_on:"): penalties,
+            source_line(token_steps.penalise_and_scale, "if scale_on:"): sparse_tokens["scale_on"],
         },
     )
 
