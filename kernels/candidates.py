@@ -19,6 +19,8 @@ from .library import (
     exp_ftz,
     kth_known,
     listed_tile,
+    load_deferred,
+    row_logits,
     tiles_to_visit,
 )
 
@@ -105,6 +107,9 @@ def _candidates_kernel(
     ids_ptr,  # [num_rows, splits, PARTIAL] int32, written with lists_ptr: their token ids
     tile_max_ptr,  # [num_rows, num_tiles] float32 (HAS_TILE_MAX): exact, or +inf unknown
     visits_ptr,  # [num_rows, num_tiles] int32 scratch (HAS_TILE_MAX): the tiles to read
+    source_ptr,  # [num_rows, V] float32 (DEFER): the deferred rows' logits
+    source_stride,
+    deferred_ptr,  # [num_rows] int32 (DEFER): 1 = read the row from source_ptr
     vocab_size,
     chunk,  # columns a program reads: whole tiles
     buffer_size,  # CANDIDATES, or 0: no buffer (search only)
@@ -116,6 +121,7 @@ def _candidates_kernel(
     TILES_BLOCK: tl.constexpr,  # a power of two >= num_tiles
     BLOCK_SIZE: tl.constexpr,
     PDL: tl.constexpr,
+    DEFER: tl.constexpr,
 ):
     """Stage 1, over rows x splits: one read of a chunk of the row, its statistics and its
     PARTIAL largest logits, sorted descending, -inf padded, with their token ids (-1 padded)
@@ -134,6 +140,7 @@ def _candidates_kernel(
     Rows without top-k read every tile: top-p alone needs the whole row's mass."""
     await_prior_grids(PDL)
     row = tl.program_id(0)
+    deferred = load_deferred(deferred_ptr, row, DEFER)  # with the row's first loads
     part = tl.program_id(1)
     begin = part * chunk
     end = tl.minimum(begin + chunk, vocab_size)
@@ -152,7 +159,7 @@ def _candidates_kernel(
     p_on = top_p < 1.0
     # rows whose filters are all off write nothing: the cut kernel reads their parameters
     if k_on | p_on | (min_p != 0.0):
-        row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
+        row_ptr = row_logits(logits_ptr, logits_stride, source_ptr, source_stride, deferred, row)
         use_buffer = (buffer_size > 0) & ((k_on & (k <= buffer_size)) | (~k_on & p_on))
         # the list's rank whose value floors the next tile: the k-th, or the last
         ranks = tl.arange(0, PARTIAL)

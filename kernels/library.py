@@ -77,6 +77,24 @@ def check_logits(logits: torch.Tensor, name: str = "logits") -> None:
         raise ValueError(f"{name} rows must be contiguous (stride 1 along the vocabulary)")
 
 
+def check_deferred(
+    logits: torch.Tensor, source: torch.Tensor | None, deferred: torch.Tensor | None
+) -> None:
+    """A reader's (source, deferred) of `process_logits`' deferred rows, both or neither:
+    source [num_rows, V] float32 (the logits `logits` [num_rows, V] was processed from),
+    deferred [num_rows] int32."""
+    if (source is None) != (deferred is None):
+        raise ValueError("source and deferred come together")
+    if source is not None and deferred is not None:
+        check_logits(source, "source")
+        if source.shape != logits.shape:
+            raise ValueError(
+                f"source must have the shape of logits {tuple(logits.shape)}, got "
+                f"{tuple(source.shape)}"
+            )
+        check_rows("deferred", deferred, torch.int32, logits.shape[0])
+
+
 def check_rows(
     name: str, t: torch.Tensor, dtype: torch.dtype | tuple[torch.dtype, ...], num_rows: int
 ) -> None:
@@ -267,6 +285,29 @@ def tiles_to_visit(bounds, first, last, floor, visits_row, TILES_BLOCK: tl.const
     tl.store(visits_row + position, tiles, mask=keep)
     tl.debug_barrier()
     return tl.sum(keep.to(tl.int32), axis=0)
+
+
+@triton.jit
+def load_deferred(deferred_ptr, row, DEFER: tl.constexpr):
+    """Whether `process_logits` left the row unwritten (deferred[row] = 1; never without
+    DEFER): loaded at a reader's start, with the row's first loads, since a warp issues in
+    order and the loads of the row wait for it (loaded where the row's pointer is first
+    needed, after the slot's parameters, it took a round of its own)."""
+    deferred = tl.zeros((), tl.int1)
+    if DEFER:
+        deferred = tl.load(deferred_ptr + row) != 0
+    return deferred
+
+
+@triton.jit
+def row_logits(logits_ptr, logits_stride, source_ptr, source_stride, deferred, row):
+    """The start of the row's processed logits: its row of `logits_ptr`, or where `deferred`
+    (`load_deferred`), its row of the source it equals (float32, as the buffer)."""
+    return tl.where(
+        deferred,
+        source_ptr + row.to(tl.int64) * source_stride,
+        logits_ptr + row.to(tl.int64) * logits_stride,
+    )
 
 
 @triton.jit

@@ -55,10 +55,10 @@ from .token_steps import penalise_and_scale
 def _dense_tile(
     start, end, num_words, source_row, row_ptr, tile_row, raw_row, row, allowed_row,
     grammar_row, prompt_row, counts_row, drafts_ptr, preceding, num_drafts, penalties_on,
-    repetition, frequency, presence, fix_excess, scale_on, temperature,
+    repetition, frequency, presence, fix_excess, scale_on, temperature, store,
     SATURATED: tl.constexpr, HAS_GRAMMAR: tl.constexpr, HAS_DRAFTS: tl.constexpr,
     HAS_TILE_MAX: tl.constexpr, HAS_RAW_TILES: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    EXACT: tl.constexpr, FULL: tl.constexpr, STORE_LOGITS: tl.constexpr,
+    EXACT: tl.constexpr, FULL: tl.constexpr, STORE_LOGITS: tl.constexpr, DEFER: tl.constexpr,
 ):  # fmt: skip
     """Steps 3-6 on the tile at `start`, read once and written once, with its raw and
     processed statistics -> whether the tile must be made again with EXACT: it holds NaN
@@ -66,7 +66,8 @@ def _dense_tile(
     +inf. The tile is [BLOCK_SIZE / 32, 32], a bitmask word a row: each word loaded once,
     and the bit positions loop-invariant. FULL: the tile lies inside the row (start +
     BLOCK_SIZE <= end), so no load, store or reduction is masked. STORE_LOGITS False: the
-    tile's logits are not stored (its statistics are), for the GPU check's timing probe."""
+    tile's logits are not stored (its statistics are), for the GPU check's timing probe;
+    with DEFER, only where `store` (the row's scalar: not a row left as it is)."""
     WORD_COLS: tl.constexpr = min(32, BLOCK_SIZE)
     tile_row_ids = tl.arange(0, BLOCK_SIZE // WORD_COLS)[:, None]
     tile_col_ids = tl.arange(0, WORD_COLS)[None, :]
@@ -92,7 +93,11 @@ def _dense_tile(
         fix_excess, scale_on, temperature, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, EXACT,
     )  # fmt: skip
     if STORE_LOGITS:
-        tl.store(row_ptr + cols, x, mask=in_row)
+        if DEFER:
+            # (tl.where, not &: the interpreter cannot & a scalar bool with a block)
+            tl.store(row_ptr + cols, x, mask=tl.where(store, in_row, False))
+        else:
+            tl.store(row_ptr + cols, x, mask=in_row)
     if HAS_TILE_MAX:
         # the tile's largest logit, +inf where it holds NaN (a tile every consumer reads;
         # a marked quotient's tile is made again, with the table's entry)
@@ -135,6 +140,10 @@ def _process_logits_kernel(
     window_ptr,  # [num_slots, L] int32: the last L outputs, output g at g % L
     tile_max_ptr,  # [num_rows, ceil(V / BLOCK_SIZE)] float32, written (HAS_TILE_MAX)
     raw_tiles_ptr,  # [num_rows, ceil(V / BLOCK_SIZE), 2] float32, written (HAS_RAW_TILES)
+    restricted_ptr,  # [num_slots] int32 (DEFER): 1 = an allowed-token list
+    biased_ptr,  # [num_slots] int32 (DEFER): 1 = a nonzero logit bias
+    grammar_on_ptr,  # [num_rows] bool (DEFER): a grammar constrains the row
+    deferred_ptr,  # [num_rows] int32, written (DEFER): 1 = the row left unwritten
     vocab_size,
     num_words,  # W = ceil(V / 32)
     num_bias,  # C
@@ -159,6 +168,8 @@ def _process_logits_kernel(
     # logits are left unwritten but for the sparse phases' tokens, which those phases then
     # make from the unwritten ones (a wrong output, and wrong tile maxima where they act)
     STORE_LOGITS: tl.constexpr,
+    # rows that every step leaves as they are go unwritten, flagged in `deferred`
+    DEFER: tl.constexpr,
 ):
     """Steps 1-7 of docs/kernels.md, logits processing (the comments carry their numbers),
     from `source` into `logits`, with a barrier after each phase whose stores the next one
@@ -200,6 +211,20 @@ def _process_logits_kernel(
     counts_row = counts_ptr + slot.to(tl.int64) * vocab_size
     tile_row = tile_max_ptr + row.to(tl.int64) * tl.cdiv(vocab_size, BLOCK_SIZE)
     raw_row = raw_tiles_ptr + row.to(tl.int64) * tl.cdiv(vocab_size, BLOCK_SIZE) * 2
+    # DEFER: a row no step changes (no penalty, temperature, allowed list, grammar, bias,
+    # stop ids in force nor bad words: its buffer row would equal its source row) is left
+    # unwritten and flagged, for the kernels after this one to read its source; its tile
+    # tables are written as ever, and no phase below touches it (docs/kernels.md)
+    store = tl.full((), True, tl.int1)
+    if DEFER:
+        plain = ~penalties_on & ~scale_on & (generated + preceding >= min_tokens)
+        plain &= (tl.load(restricted_ptr + slot) == 0) & (tl.load(biased_ptr + slot) == 0)
+        plain &= tl.load(grammar_on_ptr + row).to(tl.int32) == 0
+        if HAS_BAD_WORDS:  # used entries first: back -1 is an empty table
+            plain &= tl.load(bad_back_ptr + slot.to(tl.int64) * num_bad) < 0
+        store = ~plain
+        if tl.program_id(1) == 0:
+            tl.store(deferred_ptr + row, plain.to(tl.int32))
 
     # the divisors with their reciprocals, for the dense pass's divisions (token_steps'
     # `divide`); a divisor outside divide_by's range has the chunk made with IEEE division
@@ -223,16 +248,17 @@ def _process_logits_kernel(
         end, num_words, source_row, row_ptr, tile_row, raw_row, row, allowed_row, grammar_row,
         prompt_row, counts_row, drafts_ptr, preceding, num_drafts, penalties_on,
         repetition_divisor, frequency, presence, fix_excess, scale_on, temperature_divisor,
+        store,
     )  # fmt: skip
     for start in tl.range(full_end, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
         redo |= _dense_tile(
             start, *row_args, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX, HAS_RAW_TILES,
-            BLOCK_SIZE, EXACT=HAS_DRAFTS, FULL=False, STORE_LOGITS=STORE_LOGITS,
+            BLOCK_SIZE, EXACT=HAS_DRAFTS, FULL=False, STORE_LOGITS=STORE_LOGITS, DEFER=DEFER,
         )  # fmt: skip
     for start in tl.range(begin, full_end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
         redo |= _dense_tile(
             start, *row_args, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX, HAS_RAW_TILES,
-            BLOCK_SIZE, EXACT=HAS_DRAFTS, FULL=True, STORE_LOGITS=STORE_LOGITS,
+            BLOCK_SIZE, EXACT=HAS_DRAFTS, FULL=True, STORE_LOGITS=STORE_LOGITS, DEFER=DEFER,
         )  # fmt: skip
     # with drafts (the rejection sampler's rows) the first pass is already IEEE division:
     # the drafts' counts and the range checks together spilled under the register cap
@@ -242,6 +268,7 @@ def _process_logits_kernel(
             _dense_tile(
                 start, *row_args, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX,
                 HAS_RAW_TILES, BLOCK_SIZE, EXACT=True, FULL=False, STORE_LOGITS=STORE_LOGITS,
+                DEFER=DEFER,
             )  # fmt: skip
     # The sparse phases' tables (their first blocks) depend on the slot alone: loaded here,
     # in one round, and the bad words' ring in the next, beside the bias phase's loads
@@ -339,6 +366,9 @@ def launch_process_logits(
     bad_block: int = 128,
     splits: int = 1,  # programs a row is split over (`process_splits`)
     store_logits: bool = True,  # False: the GPU check's probe (logits left mostly unwritten)
+    # (restricted [num_slots] int32, biased [num_slots] int32, grammar_on [num_rows] bool,
+    # deferred [num_rows] int32 written): leave the rows no step changes unwritten
+    defer: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Launch `_process_logits_kernel` over rows x splits; tables must be contiguous.
     Allocates nothing, returns None. store_logits False leaves out the dense pass's store
@@ -361,6 +391,7 @@ def launch_process_logits(
         window if window is not None else allowed,
         tile_max if tile_max is not None else logits,  # unwritten without HAS_TILE_MAX
         raw_tiles if raw_tiles is not None else logits,  # unwritten without HAS_RAW_TILES
+        *(defer if defer is not None else (slots,) * 4),  # unread without DEFER
         vocab_size,
         allowed.shape[1],
         bias_ids.shape[1],
@@ -381,6 +412,7 @@ def launch_process_logits(
         SPARSE_BLOCK=sparse_block,
         BAD_BLOCK=min(triton.next_power_of_2(max(num_bad, 1)), bad_block),
         STORE_LOGITS=store_logits,
+        DEFER=defer is not None,
         # why: x - f * count must round twice, as torch's separate multiply and subtract do
         enable_fp_fusion=False,
         **pdl_launch(source.device),
@@ -391,7 +423,7 @@ def launch_process_logits(
     )  # fmt: skip
 
 
-@inplace_op("process_logits", mutates_args=("logits", "tile_max", "raw_tiles"))
+@inplace_op("process_logits", mutates_args=("logits", "tile_max", "raw_tiles", "deferred"))
 def process_logits(
     source: torch.Tensor,
     logits: torch.Tensor,
@@ -420,6 +452,10 @@ def process_logits(
     splits: int = 1,
     tile_max: torch.Tensor | None = None,
     raw_tiles: torch.Tensor | None = None,
+    restricted: torch.Tensor | None = None,
+    biased: torch.Tensor | None = None,
+    grammar_on: torch.Tensor | None = None,
+    deferred: torch.Tensor | None = None,
 ) -> None:
     """Bad words, logit bias, min_tokens, allowed and grammar bitmasks, penalties and
     temperature: `source` [num_rows, V] float32, float16 or bfloat16 (read only, its rows
@@ -448,6 +484,12 @@ def process_logits(
     ids, banned, saturated tokens; docs/kernels.md, tile maxima). raw_tiles: float32
     [num_rows, ceil(V / TILE), 2], written when given: each tile's max of `source` (+inf
     where it holds NaN) and sum of exp(source - that max), for `compute_logprobs` on it.
+    restricted, biased int32 [num_slots] (1: the slot's request has an allowed-token list, a
+    nonzero logit bias), grammar_on bool [num_rows] (a grammar constrains the row) and
+    deferred int32 [num_rows] (written), all four or none, and no drafts: a row none of the
+    steps changes (no penalty, temperature 1 or greedy, no stop ids in force, no bad words
+    either) is left unwritten, deferred[r] = 1 (else 0), for the kernels after this one to
+    read its `source`, which it equals; its tile tables are written as ever.
     """
     check_logits(logits)
     num_rows, vocab_size = logits.shape
@@ -516,10 +558,22 @@ def process_logits(
         check_tile_max(tile_max, num_rows, vocab_size)
     if raw_tiles is not None:
         check_raw_tiles(raw_tiles, num_rows, vocab_size)
+    defer = None
+    if any(t is not None for t in (restricted, biased, grammar_on, deferred)):
+        if restricted is None or biased is None or grammar_on is None or deferred is None:
+            raise ValueError("restricted, biased, grammar_on and deferred come together")
+        if drafts is not None:
+            raise ValueError("deferred rows take no drafts (a draft changes the penalties)")
+        check_table("restricted", restricted, torch.int32, (num_slots,))
+        check_table("biased", biased, torch.int32, (num_slots,))
+        check_rows("grammar_on", grammar_on, torch.bool, num_rows)
+        check_rows("deferred", deferred, torch.int32, num_rows)
+        defer = (restricted, biased, grammar_on, deferred)
     launch_process_logits(
         source, logits, slots, bias_ids, bias_values, min_tokens, num_generated, stop_ids,
         allowed,
         grammar, counts, overflow_token, overflow_excess, prompt_mask, repetition, frequency,
         presence, temperature, drafts, num_preceding, bad_tokens, bad_back, bad_word, window,
         tile_max, raw_tiles, splits=splits,
+        defer=defer,
     )  # fmt: skip

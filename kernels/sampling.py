@@ -30,6 +30,7 @@ from .library import (
     arrival_counters,
     candidate_buffer,
     check_arrivals,
+    check_deferred,
     check_logits,
     check_rows,
     check_table,
@@ -38,6 +39,8 @@ from .library import (
     inplace_op,
     last_to_arrive,
     listed_tile,
+    load_deferred,
+    row_logits,
     split_chunks,
     split_count,
     tile_count,
@@ -80,6 +83,9 @@ def _sample_kernel(
     buffer_ids_ptr,  # [num_rows, N] int32 (HAS_BUFFER): their token ids (-1: padding)
     buffer_len,  # N (HAS_BUFFER)
     list_len,  # each chunk's list's entries (HAS_BUFFER): N = chunks x list_len
+    source_ptr,  # [num_rows, V] float32 (DEFER): the rows process_logits deferred
+    source_stride,
+    deferred_ptr,  # [num_rows] int32 (DEFER): 1 = read the row from source_ptr
     vocab_size,
     chunk,  # columns a program scans, a multiple of BLOCK_SIZE (the row when not SPLIT)
     # COMMIT: keep, the history tables and their sizes, as `history.commit_row` takes them
@@ -104,6 +110,7 @@ def _sample_kernel(
     CHUNK_BLOCK: tl.constexpr = 2,  # a power of two >= the lists' chunks (HAS_BUFFER)
     RANK_BLOCK: tl.constexpr = 2,  # ranks of every list raced at a time (HAS_BUFFER)
     ONE_BLOCK: tl.constexpr = True,  # RANK_BLOCK >= each list's length (HAS_BUFFER)
+    DEFER: tl.constexpr = False,
 ):  # fmt: skip
     """Per row r with slot s = slots[r]: greedy rows (temperature[s] < GREEDY_BELOW) take
     argmax(logits[r]), lowest index on ties; random rows take argmax(logits[r] + gumbel[r]),
@@ -132,7 +139,8 @@ def _sample_kernel(
     # load after a use of loaded data waits a memory latency more); a greedy row's seed and
     # position go unused
     slot = tl.load(slots_ptr + row)
-    row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
+    deferred = load_deferred(deferred_ptr, row, DEFER)
+    row_ptr = row_logits(logits_ptr, logits_stride, source_ptr, source_stride, deferred, row)
     threshold = tl.full((), float("-inf"), tl.float32)
     if HAS_THRESHOLD:
         threshold = tl.load(threshold_ptr + row)
@@ -317,6 +325,9 @@ def launch_sample_tokens(
     # top_k_top_p's (covered [num_rows] int32, lists [num_rows, ...] float32, ids the same
     # int32) for this threshold: covered rows race over the lists
     buffer: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    # (source [num_rows, V] float32, deferred [num_rows] int32): process_logits' deferred
+    # rows, read from source
+    defer: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Launch `_sample_kernel` over rows x splits (a split row merged by its last
     program); allocates nothing, returns None."""
@@ -379,6 +390,7 @@ def launch_sample_tokens(
         ids,
         buffer_len,
         list_len,
+        *((defer[0], defer[0].stride(0), defer[1]) if defer else (logits, 1, tokens)),
         vocab_size,
         chunk,
         history[0],  # keep; num_generated is the one above
@@ -398,6 +410,7 @@ def launch_sample_tokens(
         CHUNK_BLOCK=chunk_block,
         RANK_BLOCK=rank_block,
         ONE_BLOCK=rank_block >= list_len,
+        DEFER=defer is not None,
         **committing,
         **pdl_launch(logits.device),
     )
@@ -425,6 +438,8 @@ def sample_tokens(
     covered: torch.Tensor | None = None,
     lists: torch.Tensor | None = None,
     ids: torch.Tensor | None = None,
+    source: torch.Tensor | None = None,
+    deferred: torch.Tensor | None = None,
 ) -> None:
     """Greedy argmax or the counter-based Gumbel-max race, merged per row into `tokens`.
 
@@ -443,11 +458,13 @@ def sample_tokens(
     rows' counters: a caller's persistent buffer saves a fill launch), or None: allocated.
     covered, lists, ids: all three or none, `top_k_top_p_threshold`'s for this threshold:
     each covered row is raced over its lists alone, its logits unread (the same token).
+    source [num_rows, V] float32 and deferred [num_rows] int32, both or neither: the rows
+    `process_logits` left unwritten (deferred[r] = 1) are read from `source`.
     """
     _sample(
         logits, slots, temperature, seeds, positions, threshold, tokens, salt, prompt_len,
         num_generated, splits, tile_max, arrivals=arrivals,
-        buffer=candidate_buffer(covered, lists, ids),
+        buffer=candidate_buffer(covered, lists, ids), source=source, deferred=deferred,
     )  # fmt: skip
 
 
@@ -479,6 +496,8 @@ def sample_and_commit(
     covered: torch.Tensor | None = None,
     lists: torch.Tensor | None = None,
     ids: torch.Tensor | None = None,
+    source: torch.Tensor | None = None,
+    deferred: torch.Tensor | None = None,
 ) -> None:
     """`sample_tokens`, then `history.commit_history` of its tokens, with the commit made
     by the program that makes each row's token (a split row's last to finish): one launch
@@ -492,7 +511,7 @@ def sample_and_commit(
     _sample(
         logits, slots, temperature, seeds, positions, threshold, tokens, salt, prompt_len,
         None if positions is not None else num_generated, splits, tile_max, commit, keep,
-        arrivals, candidate_buffer(covered, lists, ids),
+        arrivals, candidate_buffer(covered, lists, ids), source, deferred,
     )  # fmt: skip
 
 
@@ -513,9 +532,12 @@ def _sample(
     keep: torch.Tensor | None = None,
     arrivals: torch.Tensor | None = None,
     buffer: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    source: torch.Tensor | None = None,
+    deferred: torch.Tensor | None = None,
 ) -> None:
     """The sampling ops' checks, their scratch, and the launch."""
     check_logits(logits)
+    check_deferred(logits, source, deferred)
     num_rows = logits.shape[0]
     check_rows("slots", slots, torch.int64, num_rows)
     if positions is not None:
@@ -560,4 +582,5 @@ def _sample(
         logits, slots, temperature, seeds, positions, tokens, threshold, salt, prompt_len,
         num_generated, splits, partials, tile_max=tile_max, visits=visits, commit=commit,
         keep=keep, arrivals=arrivals, buffer=buffer,
+        defer=(source, deferred) if source is not None and deferred is not None else None,
     )  # fmt: skip

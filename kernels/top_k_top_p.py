@@ -31,13 +31,16 @@ from .library import (
     TILE,
     SplitPolicy,
     candidate_buffer,
+    check_deferred,
     check_logits,
     check_rows,
     check_table,
     check_tile_max,
     exp_ftz,
     inplace_op,
+    load_deferred,
     register_cap,
+    row_logits,
     split_chunks,
     tile_count,
 )
@@ -100,6 +103,9 @@ def _top_k_top_p_kernel(
     covered_ptr,  # [num_rows] int32, written: 1 where every kept logit is in the lists
     reads_ptr,  # [num_rows] int32, written with COUNT_READS: reads of the row made
     scratch_ptr,  # [num_rows, GATHER] float32: the logits a search's gather collects
+    source_ptr,  # [num_rows, V] float32 (DEFER): the deferred rows' logits
+    source_stride,
+    deferred_ptr,  # [num_rows] int32 (DEFER): 1 = read the row from source_ptr
     vocab_size,
     splits,  # programs stage 1 gave a row
     buffer_size,  # CANDIDATES, or 0: no buffer (search only)
@@ -113,6 +119,7 @@ def _top_k_top_p_kernel(
     GATHER: tl.constexpr,  # the searches' gather (kernels/top_k_top_p.py GATHER), 0: none
     BLOCK_SIZE: tl.constexpr,
     PDL: tl.constexpr,
+    DEFER: tl.constexpr,  # never with APPLY, which writes the row
 ):
     """Stage 2, one program per row: the chunks' statistics and lists merged, the cut read
     off the merged buffer, or searched for where the buffer cannot settle it, the search
@@ -120,6 +127,7 @@ def _top_k_top_p_kernel(
     top-k/top-p)."""
     await_prior_grids(PDL)
     row = tl.program_id(0)
+    deferred = load_deferred(deferred_ptr, row, DEFER)  # with the row's first loads
     # The chunks' statistics and lists ([SPLIT_BLOCK] each, [SPLIT_BLOCK, PARTIAL]) depend on
     # the row alone: all loaded first, with the slot, in one round (a warp issues in order,
     # and each reduction waits for its load: loaded between them, each took a round). An
@@ -152,7 +160,7 @@ def _top_k_top_p_kernel(
     reads = tl.zeros((), tl.int32)
     covered = tl.zeros((), tl.int1)
     if k_on | p_on | (min_p != 0.0):
-        row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
+        row_ptr = row_logits(logits_ptr, logits_stride, source_ptr, source_stride, deferred, row)
         use_buffer = (buffer_size > 0) & ((k_on & (k <= buffer_size)) | (~k_on & p_on))
         row_max = tl.max(maxes, axis=0)
         row_min = tl.min(mins, axis=0)
@@ -380,10 +388,16 @@ def launch_top_k_top_p(
     # int32), written (`candidate_lists`): for sampling to race the covered rows over the
     # lists; None: scratch
     buffer: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    # [num_rows, V] float32 and [num_rows] int32, both or neither: the rows process_logits
+    # deferred (deferred[r] = 1) are read from `source`, never with apply
+    source: torch.Tensor | None = None,
+    deferred: torch.Tensor | None = None,
 ) -> None:
     """Launch `_candidates_kernel` over rows x splits, then `_top_k_top_p_kernel` over the
     rows; allocates the chunks' statistics (and the lists without `buffer`), returns
     None."""
+    if apply and source is not None:
+        raise ValueError("apply writes the logits: a deferred row has none to write")
     if candidates is None:
         candidates = default_candidates()
     if gather < 0 or gather % 16:
@@ -412,6 +426,11 @@ def launch_top_k_top_p(
     if tile_max is not None:
         visits = torch.empty((num_rows, num_tiles), dtype=torch.int32, device=device)
     min_p_table = min_p if min_p is not None else top_p  # unread without HAS_MIN_P
+    deferred_args = (
+        (source, source.stride(0), deferred)
+        if source is not None and deferred is not None
+        else (logits, logits.stride(0), threshold)  # unread without DEFER
+    )
     # stage 1 at 4 warps: its list's work (the insertions) is the same in every warp, so
     # half the warps do half of it, for 8 logits a thread instead of 4 (estimated stage 1 at
     # B = 256 when it was made so: 34.5 -> 27.7 us)
@@ -419,10 +438,11 @@ def launch_top_k_top_p(
         logits, logits.stride(0), slots, top_k, top_p, min_p_table, stats, lists, ids,
         tile_max if tile_max is not None else stats,  # unread without HAS_TILE_MAX
         visits if visits is not None else stats,
+        *deferred_args,
         vocab_size, chunk, candidates, num_tiles,
         HAS_MIN_P=min_p is not None, HAS_TILE_MAX=tile_max is not None, PARTIAL=partial,
         STATS=STATS, TILES_BLOCK=triton.next_power_of_2(num_tiles), BLOCK_SIZE=block_size,
-        **pdl_launch(device), num_warps=4,
+        DEFER=source is not None, **pdl_launch(device), num_warps=4,
         maxnreg=top_k_top_p_splits.max_registers(4) if partial <= CHUNK_PARTIAL else None,
     )  # fmt: skip
     _top_k_top_p_kernel[(num_rows,)](
@@ -438,6 +458,7 @@ def launch_top_k_top_p(
         covered,
         reads if reads is not None else threshold,  # unwritten without COUNT_READS
         scratch,
+        *deferred_args,
         vocab_size,
         splits,
         candidates,
@@ -453,6 +474,7 @@ def launch_top_k_top_p(
         STATS=STATS,
         GATHER=gather,
         BLOCK_SIZE=CUT_BLOCK,
+        DEFER=source is not None,
         **pdl_launch(device),
         num_warps=4,
         maxnreg=register_cap(4, CUT_CTAS_PER_SM),
@@ -505,6 +527,8 @@ def top_k_top_p_threshold(
     covered: torch.Tensor | None = None,
     lists: torch.Tensor | None = None,
     ids: torch.Tensor | None = None,
+    source: torch.Tensor | None = None,
+    deferred: torch.Tensor | None = None,
 ) -> None:
     """Each row's top-k-then-top-p cut into `threshold` (keep logits >= it; -inf when off),
     without writing the logits. logits [num_rows, V] float32; slots [num_rows] int64; top_k
@@ -517,11 +541,15 @@ def top_k_top_p_threshold(
     covered, lists, ids: all three or none, as `candidate_lists(num_rows, V, splits, ...)`
     allocates them, written: the chunks' lists of largest logits with their token ids (-1
     padded), and 1 in `covered` for each row whose every kept logit is in them (0
-    otherwise), for `sample_tokens` to race those rows over the lists."""
+    otherwise), for `sample_tokens` to race those rows over the lists. source [num_rows, V]
+    float32 and deferred [num_rows] int32, both or neither: the rows `process_logits` left
+    unwritten in `logits` (deferred[r] = 1) are read from `source`, which they equal."""
     _check_top_k_top_p(logits, slots, top_k, top_p, threshold, min_p, tile_max)
+    check_deferred(logits, source, deferred)
     launch_top_k_top_p(
         logits, slots, top_k, top_p, threshold, False, min_p, splits=splits,
-        tile_max=tile_max, buffer=candidate_buffer(covered, lists, ids),
+        tile_max=tile_max, buffer=candidate_buffer(covered, lists, ids), source=source,
+        deferred=deferred,
     )  # fmt: skip
 
 

@@ -55,7 +55,11 @@ program over its row of each tensor:
                      (bias, stop ids, bad words,    ids while min_tokens holds; bad-words
                      overflow entries); 1 more      blocks in use; overflow entries in use
                      read and write at a full      tile maxima written (4 bytes a
-                     overflow table                 tile)
+                     overflow table; no write for   tile)
+                     a deferred row (no step
+                     changes it), which stage 1,
+                     the cut and sampling read
+                     from the source instead
     candidates       filtered rows: 1 read, in      chunk statistics written; lists
                      chunks (stage 1 of top-k/      written where the buffer is used;
                      top-p); a buffered top-k row   the row's tile maxima read per
@@ -111,7 +115,7 @@ tile the table does not know, run on the unknown share of the tiles read (a walk
 tiles `library.tiles_to_visit` lists counts those alone: its walks a row are their share).
 Tiles marked unknown (+inf) are those step 7's saturated tokens fall in, at random columns,
 and those where a biased, stop or banned token held the tile's max
-(`cost_model.access.unknown_tiles`); the sampling kernel's few-survivors path, run on the
+(`cost_model.processing.unknown_tiles`); the sampling kernel's few-survivors path, run on the
 hashed tiles of a top-k row holding at most FEW_SURVIVORS of its survivors (spread over the row's
 tiles, Poisson). The block is found in the SASS as the instructions a
 predicated branch at the `if`'s line jumps over, and its else-block (where the then-block
@@ -326,7 +330,7 @@ def _launch_entry(
     # (file, line) -> the largest expected body there, and its pipeline stages (1: none)
     tile_loops: dict[tuple[str, int], tuple[float, int]] = {}
     # (file, line) -> the most iterations a program makes of a counted loop (not a tile
-    # loop; access.Work.trips), its largest expected body and its pipeline stages
+    # loop; work.Work.trips), its largest expected body and its pipeline stages
     counted: dict[tuple[str, int], tuple[float, float, int]] = {}
     for loop in variant.loops:
         key = (loop.file, loop.line)

@@ -189,13 +189,21 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
     # the pipeline always passes the bad-words tables, and the tile-max table unless custom
     # processors run (and the raw-tile table in the raw logprobs modes); the kernel tests
     # also launch without either. Last, the GPU check's probe without the store of "all"
-    for grammar, drafts, bad_words, tiles, raw, store in (
-        (False, False, True, True, False, True), (True, False, True, True, False, True),
-        (False, True, True, True, False, True), (True, True, True, True, False, True),
-        (False, False, True, False, False, True), (False, False, False, False, False, True),
-        (False, False, True, True, True, True), (True, False, True, True, True, True),
-        (True, False, True, True, True, False),
-    ):  # fmt: skip
+    # (the Sampler's with a float32 source and no mask written, deferring the rows no step
+    # changes, with the raw tiles or without)
+    for grammar, drafts, bad_words, tiles, raw, store, defer in (
+        (False, False, True, True, False, True, False),
+        (True, False, True, True, False, True, False),
+        (False, True, True, True, False, True, False),
+        (True, True, True, True, False, True, False),
+        (False, False, True, False, False, True, False),
+        (False, False, False, False, False, True, False),
+        (False, False, True, True, True, True, False),
+        (True, False, True, True, True, True, False),
+        (True, False, True, True, True, False, False),
+        (True, False, True, True, False, True, True),
+        (True, False, True, True, True, True, True),
+    ):
 
         def process(
             grammar: bool = grammar,
@@ -204,6 +212,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
             tiles: bool = tiles,
             raw: bool = raw,
             store: bool = store,
+            defer: bool = defer,
         ) -> None:
             logits_processing.launch_process_logits(
                 x, _t(rows, vocab), slots, _i32(slots_n, 8), _t(slots_n, 8), _i32(slots_n),
@@ -215,11 +224,17 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
                 *((_i32(slots_n, 1024),) * 3 + (_i32(slots_n, 16),) if bad else (None,) * 4),
                 tile_max=_t(rows, 1) if tiles else None,
                 raw_tiles=_t(rows, 1, 2) if raw else None, store_logits=store,
+                defer=(
+                    (_i32(slots_n), _i32(slots_n), _t(rows, dtype=torch.bool), _i32(rows))
+                    if defer else None
+                ),
             )  # fmt: skip
 
         label = (
             f"process_logits grammar={grammar} drafts={drafts} bad_words={bad_words} "
-            f"tile_max={tiles} raw_tiles={raw}" + ("" if store else " store_logits=False")
+            f"tile_max={tiles} raw_tiles={raw}"
+            + ("" if store else " store_logits=False")
+            + (" defer" if defer else "")
         )
         calls.append((label, process))
 
@@ -257,15 +272,21 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
     # of 32 (the widest union it takes); and over 3, as at B = 256, with the tile maxima or
     # without (custom processors). `wide` is bound now: the sampling calls below rebind it
     wide = _t(rows, 151_936)
-    for splits, tiles in ((64, True), (3, True), (3, False)):
+    # (and the Sampler's reading the rows processing deferred from the source)
+    for splits, tiles, defer in ((64, True, False), (3, True, False), (3, False, False),
+                                 (64, True, True), (3, True, True)):  # fmt: skip
 
-        def split(splits: int = splits, tiles: bool = tiles, wide: torch.Tensor = wide) -> None:
+        def split(
+            splits: int = splits, tiles: bool = tiles, wide: torch.Tensor = wide, d: bool = defer
+        ) -> None:
             top_k_top_p.launch_top_k_top_p(
                 wide, slots, _i32(slots_n), _t(slots_n), _t(rows), False, _t(slots_n),
                 splits=splits, tile_max=_t(rows, 149) if tiles else None,
+                source=wide if d else None, deferred=_i32(rows) if d else None,
             )  # fmt: skip
 
-        calls.append((f"top_k_top_p min_p=True splits={splits} tile_max={tiles}", split))
+        label = f"top_k_top_p min_p=True splits={splits} tile_max={tiles}"
+        calls.append((label + (" defer" if defer else ""), split))
 
     from graphsafe_sampler.kernels.constants import SALT_BONUS, SALT_RECOVER, SALT_SAMPLE
 
@@ -302,9 +323,12 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
     # sample_and_commit: the Sampler's step, the commit in the unsplit sampling program or
     # in a split row's last program, with a commit mask or without; the covered rows raced
     # over stage 1's lists (4 chunks' lists of 32, as at B = 256; 64, as at B = 1)
-    for splits, keep, chunks in ((1, False, 4), (3, False, 64), (3, True, 4)):
+    for splits, keep, chunks, defer in ((1, False, 4, False), (3, False, 64, False),
+                                        (3, True, 4, False), (3, False, 4, True)):  # fmt: skip
 
-        def committed(splits: int = splits, keep: bool = keep, chunks: int = chunks) -> None:
+        def committed(
+            splits: int = splits, keep: bool = keep, chunks: int = chunks, d: bool = defer
+        ) -> None:
             generated = _i32(slots_n)  # the positions' and the commit's
             sampling.launch_sample_tokens(
                 wide, slots, _t(slots_n), _i64(slots_n), None, _i32(rows), _t(rows),
@@ -317,9 +341,11 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
                 ),
                 keep=_t(rows, dtype=torch.bool) if keep else None, arrivals=_i32(rows),
                 buffer=(_i32(rows), _t(rows, chunks, 32), _i32(rows, chunks, 32)),
+                defer=(wide, _i32(rows)) if d else None,
             )  # fmt: skip
 
         label = f"sample_and_commit splits={splits} keep={keep} lists={chunks}x32"
+        label += " defer" if defer else ""
         calls.append((label, committed))
 
     def rng() -> None:

@@ -696,6 +696,64 @@ def test_sparse_tables_past_their_first_block(splits: int, kernel_device: torch.
     assert torch.equal(run(ids, values), _torch_backend(logits, slots, padded, None))
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_deferred_rows_are_left_unwritten_and_flagged(
+    splits: int, kernel_device: torch.device
+) -> None:
+    """With the defer tables, a row no step changes is not written (its buffer row keeps
+    its fill), deferred[r] = 1, and the same launch without them writes that row equal to
+    its source; every other row is written as without them, and the tile tables are the
+    same. Each feature alone keeps a row written: a penalty, a temperature, a bias, stop
+    ids in force, an allowed list, a grammar; greedy and temperature 1 do not."""
+    gen = _gen()
+    rows, vocab, tiles = 10, 5000, 5
+    state = _random_state(rows, vocab, gen, device=kernel_device)
+    pad = rows  # the padding slot: every feature off, greedy
+    p = state.penalties
+    plain_slots = list(range(2, rows))
+    for s in plain_slots:  # every feature off; then each row below turns one back on
+        p.repetition.device[s], p.frequency.device[s], p.presence.device[s] = 1.0, 0.0, 0.0
+        state.bias_values[s] = 0.0
+        state.min_tokens[s] = 0
+        state.allowed[s] = -1
+        state.temperature[s] = 1.0
+    state.temperature[3] = 0.0  # greedy: still left as it is
+    p.presence.device[4] = 0.5
+    state.temperature[5] = 0.7
+    state.bias_values[6, 0] = 0.25
+    state.min_tokens[7] = int(state.batch.num_generated.device[7]) + 1
+    state.allowed[8, 3] = 0
+    slots = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], device=kernel_device)
+    slots[1] = pad  # slot 1 (a real bias on token 0) is not in the batch: row 1 is padding
+    grammar = torch.full((rows, num_words(vocab)), -1, dtype=torch.int32, device=kernel_device)
+    grammar_on = torch.zeros(rows, dtype=torch.bool, device=kernel_device)
+    grammar[9, 7], grammar_on[9] = 5, True  # a grammar row
+    restricted = (state.allowed != -1).any(1).to(torch.int32)
+    biased = (state.bias_values != 0.0).any(1).to(torch.int32)
+    logits = (torch.randn(rows, vocab, generator=gen) * 4).to(kernel_device)
+    args = (*state.kernel_args(), grammar, *state.penalty_args())
+    runs = []
+    for defer in (False, True):
+        got = torch.full_like(logits, float("nan"))
+        tile_max = torch.full((rows, tiles), -7.0, device=kernel_device)
+        deferred = torch.full((rows,), 7, dtype=torch.int32, device=kernel_device)
+        tables = dict(restricted=restricted, biased=biased, grammar_on=grammar_on)
+        process_logits(
+            logits, got, slots, *args, None, None, splits=splits, tile_max=tile_max,
+            **(dict(tables, deferred=deferred) if defer else {}),
+        )  # fmt: skip
+        runs.append((got.cpu(), tile_max.cpu(), deferred.cpu()))
+    (full, full_max, _), (got, got_max, deferred) = runs
+    assert deferred.tolist() == [0, 1, 1, 1, 0, 0, 0, 0, 0, 0]
+    assert torch.equal(got_max, full_max)
+    for r in range(rows):
+        if deferred[r]:
+            assert bool(got[r].isnan().all()), r
+            assert torch.equal(full[r], logits[r].cpu()), r
+        else:
+            assert torch.equal(got[r], full[r]), r
+
+
 def test_padding_slot_changes_nothing(kernel_device: torch.device) -> None:
     gen = _gen()
     state = _random_state(2, 333, gen, device=kernel_device)

@@ -165,7 +165,7 @@ def test_launch_time_hand_computed() -> None:
     t = machine.launch_time(0, 300, 1, 4, [(10, 100, 3)], gpu, load_rounds=3, instructions=800)
     assert t.serial_us == pytest.approx(2.4 + 0.4 + 4.8)
     assert machine.aten_time(3.84e6, gpu).est_us == pytest.approx(3.0)
-    # a counted loop (access.Work.trips) of 10 trips is charged as a tile loop; one of 0.25
+    # a counted loop (work.Work.trips) of 10 trips is charged as a tile loop; one of 0.25
     # expected trips (a quarter of the programs entering it) pays a quarter of the first
     # wait: 0.25 × 0.8 + 0.25 × 0.4 = 0.3 µs, where a tile loop of 0.25 tiles pays it all
     counted = machine.launch_time(0, 300, 1, 4, [], gpu, counted_loops=[(10, 100, 3)])
@@ -664,7 +664,7 @@ def test_straight_line_takes_the_longest_path_and_leaves_out_what_never_runs(
 def test_a_counted_loop_is_left_to_its_iterations(tmp_path: Path) -> None:
     """A loop that is not a tile loop counts once on the straight-line path (its load one
     round, its body's instructions once), unless the access table counts its iterations
-    (`access.Work.trips`, sampling's race over the lists): then it is left out as a tile
+    (`work.Work.trips`, sampling's race over the lists): then it is left out as a tile
     loop is, for launch_time to charge it per iteration."""
     src = tmp_path / "kernel.py"
     src.write_text("for start in range(0, buffer_len, RACE_BLOCK):\n", encoding="utf-8")
@@ -819,7 +819,10 @@ def test_step_counts_triton_and_kernel_launching_aten_ops(model: dict[str, Any])
             # no copy of the logits, no glue: the step is its kernels
             assert aten == []
             process = next(e for e in launches if e["name"] == "_process_logits_kernel")
-            assert 2.0 <= process["logits_passes"] < 2.1  # a read and a write, and sparse stores
+            if case == "all":  # a read and a write, and sparse stores
+                assert 2.0 <= process["logits_passes"] < 2.1
+            else:  # rows no step changes: a read, their rows unwritten (deferred)
+                assert 1.0 <= process["logits_passes"] < 1.01
             assert "aten.empty.memory_format" in step["aten_ops_without_kernel"]
 
 

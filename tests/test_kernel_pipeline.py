@@ -11,7 +11,11 @@ from test_kernel_sampling import _assert_same_tokens
 from graphsafe_sampler import rng
 from graphsafe_sampler.kernels.logits_processing import process_logits
 from graphsafe_sampler.kernels.sampling import sample_tokens
-from graphsafe_sampler.kernels.top_k_top_p import top_k_top_p_threshold
+from graphsafe_sampler.kernels.top_k_top_p import (
+    candidate_lists,
+    launch_top_k_top_p,
+    top_k_top_p_threshold,
+)
 from graphsafe_sampler.params import GREEDY_TEMPERATURE
 from graphsafe_sampler.stages.top_k_top_p import apply_top_k_top_p
 
@@ -54,3 +58,61 @@ def test_chained_kernels_compile_and_match_torch_backend(kernel_device: torch.de
     want = torch.where(is_greedy, greedy_tokens, perturbed.argmax(-1))
     assert bool(is_greedy.any()) and not bool(is_greedy.all())
     _assert_same_tokens(eager, want, torch.where(is_greedy[:, None], x, perturbed))
+
+
+def test_deferred_rows_are_read_from_their_source(kernel_device: torch.device) -> None:
+    """process_logits' deferred rows (left unwritten: a row no step changes) read from the
+    source by the top-k/top-p kernels and sampling: the same cuts and tokens as with every
+    row written, the unwritten rows poisoned with NaN (which a read of them would return).
+    Split rows, the tile maxima and the candidate lists; top-k, top-p, both, off, greedy."""
+    gen = torch.Generator().manual_seed(int(torch.seed() % 2**31))
+    print(f"generator seed {gen.initial_seed()}")
+    rows, vocab, num_reqs = 8, 5000, 8
+    state = _random_state(num_reqs, vocab, gen, device=kernel_device)
+    p = state.penalties
+    for s in range(2, num_reqs):  # every feature off in slots 2..7: their rows are deferred
+        p.repetition.device[s], p.frequency.device[s], p.presence.device[s] = 1.0, 0.0, 0.0
+        state.bias_values[s] = 0.0
+        state.min_tokens[s] = 0
+        state.allowed[s] = -1
+        state.temperature[s] = 1.0
+    state.temperature[6] = 0.0  # greedy
+    slots = torch.tensor([0, 2, 3, 4, 5, 6, 7, 1], device=kernel_device)
+    num_slots = num_reqs + 1
+    top_k = torch.tensor([40, 0, 50, 0, 7, 3, 1000, 0, 0], dtype=torch.int32)[:num_slots]
+    top_p = torch.tensor([0.9, 1.0, 1.0, 0.8, 0.6, 1.0, 0.99, 1.0, 1.0])[:num_slots]
+    top_k, top_p = top_k.to(kernel_device), top_p.to(kernel_device)
+    seeds = torch.randint(-(2**63), 2**63 - 1, (num_slots,), generator=gen).to(kernel_device)
+    positions = torch.randint(0, 2**40, (rows,), generator=gen).to(kernel_device)
+    logits = (torch.randn(rows, vocab, generator=gen) * 3).to(kernel_device)
+    grammar = torch.full((rows, (vocab + 31) // 32), -1, dtype=torch.int32, device=kernel_device)
+    restricted = (state.allowed != -1).any(1).to(torch.int32)
+    biased = (state.bias_values != 0.0).any(1).to(torch.int32)
+    grammar_on = torch.zeros(rows, dtype=torch.bool, device=kernel_device)
+    tiles = (vocab + 1023) // 1024
+    runs = []
+    for defer in (False, True):
+        x = torch.full_like(logits, float("nan"))
+        tile_max = torch.empty(rows, tiles, device=kernel_device)
+        deferred = torch.zeros(rows, dtype=torch.int32, device=kernel_device)
+        tables = dict(restricted=restricted, biased=biased, grammar_on=grammar_on)
+        process_logits(
+            logits, x, slots, *state.kernel_args(), grammar, *state.penalty_args(),
+            splits=2, tile_max=tile_max, **(dict(tables, deferred=deferred) if defer else {}),
+        )  # fmt: skip
+        read = dict(source=logits, deferred=deferred) if defer else {}
+        threshold = torch.empty(rows, device=kernel_device)
+        buffer = candidate_lists(rows, vocab, 2, kernel_device, 128)
+        # the buffer of 128 candidates (the interpreter's default is none): stage 1's lists
+        launch_top_k_top_p(x, slots, top_k, top_p, threshold, False, candidates=128, splits=2,
+                           tile_max=tile_max, buffer=buffer, **read)  # fmt: skip
+        tokens = torch.empty(rows, dtype=torch.int64, device=kernel_device)
+        sample_tokens(x, slots, state.temperature, seeds, positions, threshold, tokens, 0,
+                      None, None, 2, tile_max, None, *buffer, **read)  # fmt: skip
+        runs.append((x.cpu(), threshold.cpu(), tokens.cpu(), deferred.cpu(), buffer[0].cpu()))
+    (full, want_cut, want, _, want_covered), (x, cut, got, deferred, covered) = runs
+    assert deferred.tolist() == [0, 1, 1, 1, 1, 1, 1, 0]
+    assert bool(x[1:7].isnan().all()) and torch.equal(full[1:7], logits[1:7].cpu())
+    assert torch.equal(cut, want_cut)
+    assert torch.equal(covered, want_covered)
+    assert torch.equal(got, want)

@@ -741,6 +741,54 @@ def test_backends_agree_step_by_step(
         assert len(covered) == 12 and sum(int(c.sum()) for c in covered) > 0, covered
 
 
+def test_rows_no_step_changes_are_read_from_the_logits(
+    kernel_device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Triton backend leaves the rows no step changes unwritten in its buffer (top-k,
+    top-p, min_p, temperature 1 or greedy, and nothing else), and the kernels after
+    processing read them from the logits. Every float32 `torch.empty` is NaN here (an
+    unwritten row read returns NaN), and the tokens, logprobs and histories still equal
+    the PyTorch backend's, step after step; the flags show which rows were left."""
+    real_empty = torch.empty
+
+    def poisoned(*size: Any, **kwargs: Any) -> torch.Tensor:
+        made = real_empty(*size, **kwargs)
+        return made.fill_(float("nan")) if made.dtype == torch.float32 else made
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+    rows, vocab = 8, 2053
+    samplers = {
+        b: Sampler(_rich_config(rows, vocab, b, logprobs_mode="raw_logprobs"), kernel_device)
+        for b in ("torch", "triton")
+    }
+    params = [
+        SP(seed=1, top_k=20), SP(seed=2, top_p=0.8), SP(temperature=0.0), SP(seed=4),
+        SP(seed=5, top_k=5, top_p=0.9, min_p=0.05), SP(seed=6, temperature=0.7),
+        SP(seed=7, frequency_penalty=0.5), SP(seed=8, logit_bias={3: 2.0}),
+    ]  # fmt: skip
+    update = BatchUpdate(rows, added=[(r, p, list(range(r + 1)), []) for r, p in enumerate(params)])
+    gen = torch.Generator().manual_seed(int(torch.seed() % 2**31))
+    print(f"generator seed {gen.initial_seed()}")
+    for sampler in samplers.values():
+        sampler.update_state(update)
+    for _step in range(4):
+        logits = (torch.randn(rows, vocab, generator=gen) * 3).to(kernel_device)
+        a = samplers["torch"](logits.clone(), commit=False)
+        b = samplers["triton"](logits.clone())
+        tokens = a.sampled_token_ids[:, 0]
+        assert _assert_near_ties(samplers["torch"], logits, tokens, b.sampled_token_ids[:, 0]) == 0
+        samplers["torch"].commit_tokens(tokens)
+        deferred = samplers["triton"].pipeline.deferred  # type: ignore[attr-defined]
+        assert deferred[:rows].tolist() == [1, 1, 1, 1, 1, 0, 0, 0]
+        assert a.logprobs_tensors is not None and b.logprobs_tensors is not None
+        torch.testing.assert_close(
+            b.logprobs_tensors.logprobs, a.logprobs_tensors.logprobs, rtol=1e-5, atol=1e-5
+        )
+        want = samplers["torch"].state_tensors()
+        for name, tensor in samplers["triton"].state_tensors().items():
+            assert torch.equal(tensor, want[name]), name
+
+
 def test_the_near_tie_check_refuses_other_mismatches() -> None:
     sampler = Sampler(_rich_config(3, 111, "torch"), "cpu")
     params = [SP(seed=1), SP(temperature=0.0), SP(seed=3, top_k=3)]

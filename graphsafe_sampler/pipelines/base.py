@@ -49,6 +49,10 @@ class Processed:
         every operand equals those rows of it (the PyTorch pipeline's, compiled): sampling
         recomputes the logits from it, so that, where nothing else reads `logits`, the
         compiled step never writes them.
+    source, deferred: [num_rows, V] float32 and [num_rows] int32, or None: the rows with
+        deferred[r] = 1 are not written in `logits` but equal their row of `source` (the
+        raw logits), which the Triton pipeline's kernels after processing read instead
+        (rows no step changes, where nothing else reads `logits`: no mask written).
     """
 
     logits: torch.Tensor
@@ -61,6 +65,8 @@ class Processed:
     covered: torch.Tensor | None = None
     buffer: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     remake: tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]] | None = None
+    source: torch.Tensor | None = None
+    deferred: torch.Tensor | None = None
 
     def greedy_tokens(self) -> torch.Tensor:
         """[num_rows] int64, each row's greedy token (an argmax pass where not at hand)."""

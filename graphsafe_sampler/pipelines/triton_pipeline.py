@@ -64,12 +64,37 @@ class TritonPipeline:
         self.arrivals = torch.zeros(
             batch_state.max_num_reqs, dtype=torch.int32, device=batch_state.device
         )
+        # processing's flags of the rows it leaves unwritten (`_defer`), each step's
+        self.deferred = torch.zeros(
+            batch_state.max_num_reqs, dtype=torch.int32, device=batch_state.device
+        )
 
     def _arrivals(self, num_rows: int, splits: int) -> torch.Tensor | None:
         """The counters for a launch of `splits` programs a row (none for whole rows)."""
         if splits == 1 or num_rows > self.arrivals.shape[0]:
             return None
         return self.arrivals
+
+    def _defer(
+        self, logits: torch.Tensor, drafts: torch.Tensor | None, write_mask: bool
+    ) -> dict[str, torch.Tensor]:
+        """`process_logits`' tables for leaving the rows no step changes unwritten (read from
+        `logits` after it), where nothing but the kernels that know it reads the buffer: no
+        mask written (the processed logprobs modes), no drafts, a float32 source (the
+        buffer's type), and none of the stages that run on the buffer between the kernels
+        (custom processors, the thinking budget). Else none."""
+        s, num_rows = self.stages, logits.shape[0]
+        if (
+            write_mask or drafts is not None or logits.dtype != torch.float32
+            or s.custom or s.thinking_budget is not None or num_rows > self.deferred.shape[0]
+        ):  # fmt: skip
+            return {}
+        return {
+            "restricted": s.allowed.restricted.device,
+            "biased": s.logit_bias.biased.device,
+            "grammar_on": s.grammar.active.device[:num_rows],
+            "deferred": self.deferred[:num_rows],
+        }
 
     def process(
         self,
@@ -87,8 +112,10 @@ class TritonPipeline:
             # the sampling kernel finds the greedy rows' argmax itself
             return Processed(done.logits.contiguous(), None, None, done.is_greedy)
         s = self.stages
-        # processing reads the raw logits once and writes this buffer once: no copy first
+        # processing reads the raw logits once and writes this buffer once: no copy first;
+        # a row no step changes it may leave unwritten, for the kernels to read from logits
         x = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+        defer = self._defer(logits, drafts, write_mask)
         # and each tile's max, for the kernels after it to skip the tiles below their cut;
         # only where nothing but a mask changes x in between (a custom processor might not)
         tile_max = None
@@ -131,6 +158,7 @@ class TritonPipeline:
             process_splits(*logits.shape, logits.device),
             tile_max,
             raw,
+            **defer,
         )
         if s.thinking_budget is not None:
             # a sparse decision, a dense mask: one more pass over x, only where the config
@@ -151,8 +179,13 @@ class TritonPipeline:
             return Processed(x, None, None, None, tile_max, raw)
         # stage 1's lists with their ids: sampling races the rows they cover over them
         buffer = candidate_lists(*x.shape, splits, x.device)
-        top_k_top_p_threshold(x, slots, top_k, top_p, cut, min_p, splits, tile_max, *buffer)
-        return Processed(x, cut, None, None, tile_max, raw, buffer=buffer)
+        source, deferred = (logits, defer["deferred"]) if defer else (None, None)
+        top_k_top_p_threshold(
+            x, slots, top_k, top_p, cut, min_p, splits, tile_max, *buffer, source, deferred
+        )  # fmt: skip
+        return Processed(
+            x, cut, None, None, tile_max, raw, buffer=buffer, source=source, deferred=deferred
+        )
 
     def sample(self, processed: Processed, slots: torch.Tensor) -> torch.Tensor:
         return self._sample(processed, slots, None, commit=False)
@@ -190,16 +223,17 @@ class TritonPipeline:
             processed.cut, tokens, SALT_SAMPLE, prompt_len,
         )  # fmt: skip
         buffer = processed.buffer if processed.buffer is not None else (None, None, None)
+        read = (processed.source, processed.deferred)  # the unwritten rows', or None
         if not commit:
             by_slot = generated if positions is None else None
             arrivals = self._arrivals(num_rows, splits)
-            sample_tokens(*args, by_slot, splits, processed.tile_max, arrivals, *buffer)
+            sample_tokens(*args, by_slot, splits, processed.tile_max, arrivals, *buffer, *read)
             return tokens
         sample_and_commit(
             *args, generated, splits, processed.tile_max, keep, s.penalties.counts,
             s.penalties.overflow_token.device, s.penalties.overflow_excess.device,
             s.bad_words.window.device, s.batch_state.config.padding_slot,
-            self._arrivals(num_rows, splits), *buffer,
+            self._arrivals(num_rows, splits), *buffer, *read,
         )  # fmt: skip
         return tokens
 

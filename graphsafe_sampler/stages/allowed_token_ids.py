@@ -20,14 +20,16 @@ _ALL_ALLOWED = -1  # int32 with every bit set
 
 
 class AllowedTokenIdsLogitsProcessor(SlotLogitsProcessor):
-    """Table: allowed [num_slots, ceil(V/32)] int32 bitmask (bit set = allowed; V the
-    shard's size)."""
+    """Tables: allowed [num_slots, ceil(V/32)] int32 bitmask (bit set = allowed; V the
+    shard's size), and restricted [num_slots] int32, 1 where the slot's request has a list
+    (so that a kernel knows a slot without one from it, not from its V/32 words)."""
 
     def init_tables(self) -> None:
         self.shard = self.batch_state.shard
         self.allowed = self.staged(
             "allowed", (num_words(self.shard.size),), torch.int32, fill=_ALL_ALLOWED
         )
+        self.restricted = self.staged("allowed_restricted", (), torch.int32, fill=0)
         self.unpacker = self.batch_state.bitmask_unpacker
 
     def is_argmax_invariant(self) -> bool:
@@ -45,6 +47,7 @@ class AllowedTokenIdsLogitsProcessor(SlotLogitsProcessor):
         else:
             local = self.shard.local_ids(params.allowed_token_ids)
             self.allowed.write(slot, pack_token_ids(local, self.shard.size))
+        self.restricted.write(slot, int(params.allowed_token_ids is not None))
 
     def apply_slots(self, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         return logits.masked_fill_(~self.mask(slots), float("-inf"))

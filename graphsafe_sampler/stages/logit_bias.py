@@ -15,13 +15,16 @@ class LogitBiasLogitsProcessor(SlotLogitsProcessor):
     """Sparse tables: bias_ids [num_slots, C] int32 and bias_values [num_slots, C] float32,
     C = max_logit_bias_tokens; unused entries repeat the first (token 0, +0.0 for a request
     without a bias), so that every entry of a token writes the same value. Ids are local to
-    the batch state's vocabulary shard, which keeps only the entries of its own tokens."""
+    the batch state's vocabulary shard, which keeps only the entries of its own tokens.
+    And biased [num_slots] int32: 1 where an entry's bias is not 0 (a kernel's test for a
+    slot the stage leaves as it is, without reading the C entries)."""
 
     def init_tables(self) -> None:
         config = self.config
         self.capacity = config.max_logit_bias_tokens
         self.bias_ids = self.staged("bias_ids", (self.capacity,), torch.int32)
         self.bias_values = self.staged("bias_values", (self.capacity,), torch.float32)
+        self.biased = self.staged("bias_any", (), torch.int32)
 
     def is_argmax_invariant(self) -> bool:
         return False
@@ -45,6 +48,7 @@ class LogitBiasLogitsProcessor(SlotLogitsProcessor):
             ids[n:], values[n:] = ids[0], values[0]
         self.bias_ids.write(slot, ids)
         self.bias_values.write(slot, values)
+        self.biased.write(slot, int(bool(np.any(values != 0.0))))
 
     def apply_slots(self, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         ids = self.bias_ids.device[slots].long()  # [num_rows, C]

@@ -1,21 +1,20 @@
 """What each program of a launch reads, writes and walks: perf/kernel_model.py's access table,
 kernel by kernel, evaluated on the recorded launch's own arguments (the batch's parameters).
-The kernels are imported inside the functions, after tests/cuda_compile.py (see sass.py)."""
+The kernels are imported inside the functions, after tests/cuda_compile.py (see sass.py).
+Processing's model is processing.py's; the record of a launch and its lookups, work.py's."""
 
 from __future__ import annotations
 
-import inspect
 import math
-import os
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from functools import cache
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from .bench_rows import FILTERS, row_counts, row_filters
-from .sass import TILE_LOOP, Variant
+from .processing import process_logits_work
+from .sass import Variant
 from .shares import (
     crowded_list_share,
     few_share,
@@ -24,6 +23,8 @@ from .shares import (
     shared_tile_share,
     visited_share,
 )
+from .work import Work, source_line, tile_loop
+from .work import fraction as _f
 
 SURVIVORS = "model:survivors"
 """A pseudo-argument perf/kernel_model.py hands the sampling kernel's access model: per row,
@@ -38,176 +39,14 @@ UNKNOWN_TILES = "model:unknown_tiles"
 """A pseudo-argument perf/kernel_model.py hands the launches after processing: per row, the
 fraction of its tiles marked unknown in the tile-max table (`unknown_tiles`), all read."""
 
+DEFERRED = "model:deferred"
+"""A pseudo-argument perf/kernel_model.py hands the launches after processing: per row, 1
+where processing left the row unwritten (`processing.deferred_rows`), which stage 1, the
+cut and sampling then read from the source (`_reading_deferred`)."""
+
 SEARCH_PASSES = 8
 """Passes of the top-k/top-p radix search over a row the buffer does not settle: its maximum
 (4 bits of the 32-bit key a pass; docs/kernels.md, the kernel's passes and their cost)."""
-
-
-@dataclass
-class Work:
-    """Per program (one row each): the rows of each tensor argument it reads and writes, and
-    the walks over its row's tiles each tile loop makes, keyed by (file, line)."""
-
-    reads: dict[str, torch.Tensor] = field(default_factory=dict)
-    writes: dict[str, torch.Tensor] = field(default_factory=dict)
-    walks: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
-    # the fraction of a tile loop's iterations in which the `if` at (file, line) runs its
-    # block (unnamed branches: always, the static upper bound); an `if` no row takes (0)
-    # is also left out of the straight-line path outside the tile loops (cost_model.chain)
-    taken: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
-    # the iterations the slowest program of a row makes of a loop that is not a tile loop
-    # but runs many times (sampling's race over the lists): charged as a tile loop is,
-    # where the straight-line path (cost_model.chain) would count it once
-    trips: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
-
-
-@cache
-def source_line(function: Any, statement: str, before: str | None = None) -> tuple[str, int]:
-    """(file name, line) of the one line of a @triton.jit function that starts with
-    `statement` (stripped); with `before`, of the last such line above the one that starts
-    with `before`."""
-    lines, start = inspect.getsourcelines(function.fn)
-    found = [start + i for i, text in enumerate(lines) if text.strip().startswith(statement)]
-    if before is not None:
-        below = source_line(function, before)[1]
-        found = [line for line in found if line < below][-1:]
-    if len(found) != 1:
-        raise ValueError(f"{statement!r} is on lines {found} of {function.fn.__name__}")
-    return os.path.basename(inspect.getsourcefile(function.fn) or ""), found[0]
-
-
-@cache
-def tile_loop(function: Any, index: int) -> tuple[str, int]:
-    """(file name, line) of the index-th tile loop in a @triton.jit function's source."""
-    lines, start = inspect.getsourcelines(function.fn)
-    found = [start + i for i, text in enumerate(lines) if TILE_LOOP.search(text)]
-    return os.path.basename(inspect.getsourcefile(function.fn) or ""), found[index]
-
-
-def _f(mask: torch.Tensor) -> torch.Tensor:
-    return mask.to(torch.float64)
-
-
-def _sparse_tokens(a: dict[str, Any], c: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """Per row of a process_logits launch: the tokens its phases after the dense pass
-    store (biased, stop ids, banned, saturated), the rows with a full overflow table, whose
-    step 7 rewrites the whole row, and those whose stop ids are banned or that scale."""
-    slots = a["slots_ptr"]
-    zeros = torch.zeros(slots.shape[0], dtype=torch.float64)
-    freq = a["frequency_ptr"][slots]
-    fix_excess = freq != 0.0
-    temperature = a["temperature_ptr"][slots]
-    scale_on = (temperature >= c["GREEDY_BELOW"]) & (temperature != 1.0)
-    preceding = a["num_preceding_ptr"] if c["HAS_DRAFTS"] else 0
-    stopping = _f(a["num_generated_ptr"][slots] + preceding < a["min_tokens_ptr"][slots])
-    table = a["overflow_token_ptr"][slots, : a["num_overflow"]] >= 0
-    used = table.sum(1) * fix_excess
-    bias = (a["bias_values_ptr"][slots] != 0.0).sum(1)
-    banned = a["bad_back_ptr"][slots].eq(0).sum(1) if c["HAS_BAD_WORDS"] else zeros
-    # the distinct stop ids (unused entries repeat the first)
-    ordered = a["stop_ids_ptr"][slots].sort(dim=1).values
-    stops = 1 + (ordered[:, 1:] != ordered[:, :-1]).sum(1)
-    return {
-        "tokens": bias + stopping * stops + banned + used,
-        "excess": used.to(torch.float64),
-        "full": _f(fix_excess & scale_on & table[:, -1]),
-        "stopping": stopping,
-        "scale_on": _f(scale_on),
-    }
-
-
-def unknown_tiles(a: dict[str, Any], c: dict[str, Any]) -> torch.Tensor:
-    """[rows] float64 from a process_logits launch: the fraction of each row's tiles its
-    sparse phases mark unknown in the tile-max table (with HAS_TILE_MAX): step 7 marks its
-    saturated tokens' tiles (all of them at a full overflow table); the bias, stop ids and
-    bad words keep an entry exact unless their token held its tile's max and fell
-    (`library.update_tiles`), taken as a random token's chance, 1 / BLOCK_SIZE. n marking
-    tokens at random columns fall in about 1 - (1 - 1/tiles)**n of the tiles."""
-    sparse = _sparse_tokens(a, c)
-    tiles = math.ceil(a["vocab_size"] / c["BLOCK_SIZE"])
-    others = sparse["tokens"].to(torch.float64) - sparse["excess"]
-    marking = sparse["excess"] + others / c["BLOCK_SIZE"]
-    marked = 1.0 - (1.0 - 1.0 / tiles) ** marking
-    return torch.maximum(marked, sparse["full"]) * float(c["HAS_TILE_MAX"])
-
-
-def _process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
-    from graphsafe_sampler.kernels import bad_words, sparse_phases, token_steps
-    from graphsafe_sampler.kernels import logits_processing as k
-
-    slots, vocab = a["slots_ptr"], a["vocab_size"]
-    n = slots.shape[0]
-    ones, zeros = torch.ones(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
-    rep, freq = a["repetition_ptr"][slots], a["frequency_ptr"][slots]
-    penalties = _f((rep != 1.0) | (freq != 0.0) | (a["presence_ptr"][slots] != 0.0))
-    fix_excess = freq != 0.0
-    entries = a["num_overflow"]
-    used = (a["overflow_token_ptr"][slots, :entries] >= 0).sum(1) * fix_excess
-    # single tokens (biased, stop ids, banned, saturated); rows a full overflow table passes
-    sparse_tokens = _sparse_tokens(a, c)
-    sparse, full = sparse_tokens["tokens"] / vocab, sparse_tokens["full"]
-    stopping = sparse_tokens["stopping"]
-    # bad words: a block read where its first entry is used, else that one; the ring gathered
-    bad_rows, ring = zeros, zeros
-    if c["HAS_BAD_WORDS"]:
-        back, block = a["bad_back_ptr"][slots], c["BAD_BLOCK"]
-        blocks, entries_used = math.ceil(back.shape[1] / block), (back[:, ::block] >= 0).sum(1)
-        bad_rows = (entries_used * block + blocks - entries_used) / back.shape[1]
-        ring = _f(entries_used > 0)
-    bias = (a["bias_values_ptr"][slots] != 0.0).sum(1)
-    # the sparse tables' blocks past their first, walked where used entries fill the first
-    block, bad_block = c["SPARSE_BLOCK"], c["BAD_BLOCK"]
-    bias_more = _walks_past_first(a["bias_ids_ptr"][slots], block)
-    stop_more = _walks_past_first(a["stop_ids_ptr"][slots], block)
-    bad_more = zeros
-    if c["HAS_BAD_WORDS"] and a["num_bad"] > bad_block:
-        bad_more = _f(a["bad_back_ptr"][slots][:, bad_block - 1] >= 0)
-    drafts = ones if c["HAS_DRAFTS"] else zeros
-    return Work(
-        reads={
-            # the dense pass, and the biased tokens again from their source value
-            "source_ptr": 1 + bias / vocab,
-            # step 7 reads back the saturated tokens (and, at a full table, the whole row)
-            "logits_ptr": used / vocab + full,
-            "bad_tokens_ptr": bad_rows,
-            "bad_back_ptr": bad_rows,
-            "bad_word_ptr": bad_rows,
-            "window_ptr": ring,
-            "counts_ptr": torch.maximum(penalties, full),
-            "prompt_mask_ptr": penalties,
-            "grammar_ptr": ones if c["HAS_GRAMMAR"] else zeros,
-            "stop_ids_ptr": stopping,
-            "overflow_token_ptr": _f(fix_excess) * (used + 2) / (entries + 1),
-            "overflow_excess_ptr": used / (entries + 1),
-            "drafts_ptr": drafts,
-            "num_preceding_ptr": drafts,
-            "raw_tiles_ptr": zeros,
-        },
-        writes={
-            "logits_ptr": 1 + sparse + full,
-            "tile_max_ptr": ones * float(c["HAS_TILE_MAX"]),
-            "raw_tiles_ptr": ones * float(c["HAS_RAW_TILES"]),
-        },
-        walks={
-            # the row's partial last tile, alone: in a row's last program, whose main loop
-            # walks a tile fewer (split_chunks), so no program is slower than a whole chunk
-            tile_loop(k._process_logits_kernel, 0): 0 * ones,
-            tile_loop(k._process_logits_kernel, 1): ones,
-            # the pass again with IEEE division (a quotient outside the fast range): never
-            tile_loop(k._process_logits_kernel, 2): 0 * ones,
-            tile_loop(sparse_phases.apply_excess, 0): full,
-            # (above); the overflow table's walk over its used entries
-            source_line(sparse_phases.apply_bias, "while more:"): bias_more,
-            source_line(sparse_phases.ban_stop_ids, "while more:"): stopping * stop_more,
-            source_line(bad_words.ban_bad_words, "while more:"): bad_more,
-            source_line(sparse_phases.apply_excess, "while listed >= 0:"): _f(used > 0),
-        },
-        # steps 5 and 6 (token_steps), a branch on the row's parameters in each tile
-        taken={
-            source_line(token_steps.penalise_and_scale, "if penalties_on:"): penalties,
-            source_line(token_steps.penalise_and_scale, "if scale_on:"): sparse_tokens["scale_on"],
-        },
-    )
 
 
 def _top_k_top_p_rows(a: dict[str, Any], c: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -505,15 +344,6 @@ def _logprobs_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     )
 
 
-def _walks_past_first(ids: torch.Tensor, block: int) -> torch.Tensor:
-    """Per row of a sparse table [rows, C] (used ids first, unique, the rest repeating the
-    first): 1.0 where its walk goes past the first block (`sparse_phases.apply_bias` and
-    `ban_stop_ids`),
-    i.e. the table is wider and the first block holds no repeat of its first id."""
-    repeat = (ids[:, 1:block] == ids[:, :1]).any(1)
-    return _f(~repeat & (ids.shape[1] > block))
-
-
 def _commit_access(a: dict[str, Any], c: dict[str, Any], vocab_size: int) -> Work:
     """`history.commit_row` on each row: a byte of the counts row and an overflow entry read
     and written, the window entry and num_generated written (rows that commit)."""
@@ -575,11 +405,28 @@ def _min_p_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     )
 
 
-WORK: dict[str, Callable[[dict[str, Any], dict[str, Any]], Work]] = {
-    "_process_logits_kernel": _process_logits_work,
-    "_candidates_kernel": _candidates_work,
-    "_top_k_top_p_kernel": _top_k_top_p_work,
-    "_sample_kernel": _sample_work,
+Model = Callable[[dict[str, Any], dict[str, Any]], Work]
+
+
+def _reading_deferred(model: Model) -> Model:
+    """A reader of the processed logits whose deferred rows (DEFER) it reads from the source
+    instead: its reads of `logits_ptr` split by the rows' `DEFERRED` share."""
+
+    def work(a: dict[str, Any], c: dict[str, Any]) -> Work:
+        done = model(a, c)
+        logits = done.reads["logits_ptr"]
+        deferred = a.get(DEFERRED, 0 * logits) if c.get("DEFER") else 0 * logits
+        split = {"logits_ptr": logits * (1 - deferred), "source_ptr": logits * deferred}
+        return replace(done, reads={**done.reads, **split})
+
+    return work
+
+
+WORK: dict[str, Model] = {
+    "_process_logits_kernel": process_logits_work,
+    "_candidates_kernel": _reading_deferred(_candidates_work),
+    "_top_k_top_p_kernel": _reading_deferred(_top_k_top_p_work),
+    "_sample_kernel": _reading_deferred(_sample_work),
     "_logprobs_kernel": _logprobs_work,
     "_commit_history_kernel": _commit_work,
     "_min_p_kernel": _min_p_work,

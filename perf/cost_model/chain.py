@@ -16,7 +16,7 @@ value is ready in: an instruction's sources lift `progress` to their round; a gl
 gives a value ready at p. At a forward branch the state goes to the target too, and where
 paths meet the later round of each register (and of `progress`) holds: the longest path.
 Branches back (loop iterations) are not followed, so a loop that is not a tile loop counts
-once, unless the access table counts its iterations (`access.Work.trips`, charged as a tile
+once, unless the access table counts its iterations (`work.Work.trips`, charged as a tile
 loop is). Loads inside a tile loop or a counted one, and the asynchronous copies (LDGSTS)
 that start a pipelined one, add no round: the tile-loop formula already charges each
 iteration's wait; their instructions are not counted here either. A loop the access table
@@ -153,7 +153,7 @@ def straight_line(
     """The module docstring's walk over `sass` (nvdisasm output) with its `loops`
     (`sass.find_loops`); `unwalked`: the (file, line) of loops no program runs; `untaken`:
     the (file, line) of `if`s whose block no program runs (a rare path); `counted`: the
-    (file, line) of loops charged by their iterations (`access.Work.trips`), left out as
+    (file, line) of loops charged by their iterations (`work.Work.trips`), left out as
     the tile loops are; `always`: the (file, line) of `if`s whose block every program runs,
     their else-blocks left out."""
     parsed, labels = parse(sass)

@@ -7,18 +7,27 @@ from typing import Any
 
 import torch
 
-from .access import COVERED, SURVIVORS, UNKNOWN_TILES, covered_rows, kept_by_top_k, unknown_tiles
+from .access import (
+    COVERED,
+    DEFERRED,
+    SURVIVORS,
+    UNKNOWN_TILES,
+    covered_rows,
+    kept_by_top_k,
+)
 from .bench_rows import FILTERS, TEMPERATURES, row_counts, row_filters
+from .processing import deferred_rows, unknown_tiles
 
 
 def tells_later(launch: Any, context: dict[str, Any], vocab: int) -> dict[str, Any]:
     """What a recorded launch tells the step's later ones (the access table's pseudo-
-    arguments): processing its unknown tiles and temperatures, stage 1 the survivors
+    arguments): processing its unknown tiles, deferred rows and temperatures, stage 1 the survivors
     (counted on the bench rows with the temperatures) and filters, the cut the covered rows."""
     name, args, constexprs = launch.kernel.__name__, launch.args, launch.constexprs
     told: dict[str, Any] = {}
     if name == "_process_logits_kernel":
         told[UNKNOWN_TILES] = unknown_tiles(args, constexprs)
+        told[DEFERRED] = deferred_rows(args, constexprs)
         told[TEMPERATURES] = args["temperature_ptr"][args["slots_ptr"]].to(torch.float64)
     if name == "_candidates_kernel":
         told[SURVIVORS] = kept_by_top_k(args)

@@ -93,7 +93,7 @@ def launch_time(
     load_rounds: int = 0,  # outside the tile loops (cost_model.chain): a latency each
     instructions: int = 0,  # issued outside the tile loops, by each warp
     # (expected iterations, loop instructions, stages) of loops counted by their trips
-    # (access.Work.trips), which some programs may not enter at all
+    # (work.Work.trips), which some programs may not enter at all
     counted_loops: Sequence[tuple[float, float, int]] = (),
 ) -> Timing:
     """The module docstring's formula for one Triton launch. A counted loop is charged as a

@@ -49,7 +49,7 @@ class Loop:
     elements_per_thread: float | None = None  # BLOCK_SIZE / (32 × warps), tile loops
     instructions_per_element: float | None = None
     walks_per_row: float = 0.0  # the most any program walks it (tile loops)
-    trips: float = 0.0  # the most iterations any program makes (a counted loop, access.Work)
+    trips: float = 0.0  # the most iterations any program makes (a counted loop, work.Work)
     head: int = 0  # offsets of the body's first and last instruction (16 bytes each)
     end: int = 0
     # forward conditional branches within the body: (file, line of the `if`, first, last

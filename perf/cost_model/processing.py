@@ -1,0 +1,154 @@
+"""The access table's model of `process_logits` (access.py's module docstring): the sparse
+phases' tokens, the tiles they mark unknown and the rows the launch leaves unwritten, which
+perf/kernel_model.py hands the later launches of a step."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .work import Work, fraction, source_line, tile_loop, walks_past_first
+
+_f = fraction
+
+
+def _sparse_tokens(a: dict[str, Any], c: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Per row of a process_logits launch: the tokens its phases after the dense pass
+    store (biased, stop ids, banned, saturated), the rows with a full overflow table, whose
+    step 7 rewrites the whole row, and those whose stop ids are banned or that scale."""
+    slots = a["slots_ptr"]
+    zeros = torch.zeros(slots.shape[0], dtype=torch.float64)
+    freq = a["frequency_ptr"][slots]
+    fix_excess = freq != 0.0
+    temperature = a["temperature_ptr"][slots]
+    scale_on = (temperature >= c["GREEDY_BELOW"]) & (temperature != 1.0)
+    preceding = a["num_preceding_ptr"] if c["HAS_DRAFTS"] else 0
+    stopping = _f(a["num_generated_ptr"][slots] + preceding < a["min_tokens_ptr"][slots])
+    table = a["overflow_token_ptr"][slots, : a["num_overflow"]] >= 0
+    used = table.sum(1) * fix_excess
+    bias = (a["bias_values_ptr"][slots] != 0.0).sum(1)
+    banned = a["bad_back_ptr"][slots].eq(0).sum(1) if c["HAS_BAD_WORDS"] else zeros
+    # the distinct stop ids (unused entries repeat the first)
+    ordered = a["stop_ids_ptr"][slots].sort(dim=1).values
+    stops = 1 + (ordered[:, 1:] != ordered[:, :-1]).sum(1)
+    return {
+        "tokens": bias + stopping * stops + banned + used,
+        "excess": used.to(torch.float64),
+        "full": _f(fix_excess & scale_on & table[:, -1]),
+        "stopping": stopping,
+        "scale_on": _f(scale_on),
+    }
+
+
+def unknown_tiles(a: dict[str, Any], c: dict[str, Any]) -> torch.Tensor:
+    """[rows] float64 from a process_logits launch: the fraction of each row's tiles its
+    sparse phases mark unknown in the tile-max table (with HAS_TILE_MAX): step 7 marks its
+    saturated tokens' tiles (all of them at a full overflow table); the bias, stop ids and
+    bad words keep an entry exact unless their token held its tile's max and fell
+    (`library.update_tiles`), taken as a random token's chance, 1 / BLOCK_SIZE. n marking
+    tokens at random columns fall in about 1 - (1 - 1/tiles)**n of the tiles."""
+    sparse = _sparse_tokens(a, c)
+    tiles = math.ceil(a["vocab_size"] / c["BLOCK_SIZE"])
+    others = sparse["tokens"].to(torch.float64) - sparse["excess"]
+    marking = sparse["excess"] + others / c["BLOCK_SIZE"]
+    marked = 1.0 - (1.0 - 1.0 / tiles) ** marking
+    return torch.maximum(marked, sparse["full"]) * float(c["HAS_TILE_MAX"])
+
+
+def deferred_rows(a: dict[str, Any], c: dict[str, Any]) -> torch.Tensor:
+    """[rows] float64 from a process_logits launch: 1 where it leaves the row unwritten
+    (DEFER: no penalty, temperature, allowed list, grammar, bias, stop ids in force nor bad
+    words), else 0."""
+    slots = a["slots_ptr"]
+    if not c.get("DEFER"):
+        return torch.zeros(slots.shape[0], dtype=torch.float64)
+    rep, freq = a["repetition_ptr"][slots], a["frequency_ptr"][slots]
+    penalties = (rep != 1.0) | (freq != 0.0) | (a["presence_ptr"][slots] != 0.0)
+    sparse = _sparse_tokens(a, c)
+    plain = ~penalties & (sparse["scale_on"] == 0) & (sparse["stopping"] == 0)
+    plain &= (a["restricted_ptr"][slots] == 0) & (a["biased_ptr"][slots] == 0)
+    plain &= ~a["grammar_on_ptr"].bool()
+    if c["HAS_BAD_WORDS"]:
+        plain &= a["bad_back_ptr"][slots, 0] < 0
+    return _f(plain)
+
+
+def process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
+    from graphsafe_sampler.kernels import bad_words, sparse_phases, token_steps
+    from graphsafe_sampler.kernels import logits_processing as k
+
+    slots, vocab = a["slots_ptr"], a["vocab_size"]
+    n = slots.shape[0]
+    ones, zeros = torch.ones(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
+    rep, freq = a["repetition_ptr"][slots], a["frequency_ptr"][slots]
+    penalties = _f((rep != 1.0) | (freq != 0.0) | (a["presence_ptr"][slots] != 0.0))
+    fix_excess = freq != 0.0
+    entries = a["num_overflow"]
+    used = (a["overflow_token_ptr"][slots, :entries] >= 0).sum(1) * fix_excess
+    # single tokens (biased, stop ids, banned, saturated); rows a full overflow table passes
+    sparse_tokens = _sparse_tokens(a, c)
+    sparse, full = sparse_tokens["tokens"] / vocab, sparse_tokens["full"]
+    stopping = sparse_tokens["stopping"]
+    # bad words: a block read where its first entry is used, else that one; the ring gathered
+    bad_rows, ring = zeros, zeros
+    if c["HAS_BAD_WORDS"]:
+        back, block = a["bad_back_ptr"][slots], c["BAD_BLOCK"]
+        blocks, entries_used = math.ceil(back.shape[1] / block), (back[:, ::block] >= 0).sum(1)
+        bad_rows = (entries_used * block + blocks - entries_used) / back.shape[1]
+        ring = _f(entries_used > 0)
+    bias = (a["bias_values_ptr"][slots] != 0.0).sum(1)
+    # the sparse tables' blocks past their first, walked where used entries fill the first
+    block, bad_block = c["SPARSE_BLOCK"], c["BAD_BLOCK"]
+    bias_more = walks_past_first(a["bias_ids_ptr"][slots], block)
+    stop_more = walks_past_first(a["stop_ids_ptr"][slots], block)
+    bad_more = zeros
+    if c["HAS_BAD_WORDS"] and a["num_bad"] > bad_block:
+        bad_more = _f(a["bad_back_ptr"][slots][:, bad_block - 1] >= 0)
+    drafts = ones if c["HAS_DRAFTS"] else zeros
+    return Work(
+        reads={
+            # the dense pass, and the biased tokens again from their source value
+            "source_ptr": 1 + bias / vocab,
+            # step 7 reads back the saturated tokens (and, at a full table, the whole row)
+            "logits_ptr": used / vocab + full,
+            "bad_tokens_ptr": bad_rows,
+            "bad_back_ptr": bad_rows,
+            "bad_word_ptr": bad_rows,
+            "window_ptr": ring,
+            "counts_ptr": torch.maximum(penalties, full),
+            "prompt_mask_ptr": penalties,
+            "grammar_ptr": ones if c["HAS_GRAMMAR"] else zeros,
+            "stop_ids_ptr": stopping,
+            "overflow_token_ptr": _f(fix_excess) * (used + 2) / (entries + 1),
+            "overflow_excess_ptr": used / (entries + 1),
+            "drafts_ptr": drafts,
+            "num_preceding_ptr": drafts,
+            "raw_tiles_ptr": zeros,
+        },
+        writes={
+            "logits_ptr": (1 + sparse + full) * (1 - deferred_rows(a, c)),
+            "tile_max_ptr": ones * float(c["HAS_TILE_MAX"]),
+            "raw_tiles_ptr": ones * float(c["HAS_RAW_TILES"]),
+        },
+        walks={
+            # the row's partial last tile, alone: in a row's last program, whose main loop
+            # walks a tile fewer (split_chunks), so no program is slower than a whole chunk
+            tile_loop(k._process_logits_kernel, 0): 0 * ones,
+            tile_loop(k._process_logits_kernel, 1): ones,
+            # the pass again with IEEE division (a quotient outside the fast range): never
+            tile_loop(k._process_logits_kernel, 2): 0 * ones,
+            tile_loop(sparse_phases.apply_excess, 0): full,
+            # (above); the overflow table's walk over its used entries
+            source_line(sparse_phases.apply_bias, "while more:"): bias_more,
+            source_line(sparse_phases.ban_stop_ids, "while more:"): stopping * stop_more,
+            source_line(bad_words.ban_bad_words, "while more:"): bad_more,
+            source_line(sparse_phases.apply_excess, "while listed >= 0:"): _f(used > 0),
+        },
+        # steps 5 and 6 (token_steps), a branch on the row's parameters in each tile
+        taken={
+            source_line(token_steps.penalise_and_scale, "if penalties_on:"): penalties,
+            source_line(token_steps.penalise_and_scale, "if scale_on:"): sparse_tokens["scale_on"],
+        },
+    )
