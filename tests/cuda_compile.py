@@ -274,7 +274,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
     wide = _t(rows, 151_936)
     # (and the Sampler's reading the rows processing deferred from the source)
     for splits, tiles, defer in ((64, True, False), (3, True, False), (3, False, False),
-                                 (64, True, True), (3, True, True)):  # fmt: skip
+                                 (3, True, True)):  # fmt: skip
 
         def split(
             splits: int = splits, tiles: bool = tiles, wide: torch.Tensor = wide, d: bool = defer
