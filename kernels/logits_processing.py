@@ -270,62 +270,66 @@ def _process_logits_kernel(
                 HAS_RAW_TILES, BLOCK_SIZE, EXACT=True, FULL=False, STORE_LOGITS=STORE_LOGITS,
                 DEFER=DEFER,
             )  # fmt: skip
-    # The sparse phases' tables (their first blocks) depend on the slot alone: loaded here,
-    # in one round, and the bad words' ring in the next, beside the bias phase's loads
-    # (sparse_phases.py: loaded phase by phase, each table waited behind the phase before)
-    bias_block = load_bias_block(
-        bias_ids_ptr, bias_values_ptr, slot, num_bias, 0, SPARSE_BLOCK
-    )  # fmt: skip
-    excess_head = load_excess_head(overflow_token_ptr, overflow_excess_ptr, slot, num_overflow)
-    stop_block = load_stop_block(stop_ids_ptr, slot, num_stop, 0, SPARSE_BLOCK)
-    if HAS_BAD_WORDS:
-        bad_block = load_bad_block(
-            row, slot, generated, preceding, bad_tokens_ptr, bad_back_ptr, bad_word_ptr,
-            window_ptr, drafts_ptr, num_bad, window_len, num_drafts, 0, HAS_DRAFTS, BAD_BLOCK,
+    # A deferred row (DEFER) has nothing for the phases below to do (no bias, stop ids in
+    # force, bad words nor excess): it skips them, their tables' loads and their barriers;
+    # without DEFER `store` is a constant and the branch folds away
+    if store:
+        # The sparse phases' tables (their first blocks) depend on the slot alone: loaded here,
+        # in one round, and the bad words' ring in the next, beside the bias phase's loads
+        # (sparse_phases.py: loaded phase by phase, each table waited behind the phase before)
+        bias_block = load_bias_block(
+            bias_ids_ptr, bias_values_ptr, slot, num_bias, 0, SPARSE_BLOCK
         )  # fmt: skip
-    # the biased tokens are rewritten below, by other threads than the dense pass's
-    tl.debug_barrier()
+        excess_head = load_excess_head(overflow_token_ptr, overflow_excess_ptr, slot, num_overflow)
+        stop_block = load_stop_block(stop_ids_ptr, slot, num_stop, 0, SPARSE_BLOCK)
+        if HAS_BAD_WORDS:
+            bad_block = load_bad_block(
+                row, slot, generated, preceding, bad_tokens_ptr, bad_back_ptr, bad_word_ptr,
+                window_ptr, drafts_ptr, num_bad, window_len, num_drafts, 0, HAS_DRAFTS, BAD_BLOCK,
+            )  # fmt: skip
+        # the biased tokens are rewritten below, by other threads than the dense pass's
+        tl.debug_barrier()
 
-    # 1. logit bias, then steps 3-6 again on those tokens
-    apply_bias(
-        *bias_block, bias_ids_ptr, bias_values_ptr, slot, num_bias, source_row, row_ptr,
-        tile_row, begin, end, row, allowed_row, grammar_row, prompt_row, counts_row,
-        drafts_ptr, preceding, num_drafts, penalties_on, repetition_divisor, frequency,
-        presence, fix_excess, scale_on, temperature_divisor, SATURATED, HAS_GRAMMAR,
-        HAS_DRAFTS, HAS_TILE_MAX, SPARSE_BLOCK, BLOCK_SIZE,
-    )  # fmt: skip
-    # step 7 reads what other threads of this program stored above
-    tl.debug_barrier()
+        # 1. logit bias, then steps 3-6 again on those tokens
+        apply_bias(
+            *bias_block, bias_ids_ptr, bias_values_ptr, slot, num_bias, source_row, row_ptr,
+            tile_row, begin, end, row, allowed_row, grammar_row, prompt_row, counts_row,
+            drafts_ptr, preceding, num_drafts, penalties_on, repetition_divisor, frequency,
+            presence, fix_excess, scale_on, temperature_divisor, SATURATED, HAS_GRAMMAR,
+            HAS_DRAFTS, HAS_TILE_MAX, SPARSE_BLOCK, BLOCK_SIZE,
+        )  # fmt: skip
+        # step 7 reads what other threads of this program stored above
+        tl.debug_barrier()
 
-    # 7. the saturated tokens' excess, then their temperature
-    if fix_excess:
-        apply_excess(
-            *excess_head, overflow_token_ptr, overflow_excess_ptr, num_overflow, row_ptr,
-            tile_row, counts_row, begin, end, frequency, scale_on, temperature, SATURATED,
+        # 7. the saturated tokens' excess, then their temperature
+        if fix_excess:
+            apply_excess(
+                *excess_head, overflow_token_ptr, overflow_excess_ptr, num_overflow, row_ptr,
+                tile_row, counts_row, begin, end, frequency, scale_on, temperature, SATURATED,
+                HAS_TILE_MAX, BLOCK_SIZE,
+            )  # fmt: skip
+        # a stop id or a banned token may be stored above by another thread: -inf lands last
+        tl.debug_barrier()
+
+        # 2. min_tokens, and bad words: both store -inf, so neither orders against the other
+        # (a masked or penalised -inf stays -inf through steps 3-7, so -inf last is the same),
+        # and the stop ids' old logits are loaded before the bad words' stores: one round
+        stopping = generated + preceding < min_tokens
+        stop_entry, stop_token = stop_block
+        stop_olds = load_stop_olds(
+            stop_entry, stop_token, stopping, num_stop, row_ptr, tile_row, begin, end,
             HAS_TILE_MAX, BLOCK_SIZE,
         )  # fmt: skip
-    # a stop id or a banned token may be stored above by another thread: -inf lands last
-    tl.debug_barrier()
-
-    # 2. min_tokens, and bad words: both store -inf, so neither orders against the other
-    # (a masked or penalised -inf stays -inf through steps 3-7, so -inf last is the same),
-    # and the stop ids' old logits are loaded before the bad words' stores: one round
-    stopping = generated + preceding < min_tokens
-    stop_entry, stop_token = stop_block
-    stop_olds = load_stop_olds(
-        stop_entry, stop_token, stopping, num_stop, row_ptr, tile_row, begin, end,
-        HAS_TILE_MAX, BLOCK_SIZE,
-    )  # fmt: skip
-    if HAS_BAD_WORDS:
-        ban_bad_words(
-            *bad_block, row_ptr, row, slot, generated, preceding, bad_tokens_ptr, bad_back_ptr,
-            bad_word_ptr, window_ptr, drafts_ptr, tile_row, begin, end, num_bad, window_len,
-            num_drafts, HAS_DRAFTS, HAS_TILE_MAX, BAD_BLOCK, BLOCK_SIZE,
+        if HAS_BAD_WORDS:
+            ban_bad_words(
+                *bad_block, row_ptr, row, slot, generated, preceding, bad_tokens_ptr, bad_back_ptr,
+                bad_word_ptr, window_ptr, drafts_ptr, tile_row, begin, end, num_bad, window_len,
+                num_drafts, HAS_DRAFTS, HAS_TILE_MAX, BAD_BLOCK, BLOCK_SIZE,
+            )  # fmt: skip
+        ban_stop_ids(
+            stop_token, *stop_olds, stopping, stop_ids_ptr, slot, num_stop, row_ptr, tile_row,
+            begin, end, HAS_TILE_MAX, SPARSE_BLOCK, BLOCK_SIZE,
         )  # fmt: skip
-    ban_stop_ids(
-        stop_token, *stop_olds, stopping, stop_ids_ptr, slot, num_stop, row_ptr, tile_row,
-        begin, end, HAS_TILE_MAX, SPARSE_BLOCK, BLOCK_SIZE,
-    )  # fmt: skip
 
 
 process_splits = SplitPolicy(ctas_per_sm=4)

@@ -629,6 +629,12 @@ def test_straight_line_takes_the_longest_path_and_leaves_out_what_never_runs(
     exiting = skipped_load.replace("30: STG.E desc[UR4][R10.64], R4", "30: EXIT")
     text = _sass(exiting).format(src=src)
     assert chain.straight_line(text, [], untaken={("kernel.py", 1)}).load_rounds == 1
+    # an untaken `if` that ends the program, compiled as an EXIT guarded by its negation:
+    # every program exits there (the rest is left out); at another line the rest is kept
+    early_exit = skipped_load.replace("10: @P1 BRA `(.L_x_1)", "10: @P1 EXIT")
+    text = _sass(early_exit).format(src=src)
+    assert chain.straight_line(text, [], untaken={("kernel.py", 1)}) == chain.StraightLine(0, 2)
+    assert chain.straight_line(text, [], untaken={("kernel.py", 2)}) == chain.StraightLine(2, 5)
     tile_loop = """
         00: LDG.E R2, desc[UR4][R10.64]
         10: @P1 BRA `(.L_x_1)

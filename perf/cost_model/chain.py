@@ -155,7 +155,8 @@ def straight_line(
     the (file, line) of `if`s whose block no program runs (a rare path); `counted`: the
     (file, line) of loops charged by their iterations (`work.Work.trips`), left out as
     the tile loops are; `always`: the (file, line) of `if`s whose block every program runs,
-    their else-blocks left out."""
+    their else-blocks left out. An untaken `if` whose block ends the program, compiled as
+    a guarded EXIT at its line, ends the path there."""
     parsed, labels = parse(sass)
     code = [(offset, text) for offset, text, *_ in parsed]
     tiles = [
@@ -165,6 +166,14 @@ def straight_line(
     ]
     skipped = _never_run(code, labels, loops, unwalked)
     skipped += _untaken_blocks(parsed, labels, untaken, always)
+    # an untaken `if` that ends the program, compiled as an exit guarded by its negation
+    # (processing's sparse phases, which a deferred row skips): every program exits there
+    exiting = {
+        offset
+        for offset, text, file, line in parsed
+        if re.search(r"\bEXIT\b", text) and _GUARD.match(text)
+        and (os.path.basename(file), line) in untaken
+    }  # fmt: skip
     incoming: dict[int, list[dict[str, int]]] = {}
     state: dict[str, int] = {"progress": 0, "issued": 0}
     live, ends = True, []
@@ -215,7 +224,7 @@ def straight_line(
             continue
         if base == "EXIT":
             ends.append(dict(state))
-            live = guard is not None
+            live = guard is not None and offset not in exiting
             continue
         ready = progress + (base in _GLOBAL_LOADS and not in_tile_loop)
         for name in written:

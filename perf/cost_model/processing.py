@@ -148,6 +148,8 @@ def process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         },
         # steps 5 and 6 (token_steps), a branch on the row's parameters in each tile
         taken={
+            # the phases after the dense pass, which a deferred row skips
+            source_line(k._process_logits_kernel, "if store:"): 1 - deferred_rows(a, c),
             source_line(token_steps.penalise_and_scale, "if penalties_on:"): penalties,
             source_line(token_steps.penalise_and_scale, "if scale_on:"): sparse_tokens["scale_on"],
         },
