@@ -17,10 +17,11 @@ _f = fraction
 def _sparse_tokens(a: dict[str, Any], c: dict[str, Any]) -> dict[str, torch.Tensor]:
     """Per row of a process_logits launch: the tokens its phases after the dense pass
     store (biased, stop ids, banned, saturated), the rows with a full overflow table, whose
-    step 7 rewrites the whole row, and those whose stop ids are banned or that scale."""
+    step 7 rewrites the whole row, and those whose stop ids are banned, that scale or that
+    have a penalty on."""
     slots = a["slots_ptr"]
     zeros = torch.zeros(slots.shape[0], dtype=torch.float64)
-    freq = a["frequency_ptr"][slots]
+    rep, freq = a["repetition_ptr"][slots], a["frequency_ptr"][slots]
     fix_excess = freq != 0.0
     temperature = a["temperature_ptr"][slots]
     scale_on = (temperature >= c["GREEDY_BELOW"]) & (temperature != 1.0)
@@ -39,6 +40,7 @@ def _sparse_tokens(a: dict[str, Any], c: dict[str, Any]) -> dict[str, torch.Tens
         "full": _f(fix_excess & scale_on & table[:, -1]),
         "stopping": stopping,
         "scale_on": _f(scale_on),
+        "penalties": _f((rep != 1.0) | (freq != 0.0) | (a["presence_ptr"][slots] != 0.0)),
     }
 
 
@@ -64,10 +66,8 @@ def deferred_rows(a: dict[str, Any], c: dict[str, Any]) -> torch.Tensor:
     slots = a["slots_ptr"]
     if not c.get("DEFER"):
         return torch.zeros(slots.shape[0], dtype=torch.float64)
-    rep, freq = a["repetition_ptr"][slots], a["frequency_ptr"][slots]
-    penalties = (rep != 1.0) | (freq != 0.0) | (a["presence_ptr"][slots] != 0.0)
     sparse = _sparse_tokens(a, c)
-    plain = ~penalties & (sparse["scale_on"] == 0) & (sparse["stopping"] == 0)
+    plain = (sparse["penalties"] + sparse["scale_on"] + sparse["stopping"]) == 0
     plain &= (a["restricted_ptr"][slots] == 0) & (a["biased_ptr"][slots] == 0)
     plain &= ~a["grammar_on_ptr"].bool()
     if c["HAS_BAD_WORDS"]:
@@ -82,15 +82,15 @@ def process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     slots, vocab = a["slots_ptr"], a["vocab_size"]
     n = slots.shape[0]
     ones, zeros = torch.ones(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
-    rep, freq = a["repetition_ptr"][slots], a["frequency_ptr"][slots]
-    penalties = _f((rep != 1.0) | (freq != 0.0) | (a["presence_ptr"][slots] != 0.0))
+    freq = a["frequency_ptr"][slots]
     fix_excess = freq != 0.0
     entries = a["num_overflow"]
     used = (a["overflow_token_ptr"][slots, :entries] >= 0).sum(1) * fix_excess
     # single tokens (biased, stop ids, banned, saturated); rows a full overflow table passes
     sparse_tokens = _sparse_tokens(a, c)
     sparse, full = sparse_tokens["tokens"] / vocab, sparse_tokens["full"]
-    stopping = sparse_tokens["stopping"]
+    stopping, penalties = sparse_tokens["stopping"], sparse_tokens["penalties"]
+    kept = 1 - deferred_rows(a, c)  # the rows it writes, and whose later phases run
     # bad words: a block read where its first entry is used, else that one; the ring gathered
     bad_rows, ring = zeros, zeros
     if c["HAS_BAD_WORDS"]:
@@ -128,7 +128,7 @@ def process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             "raw_tiles_ptr": zeros,
         },
         writes={
-            "logits_ptr": (1 + sparse + full) * (1 - deferred_rows(a, c)),
+            "logits_ptr": (1 + sparse + full) * kept,
             "tile_max_ptr": ones * float(c["HAS_TILE_MAX"]),
             "raw_tiles_ptr": ones * float(c["HAS_RAW_TILES"]),
         },
@@ -149,7 +149,7 @@ def process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         # steps 5 and 6 (token_steps), a branch on the row's parameters in each tile
         taken={
             # the phases after the dense pass, which a deferred row skips
-            source_line(k._process_logits_kernel, "if store:"): 1 - deferred_rows(a, c),
+            source_line(k._process_logits_kernel, "if store:"): kept,
             source_line(token_steps.penalise_and_scale, "if penalties_on:"): penalties,
             source_line(token_steps.penalise_and_scale, "if scale_on:"): sparse_tokens["scale_on"],
         },
