@@ -457,7 +457,9 @@ def compare_rejection_with_sampler(rank: int, world_size: int, spec: Comparison)
     )
 
 
-def compare_all(rank: int, world_size: int, spec: Comparison) -> None:
-    """`compare_with_sampler`, then `compare_rejection_with_sampler`, on one set of ranks."""
-    compare_with_sampler(rank, world_size, spec)
-    compare_rejection_with_sampler(rank, world_size, spec)
+def compare_all(rank: int, world_size: int, *specs: Comparison) -> None:
+    """`compare_with_sampler`, then `compare_rejection_with_sampler`, for each spec in turn on
+    one set of ranks (one spawn: each rank's start-up is most of a short comparison's time)."""
+    for spec in specs:
+        compare_with_sampler(rank, world_size, spec)
+        compare_rejection_with_sampler(rank, world_size, spec)
