@@ -55,7 +55,7 @@ from .token_steps import penalise_and_scale
 def _dense_tile(
     start, end, num_words, source_row, row_ptr, tile_row, raw_row, row, allowed_row,
     grammar_row, prompt_row, counts_row, drafts_ptr, preceding, num_drafts, penalties_on,
-    repetition, frequency, presence, fix_excess, scale_on, temperature, store,
+    repetition, frequency, presence, fix_excess, scale_on, temperature, store, masks_on,
     SATURATED: tl.constexpr, HAS_GRAMMAR: tl.constexpr, HAS_DRAFTS: tl.constexpr,
     HAS_TILE_MAX: tl.constexpr, HAS_RAW_TILES: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     EXACT: tl.constexpr, FULL: tl.constexpr, STORE_LOGITS: tl.constexpr, DEFER: tl.constexpr,
@@ -90,7 +90,8 @@ def _dense_tile(
     x = penalise_and_scale(
         x, None, cols, word, bit, in_row, row, allowed_row, grammar_row, prompt_row, counts_row,
         drafts_ptr, preceding, num_drafts, penalties_on, repetition, frequency, presence,
-        fix_excess, scale_on, temperature, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, EXACT,
+        fix_excess, scale_on, temperature, masks_on, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, EXACT,
+        GATE_MASKS=DEFER,
     )  # fmt: skip
     if STORE_LOGITS:
         if DEFER:
@@ -216,10 +217,15 @@ def _process_logits_kernel(
     # unwritten and flagged, for the kernels after this one to read its source; its tile
     # tables are written as ever, and no phase below touches it (docs/kernels.md)
     store = tl.full((), True, tl.int1)
+    masks_on = tl.full((), True, tl.int1)
     if DEFER:
+        # (with the flags at hand, the dense pass also skips the bitmasks of a row that has
+        # neither an allowed list nor a grammar: `token_steps.penalise_and_scale`)
+        masks_on = (tl.load(restricted_ptr + slot) != 0) | (
+            tl.load(grammar_on_ptr + row).to(tl.int32) != 0
+        )
         plain = ~penalties_on & ~scale_on & (generated + preceding >= min_tokens)
-        plain &= (tl.load(restricted_ptr + slot) == 0) & (tl.load(biased_ptr + slot) == 0)
-        plain &= tl.load(grammar_on_ptr + row).to(tl.int32) == 0
+        plain &= ~masks_on & (tl.load(biased_ptr + slot) == 0)
         if HAS_BAD_WORDS:  # used entries first: back -1 is an empty table
             plain &= tl.load(bad_back_ptr + slot.to(tl.int64) * num_bad) < 0
         store = ~plain
@@ -248,7 +254,7 @@ def _process_logits_kernel(
         end, num_words, source_row, row_ptr, tile_row, raw_row, row, allowed_row, grammar_row,
         prompt_row, counts_row, drafts_ptr, preceding, num_drafts, penalties_on,
         repetition_divisor, frequency, presence, fix_excess, scale_on, temperature_divisor,
-        store,
+        store, masks_on,
     )  # fmt: skip
     for start in tl.range(full_end, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
         redo |= _dense_tile(
@@ -493,7 +499,10 @@ def process_logits(
     deferred int32 [num_rows] (written), all four or none, and no drafts: a row none of the
     steps changes (no penalty, temperature 1 or greedy, no stop ids in force, no bad words
     either) is left unwritten, deferred[r] = 1 (else 0), for the kernels after this one to
-    read its `source`, which it equals; its tile tables are written as ever.
+    read its `source`, which it equals; its tile tables are written as ever. With them, the
+    dense pass reads the allowed and grammar words only of the rows that have an allowed
+    list or a grammar: a row with neither must hold every bit set in both tables, as the
+    stages keep them.
     """
     check_logits(logits)
     num_rows, vocab_size = logits.shape

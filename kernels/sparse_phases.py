@@ -49,8 +49,8 @@ def _bias_block(
     x = penalise_and_scale(
         x, value, token, token // 32, token % 32, used, row, allowed_row, grammar_row,
         prompt_row, counts_row, drafts_ptr, preceding, num_drafts, penalties_on, repetition,
-        frequency, presence, fix_excess, scale_on, temperature, SATURATED, HAS_GRAMMAR,
-        HAS_DRAFTS, True,
+        frequency, presence, fix_excess, scale_on, temperature, True, SATURATED, HAS_GRAMMAR,
+        HAS_DRAFTS, True, False,
     )  # fmt: skip
     tl.store(row_ptr + token, x, mask=used)
     if HAS_TILE_MAX:

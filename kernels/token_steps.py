@@ -46,20 +46,33 @@ def penalise_and_scale(
     fix_excess,
     scale_on,
     temperature,  # (d, RN(1/d)), as repetition
+    masks_on,  # the row's scalar: an allowed list or a grammar (GATE_MASKS)
     SATURATED: tl.constexpr,
     HAS_GRAMMAR: tl.constexpr,
     HAS_DRAFTS: tl.constexpr,
     EXACT: tl.constexpr,  # IEEE division (div_rn); else `library.divide_by`
+    # the dense pass's, with the row flags: a row with no allowed list and no grammar
+    # (`masks_on` False, whose words are all ones) loads no word and tests no bit
+    GATE_MASKS: tl.constexpr,
 ):
     """Steps 3-6 on the tokens `cols` -> logits: a saturated token (byte 255, frequency on)
     is left without its temperature, which step 7 applies after its excess. A token whose
     quotient `divide_by` may not round as IEEE division (never with EXACT) comes out NaN
     (`divide`), for the caller to compute again with EXACT."""
-    # 3-4. bitmasks
-    allowed_words = tl.load(allowed_row + word)
+    # 3-4. bitmasks. Gated, the loads are masked off (a scalar mask: the pipelined loop
+    # still copies them ahead, zero-filled), and their words read only where `masks_on`
+    if GATE_MASKS:
+        # (a select, not a broadcast: the interpreter takes no broadcast view for a mask)
+        gate = tl.where(masks_on, tl.full(word.shape, True, tl.int1), False)
+        allowed_words = tl.load(allowed_row + word, mask=gate, other=0)
+    else:
+        allowed_words = tl.load(allowed_row + word)
     grammar_words = allowed_words
     if HAS_GRAMMAR:
-        grammar_words = tl.load(grammar_row + word)
+        if GATE_MASKS:
+            grammar_words = tl.load(grammar_row + word, mask=gate, other=0)
+        else:
+            grammar_words = tl.load(grammar_row + word)
     if bias is not None:
         # the bias phase's tokens, a few, their loads unpipelined: the penalties' issued
         # with the words, and the bias added after them all, since the add waits for x
@@ -68,10 +81,10 @@ def penalise_and_scale(
         byte = tl.load(counts_row + cols, mask=counted, other=0).to(tl.int32)
         prompt_words = tl.load(prompt_row + word, mask=tl.where(penalties_on, word >= 0, False))
         x = x + bias
-    keep = bit_is_set(allowed_words, bit)
-    if HAS_GRAMMAR:
-        keep &= bit_is_set(grammar_words, bit)
     if EXACT:  # masked first: `keep` is not held over the penalties (the same values)
+        keep = _keep(allowed_words, grammar_words, bit, HAS_GRAMMAR)
+        if GATE_MASKS:
+            keep |= ~masks_on  # (a masked-off word is 0)
         x = tl.where(keep, x, float("-inf"))
     # 5. penalties with the byte count (a saturated token is charged 255 here)
     saturated = cols < 0
@@ -112,8 +125,23 @@ def penalise_and_scale(
     # range): a masked token is -inf either way, since -inf stays -inf through every step
     # (penalties > 0), so its mark is dropped with it
     if not EXACT:
-        x = tl.where(keep, x, float("-inf"))
+        if GATE_MASKS:
+            if masks_on:  # a branch on the row: a row without masks skips the bit tests
+                x = tl.where(
+                    _keep(allowed_words, grammar_words, bit, HAS_GRAMMAR), x, float("-inf")
+                )
+        else:
+            x = tl.where(_keep(allowed_words, grammar_words, bit, HAS_GRAMMAR), x, float("-inf"))
     return x
+
+
+@triton.jit
+def _keep(allowed_words, grammar_words, bit, HAS_GRAMMAR: tl.constexpr):
+    """Steps 3-4: whether the allowed list and the grammar keep each token."""
+    keep = bit_is_set(allowed_words, bit)
+    if HAS_GRAMMAR:
+        keep &= bit_is_set(grammar_words, bit)
+    return keep
 
 
 @triton.jit

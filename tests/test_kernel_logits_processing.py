@@ -702,7 +702,8 @@ def test_deferred_rows_are_left_unwritten_and_flagged(kernel_device: torch.devic
     its source; every other row is written as without them, and the tile tables are the
     same. Each feature alone keeps a row written: a penalty, a temperature, a bias, stop
     ids in force, an allowed list, a grammar; greedy and temperature 1 do not. Rows split
-    over 3 programs: the first writes the flag, every one leaves its chunk."""
+    over 3 programs: the first writes the flag, every one leaves its chunk. With the
+    tables, a row with no allowed list and no grammar takes neither bitmask."""
     gen = _gen()
     splits = 3
     rows, vocab, tiles = 10, 5000, 5
@@ -751,6 +752,21 @@ def test_deferred_rows_are_left_unwritten_and_flagged(kernel_device: torch.devic
             assert torch.equal(full[r], logits[r].cpu()), r
         else:
             assert torch.equal(got[r], full[r]), r
+    # The flags also gate the dense pass's bitmasks: a written row with neither an allowed
+    # list nor a grammar (row 4, its penalty) takes neither table, so words the
+    # stages never leave there (0: every token banned) change nothing; rows 8 and 9 (an
+    # allowed list, a grammar) still read theirs
+    state.allowed[4], grammar[4] = 0, 0
+    args = (*state.kernel_args(), grammar, *state.penalty_args())
+    got = torch.full_like(logits, float("nan"))
+    tile_max = torch.full((rows, tiles), -7.0, device=kernel_device)
+    process_logits(
+        logits, got, slots, *args, None, None, splits=splits, tile_max=tile_max,
+        restricted=restricted, biased=biased, grammar_on=grammar_on, deferred=deferred,
+    )  # fmt: skip
+    for r in (4, 8, 9):
+        assert torch.equal(got[r].cpu(), full[r]), r
+    assert torch.equal(tile_max.cpu(), full_max)
 
 
 def test_padding_slot_changes_nothing(kernel_device: torch.device) -> None:

@@ -107,6 +107,11 @@ def process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     if c["HAS_BAD_WORDS"] and a["num_bad"] > bad_block:
         bad_more = _f(a["bad_back_ptr"][slots][:, bad_block - 1] >= 0)
     drafts = ones if c["HAS_DRAFTS"] else zeros
+    # the bitmasks: with the row flags (DEFER), read and tested only where a row has an
+    # allowed list or a grammar (`token_steps.penalise_and_scale`)
+    masks = ones
+    if c.get("DEFER"):
+        masks = _f((a["restricted_ptr"][slots] != 0) | a["grammar_on_ptr"].bool())
     return Work(
         reads={
             # the dense pass, and the biased tokens again from their source value
@@ -119,7 +124,8 @@ def process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             "window_ptr": ring,
             "counts_ptr": torch.maximum(penalties, full),
             "prompt_mask_ptr": penalties,
-            "grammar_ptr": ones if c["HAS_GRAMMAR"] else zeros,
+            "allowed_ptr": masks,
+            "grammar_ptr": masks if c["HAS_GRAMMAR"] else zeros,
             "stop_ids_ptr": stopping,
             "overflow_token_ptr": _f(fix_excess) * (used + 2) / (entries + 1),
             "overflow_excess_ptr": used / (entries + 1),
@@ -152,5 +158,6 @@ def process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             source_line(k._process_logits_kernel, "if store:"): kept,
             source_line(token_steps.penalise_and_scale, "if penalties_on:"): penalties,
             source_line(token_steps.penalise_and_scale, "if scale_on:"): sparse_tokens["scale_on"],
+            source_line(token_steps.penalise_and_scale, "if masks_on:"): masks,
         },
     )
