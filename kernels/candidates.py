@@ -20,6 +20,7 @@ from .library import (
     kth_known,
     listed_tile,
     load_deferred,
+    processed,
     row_logits,
     tiles_to_visit,
 )
@@ -109,7 +110,7 @@ def _candidates_kernel(
     visits_ptr,  # [num_rows, num_tiles] int32 scratch (HAS_TILE_MAX): the tiles to read
     source_ptr,  # [num_rows, V] float32 (DEFER): the deferred rows' logits
     source_stride,
-    deferred_ptr,  # [num_rows] int32 (DEFER): 1 = read the row from source_ptr
+    deferred_ptr,  # [num_rows] float32 (DEFER): not 0 = read the row from source_ptr, over it
     vocab_size,
     chunk,  # columns a program reads: whole tiles
     buffer_size,  # CANDIDATES, or 0: no buffer (search only)
@@ -140,7 +141,7 @@ def _candidates_kernel(
     Rows without top-k read every tile: top-p alone needs the whole row's mass."""
     await_prior_grids(PDL)
     row = tl.program_id(0)
-    deferred = load_deferred(deferred_ptr, row, DEFER)  # with the row's first loads
+    divisor = load_deferred(deferred_ptr, row, DEFER)  # with the row's first loads
     part = tl.program_id(1)
     begin = part * chunk
     end = tl.minimum(begin + chunk, vocab_size)
@@ -159,7 +160,7 @@ def _candidates_kernel(
     p_on = top_p < 1.0
     # rows whose filters are all off write nothing: the cut kernel reads their parameters
     if k_on | p_on | (min_p != 0.0):
-        row_ptr = row_logits(logits_ptr, logits_stride, source_ptr, source_stride, deferred, row)
+        row_ptr = row_logits(logits_ptr, logits_stride, source_ptr, source_stride, divisor, row)
         use_buffer = (buffer_size > 0) & ((k_on & (k <= buffer_size)) | (~k_on & p_on))
         # the list's rank whose value floors the next tile: the k-th, or the last
         ranks = tl.arange(0, PARTIAL)
@@ -208,6 +209,7 @@ def _candidates_kernel(
             in_chunk = cols < end
             # columns past the chunk read -inf, which no floor, mass or max takes in
             x = tl.load(row_ptr + cols, mask=in_chunk, other=float("-inf"))
+            x = processed(x, divisor)
             # a finite entry of the table is the tile's max, and the tile holds no NaN: only
             # an unknown tile (+inf), or every tile without the table, takes two reductions,
             # and its NaNs become -inf for what follows, so that a known tile's logits need

@@ -82,7 +82,7 @@ def check_deferred(
 ) -> None:
     """A reader's (source, deferred) of `process_logits`' deferred rows, both or neither:
     source [num_rows, V] float32 (the logits `logits` [num_rows, V] was processed from),
-    deferred [num_rows] int32."""
+    deferred [num_rows] float32 (`load_deferred`)."""
     if (source is None) != (deferred is None):
         raise ValueError("source and deferred come together")
     if source is not None and deferred is not None:
@@ -92,7 +92,7 @@ def check_deferred(
                 f"source must have the shape of logits {tuple(logits.shape)}, got "
                 f"{tuple(source.shape)}"
             )
-        check_rows("deferred", deferred, torch.int32, logits.shape[0])
+        check_rows("deferred", deferred, torch.float32, logits.shape[0])
 
 
 def check_rows(
@@ -289,22 +289,37 @@ def tiles_to_visit(bounds, first, last, floor, visits_row, TILES_BLOCK: tl.const
 
 @triton.jit
 def load_deferred(deferred_ptr, row, DEFER: tl.constexpr):
-    """Whether `process_logits` left the row unwritten (deferred[row] = 1; never without
-    DEFER): loaded at a reader's start, with the row's first loads, since a warp issues in
-    order and the loads of the row wait for it (loaded where the row's pointer is first
-    needed, after the slot's parameters, it took a round of its own)."""
-    deferred = tl.zeros((), tl.int1)
+    """The row's entry of `process_logits`' deferred table (0.0 without DEFER): 0 where it
+    wrote the row, else the divisor of the row's source that makes its processed logits
+    (1: the source as it is; the temperature), for `row_logits` and `processed`. Loaded at
+    a reader's start, with the row's first loads, since a warp issues in order and the
+    loads of the row wait for it (loaded where the row's pointer is first needed, after the
+    slot's parameters, it took a round of its own)."""
+    divisor = tl.zeros((), tl.float32)
     if DEFER:
-        deferred = tl.load(deferred_ptr + row) != 0
-    return deferred
+        divisor = tl.load(deferred_ptr + row)
+    return divisor
 
 
 @triton.jit
-def row_logits(logits_ptr, logits_stride, source_ptr, source_stride, deferred, row):
-    """The start of the row's processed logits: its row of `logits_ptr`, or where `deferred`
-    (`load_deferred`), its row of the source it equals (float32, as the buffer)."""
+def processed(x, divisor):
+    """Logits `x` loaded from the row `row_logits` chose -> the row's processed logits: x /
+    divisor, rounded as IEEE division (processing's, whose fast division equals it), where
+    the row was deferred with a temperature, else x. A uniform branch on the row: a row
+    without one runs none of its ~17 SASS instructions an element (none at all without
+    DEFER, where `divisor` is the constant 0)."""
+    if (divisor != 0.0) & (divisor != 1.0):
+        x = tl.math.div_rn(x, divisor)
+    return x
+
+
+@triton.jit
+def row_logits(logits_ptr, logits_stride, source_ptr, source_stride, divisor, row):
+    """The start of the row's logits: its row of `logits_ptr`, or where deferred
+    (`load_deferred`'s divisor not 0), its row of the source (float32, as the buffer),
+    which `processed` makes the processed logits."""
     return tl.where(
-        deferred,
+        divisor != 0.0,
         source_ptr + row.to(tl.int64) * source_stride,
         logits_ptr + row.to(tl.int64) * logits_stride,
     )

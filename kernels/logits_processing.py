@@ -212,10 +212,11 @@ def _process_logits_kernel(
     counts_row = counts_ptr + slot.to(tl.int64) * vocab_size
     tile_row = tile_max_ptr + row.to(tl.int64) * tl.cdiv(vocab_size, BLOCK_SIZE)
     raw_row = raw_tiles_ptr + row.to(tl.int64) * tl.cdiv(vocab_size, BLOCK_SIZE) * 2
-    # DEFER: a row no step changes (no penalty, temperature, allowed list, grammar, bias,
-    # stop ids in force nor bad words: its buffer row would equal its source row) is left
-    # unwritten and flagged, for the kernels after this one to read its source; its tile
-    # tables are written as ever, and no phase below touches it (docs/kernels.md)
+    # DEFER: a row no step but its temperature changes (no penalty, allowed list, grammar,
+    # bias, stop ids in force nor bad words: its buffer row would be its source row over
+    # the temperature, or itself) is left unwritten and its divisor recorded, for the
+    # kernels after this one to read its source and divide it; its tile tables are written
+    # as ever, and no phase below touches it (docs/kernels.md)
     store = tl.full((), True, tl.int1)
     masks_on = tl.full((), True, tl.int1)
     if DEFER:
@@ -224,13 +225,16 @@ def _process_logits_kernel(
         masks_on = (tl.load(restricted_ptr + slot) != 0) | (
             tl.load(grammar_on_ptr + row).to(tl.int32) != 0
         )
-        plain = ~penalties_on & ~scale_on & (generated + preceding >= min_tokens)
+        # a temperature alone defers the row too: the readers divide what they read
+        # (`library.processed`), as IEEE division rounds, which the dense pass's equals
+        plain = ~penalties_on & (generated + preceding >= min_tokens)
         plain &= ~masks_on & (tl.load(biased_ptr + slot) == 0)
         if HAS_BAD_WORDS:  # used entries first: back -1 is an empty table
             plain &= tl.load(bad_back_ptr + slot.to(tl.int64) * num_bad) < 0
         store = ~plain
         if tl.program_id(1) == 0:
-            tl.store(deferred_ptr + row, plain.to(tl.int32))
+            divisor = tl.where(scale_on, temperature, 1.0)
+            tl.store(deferred_ptr + row, tl.where(plain, divisor, 0.0))
 
     # the divisors with their reciprocals, for the dense pass's divisions (token_steps'
     # `divide`); a divisor outside divide_by's range has the chunk made with IEEE division
@@ -377,7 +381,8 @@ def launch_process_logits(
     splits: int = 1,  # programs a row is split over (`process_splits`)
     store_logits: bool = True,  # False: the GPU check's probe (logits left mostly unwritten)
     # (restricted [num_slots] int32, biased [num_slots] int32, grammar_on [num_rows] bool,
-    # deferred [num_rows] int32 written): leave the rows no step changes unwritten
+    # deferred [num_rows] float32 written): leave the rows that only a temperature changes
+    # (or none) unwritten
     defer: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Launch `_process_logits_kernel` over rows x splits; tables must be contiguous.
@@ -496,10 +501,12 @@ def process_logits(
     where it holds NaN) and sum of exp(source - that max), for `compute_logprobs` on it.
     restricted, biased int32 [num_slots] (1: the slot's request has an allowed-token list, a
     nonzero logit bias), grammar_on bool [num_rows] (a grammar constrains the row) and
-    deferred int32 [num_rows] (written), all four or none, and no drafts: a row none of the
-    steps changes (no penalty, temperature 1 or greedy, no stop ids in force, no bad words
-    either) is left unwritten, deferred[r] = 1 (else 0), for the kernels after this one to
-    read its `source`, which it equals; its tile tables are written as ever. With them, the
+    deferred float32 [num_rows] (written), all four or none, and no drafts: a row no step
+    but its temperature changes (no penalty, stop ids in force nor bad words either) is
+    left unwritten, deferred[r] = the divisor that makes its processed logits of its
+    `source` (its temperature, or 1: temperature 1 or greedy; 0 where the row is written),
+    for the kernels after this one to read and divide (`library.processed`); its tile
+    tables are written as ever. With them, the
     dense pass reads the allowed and grammar words only of the rows that have an allowed
     list or a grammar: a row with neither must hold every bit set in both tables, as the
     stages keep them.
@@ -580,7 +587,7 @@ def process_logits(
         check_table("restricted", restricted, torch.int32, (num_slots,))
         check_table("biased", biased, torch.int32, (num_slots,))
         check_rows("grammar_on", grammar_on, torch.bool, num_rows)
-        check_rows("deferred", deferred, torch.int32, num_rows)
+        check_rows("deferred", deferred, torch.float32, num_rows)
         defer = (restricted, biased, grammar_on, deferred)
     launch_process_logits(
         source, logits, slots, bias_ids, bias_values, min_tokens, num_generated, stop_ids,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .library import SEARCH_STAGES, exp_ftz
+from .library import SEARCH_STAGES, exp_ftz, processed
 
 
 @triton.jit
@@ -44,6 +44,7 @@ def _largest_key_reaching(
     shift,  # float32: masses are exp(x - shift) (MASS)
     given,  # float32: the target, or < 0 for top_p times the first pass's mass (MASS)
     cap,  # int32: stop once at most this many logits lie at or above the bin (0: never)
+    divisor,  # float32: `library.processed`'s, for a deferred row's source (0: none)
     MASS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
@@ -75,6 +76,7 @@ def _largest_key_reaching(
         for start in tl.range(0, vocab_size, BLOCK_SIZE, num_stages=SEARCH_STAGES):
             cols = start + tl.arange(0, BLOCK_SIZE)
             x = tl.load(row_ptr + cols, mask=cols < vocab_size, other=float("nan"))
+            x = processed(x, divisor)
             valid = x == x  # in the row and not NaN
             # the digit, -1 below the range ((key - prefix) >> s is negative there: an
             # arithmetic shift) and for NaN, 16 above it: in int32, with NaN folded in
@@ -118,6 +120,7 @@ def gather_at_or_above(
     floor,  # float32: the logits >= floor (never NaN), at most `cap` of them
     scratch_ptr,  # [cap] float32, the row's own, overwritten
     cap,
+    divisor,  # float32: `library.processed`'s, for a deferred row's source (0: none)
     BLOCK_SIZE: tl.constexpr,
 ):
     """One pass over the row: its logits >= floor stored to scratch in column order, then
@@ -130,7 +133,7 @@ def gather_at_or_above(
     count = tl.zeros((), tl.int32)
     for start in tl.range(0, vocab_size, BLOCK_SIZE, num_stages=SEARCH_STAGES):
         cols = start + tl.arange(0, BLOCK_SIZE)
-        x = tl.load(row_ptr + cols, mask=cols < vocab_size, other=float("nan"))
+        x = processed(tl.load(row_ptr + cols, mask=cols < vocab_size, other=float("nan")), divisor)
         kept = (x >= floor).to(tl.int32)  # NaN: 0
         at = count + tl.cumsum(kept, 0) - 1
         tl.store(scratch_ptr + at, x, mask=(kept != 0) & (at < cap))

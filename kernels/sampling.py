@@ -40,6 +40,7 @@ from .library import (
     last_to_arrive,
     listed_tile,
     load_deferred,
+    processed,
     row_logits,
     split_chunks,
     split_count,
@@ -85,7 +86,7 @@ def _sample_kernel(
     list_len,  # each chunk's list's entries (HAS_BUFFER): N = chunks x list_len
     source_ptr,  # [num_rows, V] float32 (DEFER): the rows process_logits deferred
     source_stride,
-    deferred_ptr,  # [num_rows] int32 (DEFER): 1 = read the row from source_ptr
+    deferred_ptr,  # [num_rows] float32 (DEFER): not 0 = read the row from source_ptr, over it
     vocab_size,
     chunk,  # columns a program scans, a multiple of BLOCK_SIZE (the row when not SPLIT)
     # COMMIT: keep, the history tables and their sizes, as `history.commit_row` takes them
@@ -139,8 +140,8 @@ def _sample_kernel(
     # load after a use of loaded data waits a memory latency more); a greedy row's seed and
     # position go unused
     slot = tl.load(slots_ptr + row)
-    deferred = load_deferred(deferred_ptr, row, DEFER)
-    row_ptr = row_logits(logits_ptr, logits_stride, source_ptr, source_stride, deferred, row)
+    divisor = load_deferred(deferred_ptr, row, DEFER)
+    row_ptr = row_logits(logits_ptr, logits_stride, source_ptr, source_stride, divisor, row)
     threshold = tl.full((), float("-inf"), tl.float32)
     if HAS_THRESHOLD:
         threshold = tl.load(threshold_ptr + row)
@@ -198,7 +199,7 @@ def _sample_kernel(
         start = listed_tile(visits_ptr, listed, first, visit, HAS_TILE_MAX, BLOCK_SIZE)
         cols = start + tl.arange(0, BLOCK_SIZE)
         in_row = cols < end
-        x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf"))
+        x = processed(tl.load(row_ptr + cols, mask=in_row, other=float("-inf")), divisor)
         # x < threshold is False for NaN: a NaN stays, as under masked_fill
         x = tl.where(x < threshold, float("-inf"), x)
         # a finite entry of the table bounds the tile's logits, and the tile holds no NaN:
@@ -232,6 +233,7 @@ def _sample_kernel(
                     # loaded again and their noise alone, instead of the whole tile's
                     low_x = tl.load(row_ptr + low, mask=count > 0, other=float("-inf"))
                     high_x = tl.load(row_ptr + high, mask=count > 1, other=float("-inf"))
+                    low_x, high_x = processed(low_x, divisor), processed(high_x, divisor)
                     low_x += gumbel(token_hash(low, offset, mult))
                     high_x += gumbel(token_hash(high, offset, mult))
                     tile_max = tl.maximum(low_x, high_x)
@@ -325,7 +327,7 @@ def launch_sample_tokens(
     # top_k_top_p's (covered [num_rows] int32, lists [num_rows, ...] float32, ids the same
     # int32) for this threshold: covered rows race over the lists
     buffer: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-    # (source [num_rows, V] float32, deferred [num_rows] int32): process_logits' deferred
+    # (source [num_rows, V] float32, deferred [num_rows] float32): process_logits' deferred
     # rows, read from source
     defer: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
@@ -334,6 +336,8 @@ def launch_sample_tokens(
     num_rows, vocab_size = logits.shape
     if vocab_size > _INT32_MAX - block_size:
         raise ValueError(f"vocab_size must be below 2**31 - {block_size}, got {vocab_size}")
+    if threshold is not None:  # read as a [num_rows] vector: a strided view reads others
+        check_rows("threshold", threshold, torch.float32, num_rows)
     splits, chunk = split_chunks(vocab_size, splits, block_size)
     split = splits > 1
     scratch = [tokens] * 4  # unread without SPLIT
@@ -458,8 +462,9 @@ def sample_tokens(
     rows' counters: a caller's persistent buffer saves a fill launch), or None: allocated.
     covered, lists, ids: all three or none, `top_k_top_p_threshold`'s for this threshold:
     each covered row is raced over its lists alone, its logits unread (the same token).
-    source [num_rows, V] float32 and deferred [num_rows] int32, both or neither: the rows
-    `process_logits` left unwritten (deferred[r] = 1) are read from `source`.
+    source [num_rows, V] float32 and deferred [num_rows] float32, both or neither: the rows
+    `process_logits` left unwritten (deferred[r] != 0) are read from `source`, divided by
+    deferred[r] (`library.processed`).
     """
     _sample(
         logits, slots, temperature, seeds, positions, threshold, tokens, salt, prompt_len,

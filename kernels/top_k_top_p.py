@@ -73,6 +73,7 @@ def _walk_on(
     vocab_size,
     scratch_ptr,  # [num_rows, GATHER] float32
     row,
+    divisor,  # `library.processed`'s, for the row (never the scratch, already divided)
     GATHER: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
@@ -84,7 +85,9 @@ def _walk_on(
     if searching:
         source = scratch_ptr + row.to(tl.int64) * GATHER
         floor = _key_to_float(key)
-        length = gather_at_or_above(row_ptr, vocab_size, floor, source, GATHER, BLOCK_SIZE)
+        length = gather_at_or_above(
+            row_ptr, vocab_size, floor, source, GATHER, divisor, BLOCK_SIZE
+        )  # fmt: skip
         lo, cap, gathered, reads = key, 0, True, reads + 1
     return source, length, lo, cap, gathered, reads
 
@@ -105,7 +108,7 @@ def _top_k_top_p_kernel(
     scratch_ptr,  # [num_rows, GATHER] float32: the logits a search's gather collects
     source_ptr,  # [num_rows, V] float32 (DEFER): the deferred rows' logits
     source_stride,
-    deferred_ptr,  # [num_rows] int32 (DEFER): 1 = read the row from source_ptr
+    deferred_ptr,  # [num_rows] float32 (DEFER): not 0 = read the row from source_ptr, over it
     vocab_size,
     splits,  # programs stage 1 gave a row
     buffer_size,  # CANDIDATES, or 0: no buffer (search only)
@@ -127,7 +130,7 @@ def _top_k_top_p_kernel(
     top-k/top-p)."""
     await_prior_grids(PDL)
     row = tl.program_id(0)
-    deferred = load_deferred(deferred_ptr, row, DEFER)  # with the row's first loads
+    divisor = load_deferred(deferred_ptr, row, DEFER)  # with the row's first loads
     # The chunks' statistics and lists ([SPLIT_BLOCK] each, [SPLIT_BLOCK, PARTIAL]) depend on
     # the row alone: all loaded first, with the slot, in one round (a warp issues in order,
     # and each reduction waits for its load: loaded between them, each took a round). An
@@ -160,7 +163,7 @@ def _top_k_top_p_kernel(
     reads = tl.zeros((), tl.int32)
     covered = tl.zeros((), tl.int1)
     if k_on | p_on | (min_p != 0.0):
-        row_ptr = row_logits(logits_ptr, logits_stride, source_ptr, source_stride, deferred, row)
+        row_ptr = row_logits(logits_ptr, logits_stride, source_ptr, source_stride, divisor, row)
         use_buffer = (buffer_size > 0) & ((k_on & (k <= buffer_size)) | (~k_on & p_on))
         row_max = tl.max(maxes, axis=0)
         row_min = tl.min(mins, axis=0)
@@ -213,11 +216,11 @@ def _top_k_top_p_kernel(
                 while searching:
                     key, passes, searching, _ = _largest_key_reaching(
                         source, length, lo, max_key, k, 1.0, 0.0, 0.0, -1.0, cap,
-                        MASS=False, BLOCK_SIZE=BLOCK_SIZE,
+                        tl.where(gathered, 0.0, divisor), MASS=False, BLOCK_SIZE=BLOCK_SIZE,
                     )  # fmt: skip
                     source, length, lo, cap, gathered, reads = _walk_on(
                         searching, key, passes, source, length, lo, cap, gathered, reads,
-                        row_ptr, vocab_size, scratch_ptr, row, GATHER, BLOCK_SIZE,
+                        row_ptr, vocab_size, scratch_ptr, row, divisor, GATHER, BLOCK_SIZE,
                     )  # fmt: skip
                 threshold = tl.maximum(_key_to_float(key), threshold)
         if p_on:
@@ -258,11 +261,11 @@ def _top_k_top_p_kernel(
                 while searching:
                     key, passes, searching, target = _largest_key_reaching(
                         source, length, lo, max_key, 0, top_p, threshold, shift, target, cap,
-                        MASS=True, BLOCK_SIZE=BLOCK_SIZE,
+                        tl.where(gathered, 0.0, divisor), MASS=True, BLOCK_SIZE=BLOCK_SIZE,
                     )  # fmt: skip
                     source, length, lo, cap, gathered, reads = _walk_on(
                         searching, key, passes, source, length, lo, cap, gathered, reads,
-                        row_ptr, vocab_size, scratch_ptr, row, GATHER, BLOCK_SIZE,
+                        row_ptr, vocab_size, scratch_ptr, row, divisor, GATHER, BLOCK_SIZE,
                     )  # fmt: skip
                 # never above the row max (top_p = 0), never below the top-k cut
                 threshold = tl.maximum(_key_to_float(tl.minimum(key, max_key)), threshold)
@@ -388,8 +391,8 @@ def launch_top_k_top_p(
     # int32), written (`candidate_lists`): for sampling to race the covered rows over the
     # lists; None: scratch
     buffer: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-    # [num_rows, V] float32 and [num_rows] int32, both or neither: the rows process_logits
-    # deferred (deferred[r] = 1) are read from `source`, never with apply
+    # [num_rows, V] float32 and [num_rows] float32, both or neither: the rows process_logits
+    # deferred (deferred[r] != 0) are read from `source` and divided, never with apply
     source: torch.Tensor | None = None,
     deferred: torch.Tensor | None = None,
 ) -> None:
@@ -542,8 +545,9 @@ def top_k_top_p_threshold(
     allocates them, written: the chunks' lists of largest logits with their token ids (-1
     padded), and 1 in `covered` for each row whose every kept logit is in them (0
     otherwise), for `sample_tokens` to race those rows over the lists. source [num_rows, V]
-    float32 and deferred [num_rows] int32, both or neither: the rows `process_logits` left
-    unwritten in `logits` (deferred[r] = 1) are read from `source`, which they equal."""
+    float32 and deferred [num_rows] float32, both or neither: the rows `process_logits` left
+    unwritten in `logits` (deferred[r] != 0) are read from `source`, divided by
+    deferred[r] (`library.processed`)."""
     _check_top_k_top_p(logits, slots, top_k, top_p, threshold, min_p, tile_max)
     check_deferred(logits, source, deferred)
     launch_top_k_top_p(

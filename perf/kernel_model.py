@@ -442,12 +442,27 @@ def model_step(
     }
 
 
+@contextmanager
+def at_temperature(value: float | None) -> Iterator[None]:
+    """Every case's requests at temperature `value` (None: the GPU check's own)."""
+    import gpu.measure
+
+    original = gpu.measure.bench_params
+    if value is not None:
+        gpu.measure.bench_params = lambda *args: replace(original(*args), temperature=value)
+    try:
+        yield
+    finally:
+        gpu.measure.bench_params = original
+
+
 def build_model(
     rows: Sequence[int] = DEFAULT_ROWS,
     vocab: int = DEFAULT_VOCAB,
     cases: Sequence[str] = DEFAULT_CASES,
     gpu: Gpu = H200,
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+    temperature: float | None = None,  # every request's (None: the GPU check's cases')
 ) -> dict[str, Any]:
     """The model as data (the `--json` document). Needs a process where Triton is not in
     interpreter mode: tests/cuda_compile.py, imported first, turns the interpreter off."""
@@ -464,10 +479,13 @@ def build_model(
         "assumptions": assumptions(gpu),
         "cases": {},
     }
+    result["assumptions"]["temperature"] = "the cases' own" if temperature is None else temperature
     for case in cases:
         for b in rows:
             log(f"recording {case} B={b} V={vocab}")
-            result["cases"].setdefault(case, {})[str(b)] = model_step(case, b, vocab, compiler, gpu)
+            with at_temperature(temperature):
+                step = model_step(case, b, vocab, compiler, gpu)
+            result["cases"].setdefault(case, {})[str(b)] = step
     return result
 
 
@@ -568,8 +586,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the machine of the estimate (auto: this machine's CUDA device, else h200)",
     )  # fmt: skip
     parser.add_argument("--json", help="write the model (an estimate) here")
+    parser.add_argument("--temperature", type=float, help="every request's, for what-ifs")
     args = parser.parse_args(argv)
-    model = build_model(args.rows, args.vocab, args.cases, resolve_gpu(args.gpu))
+    gpu = resolve_gpu(args.gpu)
+    model = build_model(args.rows, args.vocab, args.cases, gpu, temperature=args.temperature)
     print(format_report(model), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(model, indent=1) + "\n", encoding="utf-8")

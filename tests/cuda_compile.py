@@ -225,7 +225,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
                 tile_max=_t(rows, 1) if tiles else None,
                 raw_tiles=_t(rows, 1, 2) if raw else None, store_logits=store,
                 defer=(
-                    (_i32(slots_n), _i32(slots_n), _t(rows, dtype=torch.bool), _i32(rows))
+                    (_i32(slots_n), _i32(slots_n), _t(rows, dtype=torch.bool), _t(rows))
                     if defer else None
                 ),
             )  # fmt: skip
@@ -282,7 +282,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
             top_k_top_p.launch_top_k_top_p(
                 wide, slots, _i32(slots_n), _t(slots_n), _t(rows), False, _t(slots_n),
                 splits=splits, tile_max=_t(rows, 149) if tiles else None,
-                source=wide if d else None, deferred=_i32(rows) if d else None,
+                source=wide if d else None, deferred=_t(rows) if d else None,
             )  # fmt: skip
 
         label = f"top_k_top_p min_p=True splits={splits} tile_max={tiles}"
@@ -341,7 +341,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
                 ),
                 keep=_t(rows, dtype=torch.bool) if keep else None, arrivals=_i32(rows),
                 buffer=(_i32(rows), _t(rows, chunks, 32), _i32(rows, chunks, 32)),
-                defer=(wide, _i32(rows)) if d else None,
+                defer=(wide, _t(rows)) if d else None,
             )  # fmt: skip
 
         label = f"sample_and_commit splits={splits} keep={keep} lists={chunks}x32"

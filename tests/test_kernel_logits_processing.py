@@ -697,11 +697,12 @@ def test_sparse_tables_past_their_first_block(splits: int, kernel_device: torch.
 
 
 def test_deferred_rows_are_left_unwritten_and_flagged(kernel_device: torch.device) -> None:
-    """With the defer tables, a row no step changes is not written (its buffer row keeps
-    its fill), deferred[r] = 1, and the same launch without them writes that row equal to
-    its source; every other row is written as without them, and the tile tables are the
-    same. Each feature alone keeps a row written: a penalty, a temperature, a bias, stop
-    ids in force, an allowed list, a grammar; greedy and temperature 1 do not. Rows split
+    """With the defer tables, a row no step but its temperature changes is not written (its
+    buffer row keeps its fill), deferred[r] = its divisor (1, or the temperature), and the
+    same launch without them writes that row equal to its source over the divisor (IEEE
+    division); every other row is written as without them, and the tile tables are the
+    same. Each feature alone keeps a row written: a penalty, a bias, stop ids in force, an
+    allowed list, a grammar; greedy, temperature 1 and another temperature do not. Rows split
     over 3 programs: the first writes the flag, every one leaves its chunk. With the
     tables, a row with no allowed list and no grammar takes neither bitmask."""
     gen = _gen()
@@ -736,7 +737,7 @@ def test_deferred_rows_are_left_unwritten_and_flagged(kernel_device: torch.devic
     for defer in (False, True):
         got = torch.full_like(logits, float("nan"))
         tile_max = torch.full((rows, tiles), -7.0, device=kernel_device)
-        deferred = torch.full((rows,), 7, dtype=torch.int32, device=kernel_device)
+        deferred = torch.full((rows,), 7.0, device=kernel_device)
         tables = dict(restricted=restricted, biased=biased, grammar_on=grammar_on)
         process_logits(
             logits, got, slots, *args, None, None, splits=splits, tile_max=tile_max,
@@ -744,12 +745,13 @@ def test_deferred_rows_are_left_unwritten_and_flagged(kernel_device: torch.devic
         )  # fmt: skip
         runs.append((got.cpu(), tile_max.cpu(), deferred.cpu()))
     (full, full_max, _), (got, got_max, deferred) = runs
-    assert deferred.tolist() == [0, 1, 1, 1, 0, 0, 0, 0, 0, 0]
+    want = torch.tensor([0, 1, 1, 1, 0, 0.7, 0, 0, 0, 0], dtype=torch.float32)
+    assert torch.equal(deferred, want)
     assert torch.equal(got_max, full_max)
     for r in range(rows):
         if deferred[r]:
             assert bool(got[r].isnan().all()), r
-            assert torch.equal(full[r], logits[r].cpu()), r
+            assert torch.equal(full[r], logits[r].cpu() / deferred[r]), r
         else:
             assert torch.equal(got[r], full[r]), r
     # The flags also gate the dense pass's bitmasks: a written row with neither an allowed

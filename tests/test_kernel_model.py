@@ -6,6 +6,7 @@ tests/test_kernels_compile_for_cuda.py runs tests/cuda_compile.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import itertools
 import json
@@ -97,12 +98,34 @@ def test_gpu_presets_by_device_name_and_sm_count() -> None:
     assert on[1].memory_us / on[0].memory_us == pytest.approx(4.8 / 3.35)
 
 
+def test_the_temperature_option_sets_every_request_of_every_case() -> None:
+    kernel_model = load_perf_script("kernel_model")
+    import gpu.measure
+
+    def gen() -> torch.Generator:  # the cases' random ids (bias, stop ids) drawn alike
+        return torch.Generator().manual_seed(0)
+
+    original = gpu.measure.bench_params
+    with kernel_model.at_temperature(0.7):
+        for case in CASES:
+            params = gpu.measure.bench_params(case, 3, VOCAB, gen())
+            assert params.temperature == 0.7
+            assert params == dataclasses.replace(original(case, 3, VOCAB, gen()), temperature=0.7)
+    assert gpu.measure.bench_params is original
+    with kernel_model.at_temperature(None):  # the cases' own: "all" at 0.8
+        assert gpu.measure.bench_params("all", 0, VOCAB, gen()).temperature == 0.8
+
+
 def test_the_gpu_option_picks_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     kernel_model = load_perf_script("kernel_model")
     seen: list[machine.Gpu] = []
+    temperatures: list[float | None] = []
 
-    def fake_build(rows: object, vocab: object, cases: object, gpu: machine.Gpu) -> dict:
+    def fake_build(
+        rows: object, vocab: object, cases: object, gpu: machine.Gpu, temperature: float | None
+    ) -> dict:
         seen.append(gpu)
+        temperatures.append(temperature)
         return {}
 
     monkeypatch.setattr(kernel_model, "build_model", fake_build)
@@ -119,6 +142,9 @@ def test_the_gpu_option_picks_the_machine(monkeypatch: pytest.MonkeyPatch) -> No
         assert seen[-1] is machine.H200
     with pytest.raises(SystemExit):
         kernel_model.main(["--gpu", "a100"])
+    # and the requests' temperature, the cases' own unless given
+    assert kernel_model.main(["--temperature", "0.7"]) == 0
+    assert set(temperatures[:-1]) == {None} and temperatures[-1] == 0.7
 
 
 def test_row_splits_hand_computed() -> None:
@@ -827,7 +853,7 @@ def test_step_counts_triton_and_kernel_launching_aten_ops(model: dict[str, Any])
             process = next(e for e in launches if e["name"] == "_process_logits_kernel")
             if case == "all":  # a read and a write, and sparse stores
                 assert 2.0 <= process["logits_passes"] < 2.1
-            else:  # rows no step changes: a read, their rows unwritten (deferred)
+            else:  # rows no step changes but a temperature: a read, unwritten (deferred)
                 assert 1.0 <= process["logits_passes"] < 1.01
             assert "aten.empty.memory_format" in step["aten_ops_without_kernel"]
 

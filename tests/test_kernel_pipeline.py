@@ -61,10 +61,12 @@ def test_chained_kernels_compile_and_match_torch_backend(kernel_device: torch.de
 
 
 def test_deferred_rows_are_read_from_their_source(kernel_device: torch.device) -> None:
-    """process_logits' deferred rows (left unwritten: a row no step changes) read from the
-    source by the top-k/top-p kernels and sampling: the same cuts and tokens as with every
-    row written, the unwritten rows poisoned with NaN (which a read of them would return).
-    Split rows, the tile maxima and the candidate lists; top-k, top-p, both, off, greedy."""
+    """process_logits' deferred rows (left unwritten: a row no step but its temperature
+    changes) read from the source, and divided, by the top-k/top-p kernels and sampling:
+    the same cuts and tokens as with every row written, the unwritten rows poisoned with
+    NaN (which a read of them would return). Split rows, the tile maxima and the candidate
+    lists; top-k, top-p, both, off, greedy; temperatures on top-p alone and on a top-k
+    past the buffer (the search's passes and its gather over the source)."""
     gen = torch.Generator().manual_seed(int(torch.seed() % 2**31))
     print(f"generator seed {gen.initial_seed()}")
     rows, vocab, num_reqs = 8, 5000, 8
@@ -76,7 +78,8 @@ def test_deferred_rows_are_read_from_their_source(kernel_device: torch.device) -
         state.min_tokens[s] = 0
         state.allowed[s] = -1
         state.temperature[s] = 1.0
-    state.temperature[6] = 0.0  # greedy
+    state.temperature[5] = 0.0  # greedy
+    state.temperature[3], state.temperature[6] = 0.5, 1.3  # divided by their readers
     slots = torch.tensor([0, 2, 3, 4, 5, 6, 7, 1], device=kernel_device)
     num_slots = num_reqs + 1
     top_k = torch.tensor([40, 0, 50, 0, 7, 3, 1000, 0, 0], dtype=torch.int32)[:num_slots]
@@ -94,7 +97,7 @@ def test_deferred_rows_are_read_from_their_source(kernel_device: torch.device) -
     for defer in (False, True):
         x = torch.full_like(logits, float("nan"))
         tile_max = torch.empty(rows, tiles, device=kernel_device)
-        deferred = torch.zeros(rows, dtype=torch.int32, device=kernel_device)
+        deferred = torch.zeros(rows, device=kernel_device)
         tables = dict(restricted=restricted, biased=biased, grammar_on=grammar_on)
         process_logits(
             logits, x, slots, *state.kernel_args(), grammar, *state.penalty_args(),
@@ -111,8 +114,9 @@ def test_deferred_rows_are_read_from_their_source(kernel_device: torch.device) -
                       None, None, 2, tile_max, None, *buffer, **read)  # fmt: skip
         runs.append((x.cpu(), threshold.cpu(), tokens.cpu(), deferred.cpu(), buffer[0].cpu()))
     (full, want_cut, want, _, want_covered), (x, cut, got, deferred, covered) = runs
-    assert deferred.tolist() == [0, 1, 1, 1, 1, 1, 1, 0]
-    assert bool(x[1:7].isnan().all()) and torch.equal(full[1:7], logits[1:7].cpu())
+    assert torch.equal(deferred, torch.tensor([0, 1, 0.5, 1, 1, 1.3, 1, 0]))
+    assert bool(x[1:7].isnan().all())
+    assert torch.equal(full[1:7], logits[1:7].cpu() / deferred[1:7, None])
     assert torch.equal(cut, want_cut)
     assert torch.equal(covered, want_covered)
     assert torch.equal(got, want)

@@ -316,7 +316,8 @@ def test_tiles_below_the_cut_are_not_read(splits: int, kernel_device: torch.devi
     logits[4, 77] = float("nan")
     tile_max = exact_tile_maxima(logits, block)
     tile_max[torch.rand(tile_max.shape, generator=gen) < 0.2] = float("inf")
-    cut = logits.nan_to_num(float("-inf")).topk(5, dim=-1).values[:, -1]  # top-5 survive
+    # top-5 survive (contiguous: the launcher reads the cut as a [rows] vector)
+    cut = logits.nan_to_num(float("-inf")).topk(5, dim=-1).values[:, -1].contiguous()
     cut[5] = float("-inf")  # no cut: every tile read
     slots = torch.arange(rows)
     temperature = torch.tensor([0.0, 0.9, 1.3, 0.0, 0.7, 1.0])
@@ -361,6 +362,37 @@ def test_tiles_below_the_cut_are_not_read(splits: int, kernel_device: torch.devi
         lied[r, raised[-1]] = float(logits[r].nan_to_num(0.0).max()) + 50.0
     assert tokens(lied, tile_max) == want
     assert tokens(lied, None)[:2] == raised  # read, the raised logit would win
+
+    # process_logits' deferred rows (1-4: temperatures 0.9, 1.3 and 0.7, and 1), read from
+    # the source and divided (`library.processed`), in the full walk and the few survivors'
+    # gathers: the tokens of the buffer written with the quotients, from one whose
+    # deferred rows are NaN
+    divisor = torch.tensor([0.0, 0.2, 1.3, 1.0, 0.7, 0.0], device=kernel_device)
+    raw = moved[0] * 2.5
+    # row 1's top 5 (block 16): its max alone in tile 0 (the few survivors' gather), 3 in
+    # tile 5 (the full walk), 1 in tile 9, all within the noise's bound of the max (so
+    # read): the max wins but for a noise gap of 12, and a read of it left undivided (x
+    # 0.2) loses
+    raw[1] = torch.randn(vocab, generator=gen).to(kernel_device) * 0.1
+    raw[1, [3, 80, 81, 82, 150]] = torch.tensor([50.0, 38.0, 38.0, 38.0, 37.0]) * 0.2
+    written = torch.where(
+        divisor[:, None] != 0.0, raw / torch.where(divisor != 0.0, divisor, 1.0)[:, None], lied
+    )  # fmt: skip
+    unwritten = torch.where(divisor[:, None] != 0.0, float("nan"), written)
+    deferred_cut = written.nan_to_num(float("-inf")).topk(5, dim=-1).values[:, -1].contiguous()
+    deferred_cut[5] = float("-inf")
+    deferred_max = exact_tile_maxima(written.cpu(), block).to(kernel_device)
+    got = []
+    for x, defer in ((written, None), (unwritten, (raw, divisor))):
+        out = torch.full((rows,), -1, dtype=torch.int32, device=kernel_device)
+        launch_sample_tokens(
+            x, *moved[1:], out, deferred_cut, splits=splits, partials=scratch,
+            block_size=block, tile_max=deferred_max, visits=visits, arrivals=arrivals,
+            defer=defer,
+        )  # fmt: skip
+        got.append(out.tolist())
+    assert got[0] == got[1]
+    assert got[0][1] == 3 and got[0][4] == 77  # row 4's first NaN, NaN over its divisor
 
 
 def test_non_contiguous_row_stride(kernel_device: torch.device) -> None:
@@ -427,6 +459,10 @@ def test_rejects_bad_input(kernel_device: torch.device) -> None:
     with pytest.raises(TypeError, match=r"positions must be torch\.int64, got torch\.int32"):
         logits = torch.randn(2, 8).to(device)
         sample_tokens(logits, *args, positions.int(), None, tokens)
+    # the launcher too reads the cut as a [rows] vector: a strided view would read others
+    strided = torch.randn(2, 2, device=device)[:, 1]
+    with pytest.raises(ValueError, match="threshold must be contiguous"):
+        launch_sample_tokens(logits, *args, positions, tokens, strided)
 
 
 def _three_rows(device: torch.device) -> tuple[torch.Tensor, ...]:

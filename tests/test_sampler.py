@@ -744,9 +744,9 @@ def test_backends_agree_step_by_step(
 def test_rows_no_step_changes_are_read_from_the_logits(
     kernel_device: torch.device, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The Triton backend leaves the rows no step changes unwritten in its buffer (top-k,
-    top-p, min_p, temperature 1 or greedy, and nothing else), and the kernels after
-    processing read them from the logits. Every float32 `torch.empty` is NaN here (an
+    """The Triton backend leaves the rows no step but their temperature changes unwritten
+    in its buffer (top-k, top-p, min_p, any temperature, and nothing else), and the kernels
+    after processing read them from the logits, divided. Every float32 `torch.empty` is NaN here (an
     unwritten row read returns NaN), and the tokens, logprobs and histories still equal
     the PyTorch backend's, step after step; the flags show which rows were left."""
     real_empty = torch.empty
@@ -779,7 +779,8 @@ def test_rows_no_step_changes_are_read_from_the_logits(
         assert _assert_near_ties(samplers["torch"], logits, tokens, b.sampled_token_ids[:, 0]) == 0
         samplers["torch"].commit_tokens(tokens)
         deferred = samplers["triton"].pipeline.deferred  # type: ignore[attr-defined]
-        assert deferred[:rows].tolist() == [1, 1, 1, 1, 1, 0, 0, 0]
+        want = torch.tensor([1, 1, 1, 1, 1, 0.7, 0, 0], device=deferred.device)
+        assert torch.equal(deferred[:rows], want)
         assert a.logprobs_tensors is not None and b.logprobs_tensors is not None
         torch.testing.assert_close(
             b.logprobs_tensors.logprobs, a.logprobs_tensors.logprobs, rtol=1e-5, atol=1e-5

@@ -49,10 +49,11 @@ class Processed:
         every operand equals those rows of it (the PyTorch pipeline's, compiled): sampling
         recomputes the logits from it, so that, where nothing else reads `logits`, the
         compiled step never writes them.
-    source, deferred: [num_rows, V] float32 and [num_rows] int32, or None: the rows with
-        deferred[r] = 1 are not written in `logits` but equal their row of `source` (the
-        raw logits), which the Triton pipeline's kernels after processing read instead
-        (rows no step changes, where nothing else reads `logits`: no mask written).
+    source, deferred: [num_rows, V] float32 and [num_rows] float32, or None: the rows with
+        deferred[r] != 0 are not written in `logits` but equal their row of `source` (the
+        raw logits) divided by deferred[r], which the Triton pipeline's kernels after
+        processing read and divide instead (rows that only a temperature changes, or none,
+        where nothing else reads `logits`: no mask written).
     """
 
     logits: torch.Tensor

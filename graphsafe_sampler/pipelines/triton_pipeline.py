@@ -64,9 +64,9 @@ class TritonPipeline:
         self.arrivals = torch.zeros(
             batch_state.max_num_reqs, dtype=torch.int32, device=batch_state.device
         )
-        # processing's flags of the rows it leaves unwritten (`_defer`), each step's
+        # processing's divisors of the rows it leaves unwritten (`_defer`), each step's
         self.deferred = torch.zeros(
-            batch_state.max_num_reqs, dtype=torch.int32, device=batch_state.device
+            batch_state.max_num_reqs, dtype=torch.float32, device=batch_state.device
         )
 
     def _arrivals(self, num_rows: int, splits: int) -> torch.Tensor | None:
@@ -78,11 +78,12 @@ class TritonPipeline:
     def _defer(
         self, logits: torch.Tensor, drafts: torch.Tensor | None, write_mask: bool
     ) -> dict[str, torch.Tensor]:
-        """`process_logits`' tables for leaving the rows no step changes unwritten (read from
-        `logits` after it), where nothing but the kernels that know it reads the buffer: no
-        mask written (the processed logprobs modes), no drafts, a float32 source (the
-        buffer's type), and none of the stages that run on the buffer between the kernels
-        (custom processors, the thinking budget). Else none."""
+        """`process_logits`' tables for leaving the rows no step but their temperature changes
+        unwritten (read from `logits` after it, and divided), where nothing but the kernels
+        that know it reads the buffer: no mask written (the processed logprobs modes), no
+        drafts, a float32 source (the buffer's type), and none of the stages that run on
+        the buffer between the kernels (custom processors, the thinking budget). Else
+        none."""
         s, num_rows = self.stages, logits.shape[0]
         if (
             write_mask or drafts is not None or logits.dtype != torch.float32
@@ -113,7 +114,8 @@ class TritonPipeline:
             return Processed(done.logits.contiguous(), None, None, done.is_greedy)
         s = self.stages
         # processing reads the raw logits once and writes this buffer once: no copy first;
-        # a row no step changes it may leave unwritten, for the kernels to read from logits
+        # a row only a temperature changes it may leave unwritten, for the kernels to read
+        # from logits and divide
         x = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
         defer = self._defer(logits, drafts, write_mask)
         # and each tile's max, for the kernels after it to skip the tiles below their cut;

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .bench_rows import FILTERS, row_counts, row_filters
+from .bench_rows import FILTERS, TEMPERATURES, row_counts, row_filters
 from .processing import process_logits_work
 from .sass import Variant
 from .shares import (
@@ -410,14 +410,21 @@ Model = Callable[[dict[str, Any], dict[str, Any]], Work]
 
 def _reading_deferred(model: Model) -> Model:
     """A reader of the processed logits whose deferred rows (DEFER) it reads from the source
-    instead: its reads of `logits_ptr` split by the rows' `DEFERRED` share."""
+    instead: its reads of `logits_ptr` split by the rows' `DEFERRED` share, and the
+    division of what it reads (`library.processed`) taken where such a row scales."""
 
     def work(a: dict[str, Any], c: dict[str, Any]) -> Work:
+        from graphsafe_sampler.kernels import library
+        from graphsafe_sampler.kernels.constants import GREEDY_TEMPERATURE
+
         done = model(a, c)
         logits = done.reads["logits_ptr"]
         deferred = a.get(DEFERRED, 0 * logits) if c.get("DEFER") else 0 * logits
         split = {"logits_ptr": logits * (1 - deferred), "source_ptr": logits * deferred}
-        return replace(done, reads={**done.reads, **split})
+        temperature = a.get(TEMPERATURES, torch.ones_like(logits))
+        scales = ((temperature >= GREEDY_TEMPERATURE) & (temperature != 1.0)).to(torch.float64)
+        divides = {source_line(library.processed, "if (divisor != 0.0)"): deferred * scales}
+        return replace(done, reads={**done.reads, **split}, taken={**done.taken, **divides})
 
     return work
 

@@ -61,13 +61,13 @@ def unknown_tiles(a: dict[str, Any], c: dict[str, Any]) -> torch.Tensor:
 
 def deferred_rows(a: dict[str, Any], c: dict[str, Any]) -> torch.Tensor:
     """[rows] float64 from a process_logits launch: 1 where it leaves the row unwritten
-    (DEFER: no penalty, temperature, allowed list, grammar, bias, stop ids in force nor bad
-    words), else 0."""
+    (DEFER: no penalty, allowed list, grammar, bias, stop ids in force nor bad words; a
+    temperature the readers apply), else 0."""
     slots = a["slots_ptr"]
     if not c.get("DEFER"):
         return torch.zeros(slots.shape[0], dtype=torch.float64)
     sparse = _sparse_tokens(a, c)
-    plain = (sparse["penalties"] + sparse["scale_on"] + sparse["stopping"]) == 0
+    plain = (sparse["penalties"] + sparse["stopping"]) == 0
     plain &= (a["restricted_ptr"][slots] == 0) & (a["biased_ptr"][slots] == 0)
     plain &= ~a["grammar_on_ptr"].bool()
     if c["HAS_BAD_WORDS"]:
