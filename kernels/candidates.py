@@ -17,10 +17,11 @@ from .library import (
     LISTED_STAGES,
     chunk_bounds,
     exp_ftz,
+    hoisted_reciprocal,
     kth_known,
     listed_tile,
     load_deferred,
-    processed,
+    processed_tile,
     row_logits,
     tiles_to_visit,
 )
@@ -142,6 +143,7 @@ def _candidates_kernel(
     await_prior_grids(PDL)
     row = tl.program_id(0)
     divisor = load_deferred(deferred_ptr, row, DEFER)  # with the row's first loads
+    reciprocal, fast = hoisted_reciprocal(divisor)  # the walk's divisions (processed_tile)
     part = tl.program_id(1)
     begin = part * chunk
     end = tl.minimum(begin + chunk, vocab_size)
@@ -209,7 +211,7 @@ def _candidates_kernel(
             in_chunk = cols < end
             # columns past the chunk read -inf, which no floor, mass or max takes in
             x = tl.load(row_ptr + cols, mask=in_chunk, other=float("-inf"))
-            x = processed(x, divisor)
+            x = processed_tile(x, divisor, reciprocal, fast)
             # a finite entry of the table is the tile's max, and the tile holds no NaN: only
             # an unknown tile (+inf), or every tile without the table, takes two reductions,
             # and its NaNs become -inf for what follows, so that a known tile's logits need

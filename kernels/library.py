@@ -314,6 +314,22 @@ def processed(x, divisor):
 
 
 @triton.jit
+def processed_tile(x, divisor, reciprocal, fast):
+    """`processed` for a tile of a walk, by `divide_by` with the divisor's hoisted
+    `reciprocal` (about 7 SASS instructions an element) where the divisor and every logit of
+    the tile lie in its range (`fast`: the divisor's, from `hoisted_reciprocal`), else by
+    IEEE division as `processed` (a tile holding ±inf, such as a chunk's last, whose masked
+    columns read -inf, or a logit past 2**104 or below 2**-100). The same quotients: a
+    reduction a tile (its flag) in place of ~10 instructions an element."""
+    if (divisor != 0.0) & (divisor != 1.0):
+        q, outside = divide_by(x, divisor, reciprocal)
+        if ~fast | (tl.max(outside.to(tl.int32), axis=0) > 0):
+            q = tl.math.div_rn(x, divisor)
+        x = q
+    return x
+
+
+@triton.jit
 def row_logits(logits_ptr, logits_stride, source_ptr, source_stride, divisor, row):
     """The start of the row's logits: its row of `logits_ptr`, or where deferred
     (`load_deferred`'s divisor not 0), its row of the source (float32, as the buffer),

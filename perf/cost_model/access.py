@@ -423,7 +423,15 @@ def _reading_deferred(model: Model) -> Model:
         split = {"logits_ptr": logits * (1 - deferred), "source_ptr": logits * deferred}
         temperature = a.get(TEMPERATURES, torch.ones_like(logits))
         scales = ((temperature >= GREEDY_TEMPERATURE) & (temperature != 1.0)).to(torch.float64)
-        divides = {source_line(library.processed, "if (divisor != 0.0)"): deferred * scales}
+        divides = {
+            source_line(fn, "if (divisor != 0.0)"): deferred * scales
+            for fn in (library.processed, library.processed_tile)
+        }
+        # a walk's IEEE division again: in a chunk's partial last tile (its masked columns
+        # read -inf), one of the chunk's tiles; never for a logit of an LLM's row
+        tiles = math.ceil(int(a.get("chunk", a.get("vocab_size", 1))) / c.get("BLOCK_SIZE", 1))
+        fallback = source_line(library.processed_tile, "if ~fast")
+        divides[fallback] = deferred * scales / max(1, tiles)
         return replace(done, reads={**done.reads, **split}, taken={**done.taken, **divides})
 
     return work
