@@ -506,10 +506,9 @@ def process_logits(
     left unwritten, deferred[r] = the divisor that makes its processed logits of its
     `source` (its temperature, or 1: temperature 1 or greedy; 0 where the row is written),
     for the kernels after this one to read and divide (`library.processed`); its tile
-    tables are written as ever. With them, the
-    dense pass reads the allowed and grammar words only of the rows that have an allowed
-    list or a grammar: a row with neither must hold every bit set in both tables, as the
-    stages keep them.
+    tables are written as ever. With them, the dense pass reads the allowed and grammar
+    words only of the rows that have an allowed list or a grammar: a row with neither must
+    hold every bit set in both tables, as the stages keep them.
     """
     check_logits(logits)
     num_rows, vocab_size = logits.shape
