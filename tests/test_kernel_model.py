@@ -495,6 +495,36 @@ def test_launches_tell_later_ones_the_temperatures_survivors_and_filters(
     assert alone[access.SURVIVORS].tolist() == [50.0, 20.0] and bench_rows.FILTERS not in alone
 
 
+def test_deferred_rows_are_read_from_the_source_and_divided_where_they_scale() -> None:
+    """A reader of deferred rows (DEFER): its logits reads split between the buffer and the
+    source by the rows processing deferred, and its divisions (`library.processed`,
+    `processed_tile`) taken by the deferred rows that scale, the walk's IEEE fallback in
+    one of a chunk's tiles."""
+    from graphsafe_sampler.kernels import library
+
+    def reader(a: dict[str, Any], c: dict[str, Any]) -> Any:
+        return access.Work(reads={"logits_ptr": torch.full((4,), 0.5, dtype=torch.float64)})
+
+    work = access._reading_deferred(reader)
+    args = {
+        access.DEFERRED: torch.tensor([1.0, 1.0, 0.0, 1.0], dtype=torch.float64),
+        # scaling, at 1, at 0.7 but written, greedy
+        bench_rows.TEMPERATURES: torch.tensor([0.7, 1.0, 0.7, 0.0], dtype=torch.float64),
+        "chunk": 4096,
+    }
+    done = work(args, {"DEFER": True, "BLOCK_SIZE": 1024})
+    assert done.reads["logits_ptr"].tolist() == [0.0, 0.0, 0.5, 0.0]
+    assert done.reads["source_ptr"].tolist() == [0.5, 0.5, 0.0, 0.5]
+    for fn in (library.processed, library.processed_tile):
+        assert done.taken[access.source_line(fn, "if (divisor != 0.0)")].tolist() == [1, 0, 0, 0]
+    fallback = done.taken[access.source_line(library.processed_tile, "if ~fast")]
+    assert fallback.tolist() == [0.25, 0, 0, 0]
+    # without DEFER the buffer holds every row, and nothing divides
+    plain = work(args, {"BLOCK_SIZE": 1024})
+    assert plain.reads["source_ptr"].tolist() == [0.0] * 4
+    assert all(float(f.sum()) == 0.0 for f in plain.taken.values())
+
+
 def test_record_tiles_follows_the_record_count_of_a_shuffled_row() -> None:
     """The tiles holding a new one of the k largest so far, in random order, against a
     simulation; the first tile always does."""
