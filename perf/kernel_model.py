@@ -93,9 +93,9 @@ logprobs read are counted on the GPU check's own rows (`cost_model.bench_rows`);
 step's temperatures, top-k's k stands for the survivors (logprobs: a survivor of uniform
 rank).
 
-Settled rows: top-k with k <= CANDIDATES (128) is exact from the candidate buffer (the
-chunks' lists merged) after stage 1's one read, and so is top-p after it (its survivors are
-all in the buffer, barring ties at the k-th value). Top-p alone, or any filter the buffer
+Settled rows: top-k with k <= CANDIDATES (128) and splits x PARTIAL is exact from the
+merged buffer after stage 1's read, and so is top-p after it (its survivors are all in the
+buffer, barring ties at the k-th value). Top-p alone, or any filter the buffer
 cannot take, is charged the search's maximum, 8 passes (it stops earlier when the candidate
 keys share leading digits or it decides early; the buffer settles a nucleus of up to ~127
 tokens, which depends on the logits). A row the buffer settles for top-k is taken as covered

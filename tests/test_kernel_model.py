@@ -525,6 +525,23 @@ def test_deferred_rows_are_read_from_the_source_and_divided_where_they_scale() -
     assert all(float(f.sum()) == 0.0 for f in plain.taken.values())
 
 
+def test_a_top_k_past_the_chunks_lists_is_searched() -> None:
+    """The merged buffer holds at most the chunks' lists (splits x PARTIAL): a top-k row
+    whose k lies past them is searched, not covered, however large the buffer."""
+    args = {
+        "slots_ptr": torch.tensor([0, 1]), "vocab_size": 151_936, "buffer_size": 128,
+        "top_k_ptr": torch.tensor([50, 20]), "top_p_ptr": torch.tensor([0.9, 1.0]),
+    }  # fmt: skip
+    constexprs = {"HAS_MIN_P": False, "PARTIAL": 16}
+    for splits, covered in ((3, [0.0, 1.0]), (4, [1.0, 1.0])):  # 48 < 50 <= 64
+        rows = access._top_k_top_p_rows({**args, "splits": splits}, constexprs)
+        assert rows["covered"].tolist() == covered, splits
+        assert (rows["passes"] > 0).tolist() == [c == 0.0 for c in covered], splits
+    # stage 1 knows its chunks by their width: 3 chunks of 51,200 columns
+    rows = access._top_k_top_p_rows({**args, "chunk": 50 * 1024}, constexprs)
+    assert rows["covered"].tolist() == [0.0, 1.0]
+
+
 def test_record_tiles_follows_the_record_count_of_a_shuffled_row() -> None:
     """The tiles holding a new one of the k largest so far, in random order, against a
     simulation; the first tile always does."""

@@ -58,7 +58,11 @@ def _top_k_top_p_rows(a: dict[str, Any], c: dict[str, Any]) -> dict[str, torch.T
     k_on, p_on = (top_k > 0) & (top_k < vocab), top_p < 1.0
     filtered = k_on | p_on | (min_p != 0.0)
     buffered = filtered & (buffer > 0) & ((k_on & (top_k <= buffer)) | (~k_on & p_on))
-    settled_k = k_on & (buffer > 0) & (top_k <= buffer)
+    # the merged buffer holds at most the chunks' lists: a k past them is searched (stage 1
+    # knows its chunks by their width, the cut by their count)
+    splits = a["splits"] if "splits" in a else math.ceil(vocab / a.get("chunk", vocab))
+    merged = min(int(buffer), int(splits) * int(c.get("PARTIAL", buffer)))
+    settled_k = k_on & (buffer > 0) & (top_k <= merged)
     # top-p is settled only after a buffered top-k
     searches = _f(k_on & ~settled_k) + _f(p_on & ~settled_k)
     return {
