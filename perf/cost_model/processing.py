@@ -59,6 +59,12 @@ def unknown_tiles(a: dict[str, Any], c: dict[str, Any]) -> torch.Tensor:
     return torch.maximum(marked, sparse["full"]) * float(c["HAS_TILE_MAX"])
 
 
+def _masks_on(a: dict[str, Any]) -> torch.Tensor:
+    """[rows] bool from a process_logits launch with the row flags (DEFER): the kernel's
+    `masks_on`, an allowed list or a grammar."""
+    return (a["restricted_ptr"][a["slots_ptr"]] != 0) | a["grammar_on_ptr"].bool()
+
+
 def deferred_rows(a: dict[str, Any], c: dict[str, Any]) -> torch.Tensor:
     """[rows] float64 from a process_logits launch: 1 where it leaves the row unwritten
     (DEFER: no penalty, allowed list, grammar, bias, stop ids in force nor bad words; a
@@ -68,8 +74,7 @@ def deferred_rows(a: dict[str, Any], c: dict[str, Any]) -> torch.Tensor:
         return torch.zeros(slots.shape[0], dtype=torch.float64)
     sparse = _sparse_tokens(a, c)
     plain = (sparse["penalties"] + sparse["stopping"]) == 0
-    plain &= (a["restricted_ptr"][slots] == 0) & (a["biased_ptr"][slots] == 0)
-    plain &= ~a["grammar_on_ptr"].bool()
+    plain &= ~_masks_on(a) & (a["biased_ptr"][slots] == 0)
     if c["HAS_BAD_WORDS"]:
         plain &= a["bad_back_ptr"][slots, 0] < 0
     return _f(plain)
@@ -109,9 +114,7 @@ def process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     drafts = ones if c["HAS_DRAFTS"] else zeros
     # the bitmasks: with the row flags (DEFER), read and tested only where a row has an
     # allowed list or a grammar (`token_steps.penalise_and_scale`)
-    masks = ones
-    if c.get("DEFER"):
-        masks = _f((a["restricted_ptr"][slots] != 0) | a["grammar_on_ptr"].bool())
+    masks = _f(_masks_on(a)) if c.get("DEFER") else ones
     return Work(
         reads={
             # the dense pass, and the biased tokens again from their source value
