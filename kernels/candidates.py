@@ -50,6 +50,11 @@ count, total mass
 exp(l - max), `complete` (every logit of the chunk above it is in its list) and the list's
 entries, padded to a power of two."""
 
+FILTERS = 4
+"""A row's filters as stage 1 resolves them from its slot (`_row_filters`) and writes them
+for the cut kernel: k (0: off), top_p and min_p (0: off), float32, padded to a power of
+two."""
+
 
 _NO_ID_MAX = tl.constexpr(2**31 - 1)  # above every token id: a min over no hit
 
@@ -105,6 +110,7 @@ def _candidates_kernel(
     top_p_ptr,  # [num_slots] float32; >= 1 is off
     min_p_ptr,  # [num_slots] float32; 0 is off (HAS_MIN_P)
     stats_ptr,  # [num_rows, splits, STATS] float32, written for filtered rows
+    filters_ptr,  # [num_rows, FILTERS] float32, written by each row's first program
     lists_ptr,  # [num_rows, splits, PARTIAL] float32, written when the row uses the buffer
     ids_ptr,  # [num_rows, splits, PARTIAL] int32, written with lists_ptr: their token ids
     tile_max_ptr,  # [num_rows, num_tiles] float32 (HAS_TILE_MAX): exact, or +inf unknown
@@ -120,6 +126,7 @@ def _candidates_kernel(
     HAS_TILE_MAX: tl.constexpr,
     PARTIAL: tl.constexpr,  # a chunk's list: a power of two <= BLOCK_SIZE
     STATS: tl.constexpr,
+    FILTERS: tl.constexpr,
     TILES_BLOCK: tl.constexpr,  # a power of two >= num_tiles
     BLOCK_SIZE: tl.constexpr,
     PDL: tl.constexpr,
@@ -158,9 +165,16 @@ def _candidates_kernel(
     k, top_p, min_p = _row_filters(
         row, slots_ptr, top_k_ptr, top_p_ptr, min_p_ptr, vocab_size, HAS_MIN_P
     )
+    if part == 0:
+        # the row's filters for the cut kernel, which then loads them with the chunks'
+        # statistics, in its first round, instead of a round after the slot
+        at = filters_ptr + row.to(tl.int64) * FILTERS
+        tl.store(at + 0, k.to(tl.float32))  # exact: k < V < 2**24
+        tl.store(at + 1, top_p)
+        tl.store(at + 2, min_p)
     k_on = k > 0
     p_on = top_p < 1.0
-    # rows whose filters are all off write nothing: the cut kernel reads their parameters
+    # rows whose filters are all off write nothing else: the cut kernel reads their filters
     if k_on | p_on | (min_p != 0.0):
         row_ptr = row_logits(logits_ptr, logits_stride, source_ptr, source_stride, divisor, row)
         use_buffer = (buffer_size > 0) & ((k_on & (k <= buffer_size)) | (~k_on & p_on))

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .candidates import STATS, _candidates_kernel, _row_filters
+from .candidates import FILTERS, STATS, _candidates_kernel
 from .dependent_launch import await_prior_grids, pdl_launch
 from .library import (
     SEARCH_STAGES,
@@ -96,11 +96,8 @@ def _walk_on(
 def _top_k_top_p_kernel(
     logits_ptr,  # [num_rows, V] float32; read by the search, updated in place with APPLY
     logits_stride,  # elements between rows
-    slots_ptr,  # [num_rows] int64 row -> slot
-    top_k_ptr,  # [num_slots] int32; <= 0 or >= V is off
-    top_p_ptr,  # [num_slots] float32; >= 1 is off
-    min_p_ptr,  # [num_slots] float32; 0 is off (HAS_MIN_P)
     stats_ptr,  # [num_rows, splits, STATS] float32, from _candidates_kernel
+    filters_ptr,  # [num_rows, FILTERS] float32, from _candidates_kernel: k, top_p, min_p
     lists_ptr,  # [num_rows, splits, PARTIAL] float32, from _candidates_kernel
     threshold_ptr,  # [num_rows] float32, written: keep logits >= threshold
     covered_ptr,  # [num_rows] int32, written: 1 where every kept logit is in the lists
@@ -119,6 +116,7 @@ def _top_k_top_p_kernel(
     PARTIAL: tl.constexpr,  # each chunk's list; SPLIT_BLOCK * PARTIAL >= CANDIDATES
     SPLIT_BLOCK: tl.constexpr,  # a power of two >= splits (its padding masked)
     STATS: tl.constexpr,
+    FILTERS: tl.constexpr,
     GATHER: tl.constexpr,  # the searches' gather (kernels/top_k_top_p.py GATHER), 0: none
     BLOCK_SIZE: tl.constexpr,
     PDL: tl.constexpr,
@@ -154,9 +152,14 @@ def _top_k_top_p_kernel(
             lists + parts[:, None] * PARTIAL + entry[None, :], mask=used[:, None],
             other=float("-inf"),
         )  # fmt: skip
-    k, top_p, min_p = _row_filters(
-        row, slots_ptr, top_k_ptr, top_p_ptr, min_p_ptr, vocab_size, HAS_MIN_P
-    )
+    # the row's filters as stage 1 resolved them from its slot: loaded with the rest, where
+    # a load of the slot, then of its parameters, took a round more
+    filters = filters_ptr + row.to(tl.int64) * FILTERS
+    k = tl.load(filters + 0).to(tl.int32)
+    top_p = tl.load(filters + 1)
+    min_p = tl.zeros((), tl.float32)
+    if HAS_MIN_P:
+        min_p = tl.load(filters + 2)
     k_on = k > 0
     p_on = top_p < 1.0
     threshold = tl.full((), float("-inf"), tl.float32)
@@ -397,8 +400,8 @@ def launch_top_k_top_p(
     deferred: torch.Tensor | None = None,
 ) -> None:
     """Launch `_candidates_kernel` over rows x splits, then `_top_k_top_p_kernel` over the
-    rows; allocates the chunks' statistics (and the lists without `buffer`), returns
-    None."""
+    rows; allocates the chunks' statistics, the rows' filters stage 1 hands the cut (and
+    the lists without `buffer`), returns None."""
     if apply and source is not None:
         raise ValueError("apply writes the logits: a deferred row has none to write")
     if candidates is None:
@@ -416,6 +419,7 @@ def launch_top_k_top_p(
     partial = partial_size(candidates, splits)
     device = logits.device
     stats = torch.empty((num_rows, splits, STATS), dtype=torch.float32, device=device)
+    filters = torch.empty((num_rows, FILTERS), dtype=torch.float32, device=device)
     if buffer is None:
         buffer = candidate_lists(num_rows, vocab_size, splits, device, candidates, block_size)
     covered, lists, ids = buffer
@@ -438,24 +442,22 @@ def launch_top_k_top_p(
     # half the warps do half of it, for 8 logits a thread instead of 4 (estimated stage 1 at
     # B = 256 when it was made so: 34.5 -> 27.7 us)
     _candidates_kernel[(num_rows, splits)](
-        logits, logits.stride(0), slots, top_k, top_p, min_p_table, stats, lists, ids,
+        logits, logits.stride(0), slots, top_k, top_p, min_p_table, stats, filters, lists, ids,
         tile_max if tile_max is not None else stats,  # unread without HAS_TILE_MAX
         visits if visits is not None else stats,
         *deferred_args,
         vocab_size, chunk, candidates, num_tiles,
         HAS_MIN_P=min_p is not None, HAS_TILE_MAX=tile_max is not None, PARTIAL=partial,
-        STATS=STATS, TILES_BLOCK=triton.next_power_of_2(num_tiles), BLOCK_SIZE=block_size,
+        STATS=STATS, FILTERS=FILTERS, TILES_BLOCK=triton.next_power_of_2(num_tiles),
+        BLOCK_SIZE=block_size,
         DEFER=source is not None, **pdl_launch(device), num_warps=4,
         maxnreg=top_k_top_p_splits.max_registers(4) if partial <= CHUNK_PARTIAL else None,
     )  # fmt: skip
     _top_k_top_p_kernel[(num_rows,)](
         logits,
         logits.stride(0),
-        slots,
-        top_k,
-        top_p,
-        min_p_table,
         stats,
+        filters,
         lists,
         threshold,
         covered,
@@ -475,6 +477,7 @@ def launch_top_k_top_p(
         # padded to hold the buffer: 2 chunks' lists of 32 are fewer than 128 candidates
         SPLIT_BLOCK=max(triton.next_power_of_2(splits), candidates // partial),
         STATS=STATS,
+        FILTERS=FILTERS,
         GATHER=gather,
         BLOCK_SIZE=CUT_BLOCK,
         DEFER=source is not None,

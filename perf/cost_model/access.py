@@ -44,6 +44,11 @@ DEFERRED = "model:deferred"
 where processing left the row unwritten (`processing.deferred_rows`), which stage 1, the
 cut and sampling then read from the source (`_reading_deferred`)."""
 
+STAGE_ONE = "model:stage_one"
+"""A pseudo-argument perf/kernel_model.py hands the cut kernel: the step's stage-1 launch
+arguments, whose slots and filter tables give the rows' filters the cut reads from stage 1
+(`filters_ptr`)."""
+
 SEARCH_PASSES = 8
 """Passes of the top-k/top-p radix search over a row the buffer does not settle: its maximum
 (4 bits of the 32-bit key a pass; docs/kernels.md, the kernel's passes and their cost)."""
@@ -51,10 +56,13 @@ SEARCH_PASSES = 8
 
 def _top_k_top_p_rows(a: dict[str, Any], c: dict[str, Any]) -> dict[str, torch.Tensor]:
     """Per row: filtered (any of min_p, top-k, top-p on), buffered (stage 1 keeps lists) and
-    the search's passes, under the module docstring's settled rows."""
-    slots, vocab, buffer = a["slots_ptr"], a["vocab_size"], a["buffer_size"]
-    top_k, top_p = a["top_k_ptr"][slots], a["top_p_ptr"][slots]
-    min_p = a["min_p_ptr"][slots] if c["HAS_MIN_P"] else torch.zeros_like(top_p)
+    the search's passes, under the module docstring's settled rows. The cut kernel's filters
+    are stage 1's (`STAGE_ONE`)."""
+    vocab, buffer = a["vocab_size"], a["buffer_size"]
+    tables = a.get(STAGE_ONE, a)
+    slots = tables["slots_ptr"]
+    top_k, top_p = tables["top_k_ptr"][slots], tables["top_p_ptr"][slots]
+    min_p = tables["min_p_ptr"][slots] if c["HAS_MIN_P"] else torch.zeros_like(top_p)
     k_on, p_on = (top_k > 0) & (top_k < vocab), top_p < 1.0
     filtered = k_on | p_on | (min_p != 0.0)
     buffered = filtered & (buffer > 0) & ((k_on & (top_k <= buffer)) | (~k_on & p_on))
@@ -143,6 +151,7 @@ def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         },
         writes={
             "stats_ptr": rows["filtered"],
+            "filters_ptr": ones,  # by the row's first program
             "lists_ptr": rows["buffered"],
             "ids_ptr": rows["buffered"],
         },
@@ -176,8 +185,8 @@ def _top_k_top_p_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         reads={
             "logits_ptr": rows["passes"] + apply,
             "stats_ptr": rows["filtered"],
+            "filters_ptr": ones,
             "lists_ptr": rows["buffered"],
-            "min_p_ptr": ones * float(c["HAS_MIN_P"]),
             "threshold_ptr": 0 * ones,
             "covered_ptr": 0 * ones,
             "reads_ptr": 0 * ones,
