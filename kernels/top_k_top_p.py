@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .bitonic import top_of_sorted_runs
 from .candidates import FILTERS, STATS, _candidates_kernel
 from .dependent_launch import await_prior_grids, pdl_launch
 from .library import (
@@ -147,10 +148,12 @@ def _top_k_top_p_kernel(
     if SPLIT_BLOCK == 1:
         union = tl.load(lists + ranks)  # PARTIAL == CANDIDATES: already merged
     else:
-        entry = tl.arange(0, PARTIAL)
+        # each list sorted, descending: the even chunks' read backwards, so that the merge
+        # starts from sorted runs (`bitonic.top_of_sorted_runs`)
+        entry = tl.arange(0, PARTIAL)[None, :]
+        entry = tl.where(parts[:, None] % 2 == 0, PARTIAL - 1 - entry, entry)
         union = tl.load(
-            lists + parts[:, None] * PARTIAL + entry[None, :], mask=used[:, None],
-            other=float("-inf"),
+            lists + parts[:, None] * PARTIAL + entry, mask=used[:, None], other=float("-inf")
         )  # fmt: skip
     # the row's filters as stage 1 resolved them from its slot: loaded with the rest, where
     # a load of the slot, then of its parameters, took a round more
@@ -193,7 +196,9 @@ def _top_k_top_p_kernel(
             if SPLIT_BLOCK == 1:
                 values = union
             else:
-                values = tl.topk(tl.reshape(union, (SPLIT_BLOCK * PARTIAL,)), CANDIDATES)
+                values = top_of_sorted_runs(
+                    tl.reshape(union, (SPLIT_BLOCK * PARTIAL,)), PARTIAL, CANDIDATES
+                )
             if entries > CANDIDATES:  # the merge left some out: at or below its last
                 complete = tl.maximum(complete, tl.min(values, axis=0))
         in_buffer = values > float("-inf")
