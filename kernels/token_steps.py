@@ -1,15 +1,16 @@
 """Steps 3-6 of logits processing on a set of tokens, in Triton: the allowed and grammar
 bitmasks, the repetition, frequency and presence penalties, and the temperature, in float32
 rounded as the PyTorch stage rounds (docs/kernels.md, logits processing). Shared by the
-dense pass over every tile (kernels/logits_processing.py) and the bias phase, which makes
-the biased tokens again (kernels/sparse_phases.py)."""
+dense pass over every tile (`dense_tile`, which kernels/logits_processing.py runs, with the
+tile's statistics) and the bias phase, which makes the biased tokens again
+(kernels/sparse_phases.py)."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .library import divide_by
+from .library import divide_by, max_or_nan, raw_tile_stats
 
 
 @triton.jit
@@ -154,3 +155,63 @@ def divide(x, divisor, EXACT: tl.constexpr):
     else:
         quotient, outside = divide_by(x, divisor[0], divisor[1])
         return tl.where(outside, float("nan"), quotient)
+
+
+@triton.jit
+def dense_tile(
+    start, end, num_words, source_row, row_ptr, tile_row, raw_row, row, allowed_row,
+    grammar_row, prompt_row, counts_row, drafts_ptr, preceding, num_drafts, penalties_on,
+    repetition, frequency, presence, fix_excess, scale_on, temperature, store, masks_on,
+    SATURATED: tl.constexpr, HAS_GRAMMAR: tl.constexpr, HAS_DRAFTS: tl.constexpr,
+    HAS_TILE_MAX: tl.constexpr, HAS_RAW_TILES: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    EXACT: tl.constexpr, FULL: tl.constexpr, STORE_LOGITS: tl.constexpr, DEFER: tl.constexpr,
+):  # fmt: skip
+    """Steps 3-6 on the tile at `start`, read once and written once, with its raw and
+    processed statistics -> whether the tile must be made again with EXACT: it holds NaN
+    (a quotient outside the fast divisions' range, or a NaN logit) or, with HAS_TILE_MAX,
+    +inf. The tile is [BLOCK_SIZE / 32, 32], a bitmask word a row: each word loaded once,
+    and the bit positions loop-invariant. FULL: the tile lies inside the row (start +
+    BLOCK_SIZE <= end), so no load, store or reduction is masked. STORE_LOGITS False: the
+    tile's logits are not stored (its statistics are), for the GPU check's timing probe;
+    with DEFER, only where `store` (the row's scalar: not a row left as it is)."""
+    WORD_COLS: tl.constexpr = min(32, BLOCK_SIZE)
+    tile_row_ids = tl.arange(0, BLOCK_SIZE // WORD_COLS)[:, None]
+    tile_col_ids = tl.arange(0, WORD_COLS)[None, :]
+    cols = start + tile_row_ids * WORD_COLS + tile_col_ids  # [BLOCK_SIZE / 32, 32]
+    if FULL:  # a constant: the masks and the selects on them fold away
+        in_row = tl.full([BLOCK_SIZE // WORD_COLS, WORD_COLS], True, tl.int1)
+        word = start // 32 + tile_row_ids
+    else:
+        in_row = cols < end
+        # clamped, not masked (a mask spilled): tokens past the end are out of `in_row`
+        word = tl.minimum(start // 32 + tile_row_ids, num_words - 1)
+    bit = tile_col_ids  # [1, 32]
+    if BLOCK_SIZE < 32:
+        bit += start % 32
+    x = tl.load(source_row + cols, mask=in_row, other=0.0).to(tl.float32)
+    if HAS_RAW_TILES:
+        raw_max, raw_sum = raw_tile_stats(x, in_row)
+        tl.store(raw_row + (start // BLOCK_SIZE) * 2, raw_max)
+        tl.store(raw_row + (start // BLOCK_SIZE) * 2 + 1, raw_sum)
+    x = penalise_and_scale(
+        x, None, cols, word, bit, in_row, row, allowed_row, grammar_row, prompt_row, counts_row,
+        drafts_ptr, preceding, num_drafts, penalties_on, repetition, frequency, presence,
+        fix_excess, scale_on, temperature, masks_on, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, EXACT,
+        GATE_MASKS=DEFER,
+    )  # fmt: skip
+    if STORE_LOGITS:
+        if DEFER:
+            # (tl.where, not &: the interpreter cannot & a scalar bool with a block)
+            tl.store(row_ptr + cols, x, mask=tl.where(store, in_row, False))
+        else:
+            tl.store(row_ptr + cols, x, mask=in_row)
+    if HAS_TILE_MAX:
+        # the tile's largest logit, +inf where it holds NaN (a tile every consumer reads;
+        # a marked quotient's tile is made again, with the table's entry)
+        top = max_or_nan(tl.where(in_row, x, float("-inf")))
+        top = tl.where(top == top, top, float("inf"))
+        tl.store(tile_row + start // BLOCK_SIZE, top)
+        return top == float("inf")
+    else:
+        top = max_or_nan(x)  # off the row: 0.0, never NaN
+        return top != top

@@ -237,8 +237,8 @@ def test_process_logits_orders_its_phases(report: dict[str, Any]) -> None:
     # the dense pass's stores, from the tile helper it inlines: the calls' lines in the
     # kernel (its first pass: the row's partial last tile, then the loop's whole tiles;
     # and the pass with IEEE division)
-    tail, dense = _lines_of(lines, start, "redo |= _dense_tile(")
-    again = _line_of(lines, start, "_dense_tile(")
+    tail, dense = _lines_of(lines, start, "redo |= dense_tile(")
+    again = _line_of(lines, start, "dense_tile(")
     # the bad words' -inf, stored from the helper it inlines: the call's line in the kernel
     bad_words = _line_of(lines, start, "ban_bad_words(")
     process = [r for r in report["results"] if r["kernel"] == "_process_logits_kernel"]
