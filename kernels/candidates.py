@@ -25,6 +25,7 @@ from .library import (
     row_logits,
     tiles_to_visit,
 )
+from .row_params import load_filters, store_filters, top_k_on
 
 
 @triton.jit
@@ -34,8 +35,7 @@ def _row_filters(
     """The row's slot's (k, top_p, min_p): k 0 when top-k is off (k <= 0 or k >= V), min_p 0
     without HAS_MIN_P."""
     slot = tl.load(slots_ptr + row)
-    k = tl.load(top_k_ptr + slot)
-    k = tl.where((k > 0) & (k < vocab_size), k, 0)
+    k = top_k_on(tl.load(top_k_ptr + slot), vocab_size)
     top_p = tl.load(top_p_ptr + slot).to(tl.float32)
     min_p = tl.zeros((), tl.float32)
     if HAS_MIN_P:
@@ -49,11 +49,6 @@ may keep: the chunk's smallest logit, or a top-k row's k-th largest known tile m
 count, total mass
 exp(l - max), `complete` (every logit of the chunk above it is in its list) and the list's
 entries, padded to a power of two."""
-
-FILTERS = 4
-"""A row's filters as stage 1 resolves them from its slot (`_row_filters`) and writes them
-for the cut kernel: k (0: off), top_p and min_p (0: off), float32, padded to a power of
-two."""
 
 
 _NO_ID_MAX = tl.constexpr(2**31 - 1)  # above every token id: a min over no hit
@@ -110,7 +105,8 @@ def _candidates_kernel(
     top_p_ptr,  # [num_slots] float32; >= 1 is off
     min_p_ptr,  # [num_slots] float32; 0 is off (HAS_MIN_P)
     stats_ptr,  # [num_rows, splits, STATS] float32, written for filtered rows
-    filters_ptr,  # [num_rows, FILTERS] float32, written by each row's first program
+    filters_ptr,  # [num_rows, FILTERS] float32 (row_params.py): read with RESOLVED, else
+    # written by each row's first program, for the cut kernel
     lists_ptr,  # [num_rows, splits, PARTIAL] float32, written when the row uses the buffer
     ids_ptr,  # [num_rows, splits, PARTIAL] int32, written with lists_ptr: their token ids
     tile_max_ptr,  # [num_rows, num_tiles] float32 (HAS_TILE_MAX): exact, or +inf unknown
@@ -126,7 +122,7 @@ def _candidates_kernel(
     HAS_TILE_MAX: tl.constexpr,
     PARTIAL: tl.constexpr,  # a chunk's list: a power of two <= BLOCK_SIZE
     STATS: tl.constexpr,
-    FILTERS: tl.constexpr,
+    RESOLVED: tl.constexpr,  # processing wrote the rows' filters (`row_params.resolve_row`)
     TILES_BLOCK: tl.constexpr,  # a power of two >= num_tiles
     BLOCK_SIZE: tl.constexpr,
     PDL: tl.constexpr,
@@ -162,16 +158,16 @@ def _candidates_kernel(
         # alone (a warp issues in order: loaded after the parameters, a round more)
         row_bounds = chunk_bounds(tile_row, 1, 0, num_tiles, TILES_BLOCK)
         bounds = chunk_bounds(tile_row, 1, first, first + visits, TILES_BLOCK)
-    k, top_p, min_p = _row_filters(
-        row, slots_ptr, top_k_ptr, top_p_ptr, min_p_ptr, vocab_size, HAS_MIN_P
-    )
-    if part == 0:
-        # the row's filters for the cut kernel, which then loads them with the chunks'
-        # statistics, in its first round, instead of a round after the slot
-        at = filters_ptr + row.to(tl.int64) * FILTERS
-        tl.store(at + 0, k.to(tl.float32))  # exact: k < V < 2**24
-        tl.store(at + 1, top_p)
-        tl.store(at + 2, min_p)
+    if RESOLVED:  # by row, with the first loads: no round for the slot
+        k, top_p, min_p = load_filters(filters_ptr, row, HAS_MIN_P)
+    else:
+        k, top_p, min_p = _row_filters(
+            row, slots_ptr, top_k_ptr, top_p_ptr, min_p_ptr, vocab_size, HAS_MIN_P
+        )
+        if part == 0:
+            # for the cut kernel, which then loads them with the chunks' statistics, in its
+            # first round, instead of a round after the slot
+            store_filters(filters_ptr, row, k, top_p, min_p)
     k_on = k > 0
     p_on = top_p < 1.0
     # rows whose filters are all off write nothing else: the cut kernel reads their filters

@@ -37,6 +37,7 @@ from .library import (
     inplace_op,
     split_chunks,
 )
+from .row_params import FILTERS, KEYS, load_slot_params, store_row_params
 from .sparse_phases import (
     apply_bias,
     apply_excess,
@@ -83,6 +84,15 @@ def _process_logits_kernel(
     biased_ptr,  # [num_slots] int32 (DEFER): 1 = a nonzero logit bias
     grammar_on_ptr,  # [num_rows] bool (DEFER): a grammar constrains the row
     deferred_ptr,  # [num_rows] int32, written (DEFER): 1 = the row left unwritten
+    # RESOLVE: the slot tables of the kernels after this one, and their rows' records
+    # (kernels/row_params.py), written
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    seeds_ptr,
+    prompt_len_ptr,
+    filters_ptr,
+    keys_ptr,
     vocab_size,
     num_words,  # W = ceil(V / 32)
     num_bias,  # C
@@ -109,6 +119,7 @@ def _process_logits_kernel(
     STORE_LOGITS: tl.constexpr,
     # rows that every step leaves as they are go unwritten, flagged in `deferred`
     DEFER: tl.constexpr,
+    RESOLVE: tl.constexpr = False,
 ):
     """Steps 1-7 of docs/kernels.md, logits processing (the comments carry their numbers),
     from `source` into `logits`, with a barrier after each phase whose stores the next one
@@ -144,6 +155,10 @@ def _process_logits_kernel(
     # step 2's, loaded with the others: after the dense pass a load here starts a round
     generated = tl.load(num_generated_ptr + slot)
     min_tokens = tl.load(min_tokens_ptr + slot)
+    if RESOLVE:  # the later kernels' parameters, in this round too (stored below)
+        resolved = load_slot_params(
+            slot, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, prompt_len_ptr, vocab_size
+        )
     allowed_row = allowed_ptr + slot * num_words
     prompt_row = prompt_mask_ptr + slot * num_words
     grammar_row = grammar_ptr + row.to(tl.int64) * num_words
@@ -173,6 +188,9 @@ def _process_logits_kernel(
         if tl.program_id(1) == 0:
             divisor = tl.where(scale_on, temperature, 1.0)
             tl.store(deferred_ptr + row, tl.where(plain, divisor, 0.0))
+    if RESOLVE:  # for the kernels after this one, which load them by row (row_params.py)
+        first = tl.program_id(1) == 0
+        store_row_params(filters_ptr, keys_ptr, row, resolved, temperature, generated, first)
 
     # the divisors with their reciprocals, for the dense pass's divisions (token_steps'
     # `divide`); a divisor outside divide_by's range has the chunk made with IEEE division
@@ -322,6 +340,9 @@ def launch_process_logits(
     # deferred [num_rows] float32 written): leave the rows that only a temperature changes
     # (or none) unwritten
     defer: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    # (top_k, top_p, min_p, seeds, prompt_len [num_slots]; filters, keys [num_rows, ...]
+    # written): the rows' records for the kernels after this one (`row_params`)
+    resolve: tuple[torch.Tensor, ...] | None = None,
 ) -> None:
     """Launch `_process_logits_kernel` over rows x splits; tables must be contiguous.
     Allocates nothing, returns None. store_logits False leaves out the dense pass's store
@@ -345,6 +366,7 @@ def launch_process_logits(
         tile_max if tile_max is not None else logits,  # unwritten without HAS_TILE_MAX
         raw_tiles if raw_tiles is not None else logits,  # unwritten without HAS_RAW_TILES
         *(defer if defer is not None else (slots,) * 4),  # unread without DEFER
+        *(resolve if resolve is not None else (slots,) * 7),  # unread without RESOLVE
         vocab_size,
         allowed.shape[1],
         bias_ids.shape[1],
@@ -366,6 +388,7 @@ def launch_process_logits(
         BAD_BLOCK=min(triton.next_power_of_2(max(num_bad, 1)), bad_block),
         STORE_LOGITS=store_logits,
         DEFER=defer is not None,
+        RESOLVE=resolve is not None,
         # why: x - f * count must round twice, as torch's separate multiply and subtract do
         enable_fp_fusion=False,
         **pdl_launch(source.device),
@@ -376,7 +399,10 @@ def launch_process_logits(
     )  # fmt: skip
 
 
-@inplace_op("process_logits", mutates_args=("logits", "tile_max", "raw_tiles", "deferred"))
+@inplace_op(
+    "process_logits",
+    mutates_args=("logits", "tile_max", "raw_tiles", "deferred", "filters", "keys"),
+)
 def process_logits(
     source: torch.Tensor,
     logits: torch.Tensor,
@@ -409,6 +435,13 @@ def process_logits(
     biased: torch.Tensor | None = None,
     grammar_on: torch.Tensor | None = None,
     deferred: torch.Tensor | None = None,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    min_p: torch.Tensor | None = None,
+    seeds: torch.Tensor | None = None,
+    prompt_len: torch.Tensor | None = None,
+    filters: torch.Tensor | None = None,
+    keys: torch.Tensor | None = None,
 ) -> None:
     """Bad words, logit bias, min_tokens, allowed and grammar bitmasks, penalties and
     temperature: `source` [num_rows, V] float32, float16 or bfloat16 (read only, its rows
@@ -446,7 +479,10 @@ def process_logits(
     for the kernels after this one to read and divide (`library.processed`); its tile
     tables are written as ever. With them, the dense pass reads the allowed and grammar
     words only of the rows that have an allowed list or a grammar: a row with neither must
-    hold every bit set in both tables, as the stages keep them.
+    hold every bit set in both tables, as the stages keep them. top_k int32, top_p, min_p
+    float32, seeds, prompt_len int64 [num_slots] with filters float32 [num_rows, 4] and keys
+    int64 [num_rows, 2] (written), all seven or none: the rows' records of the kernels after
+    this one, resolved from the slots (kernels/row_params.py), which they then read by row.
     """
     check_logits(logits)
     num_rows, vocab_size = logits.shape
@@ -526,11 +562,28 @@ def process_logits(
         check_rows("grammar_on", grammar_on, torch.bool, num_rows)
         check_rows("deferred", deferred, torch.float32, num_rows)
         defer = (restricted, biased, grammar_on, deferred)
+    resolve = None
+    if any(t is not None for t in (top_k, top_p, min_p, seeds, prompt_len, filters, keys)):
+        if (
+            top_k is None or top_p is None or min_p is None or seeds is None
+            or prompt_len is None or filters is None or keys is None
+        ):  # fmt: skip
+            raise ValueError("top_k, top_p, min_p, seeds, prompt_len, filters, keys come together")
+        resolve = (top_k, top_p, min_p, seeds, prompt_len, filters, keys)
+        for name, table, dtype, shape in (
+            ("top_k", top_k, torch.int32, (num_slots,)),
+            ("top_p", top_p, torch.float32, (num_slots,)),
+            ("min_p", min_p, torch.float32, (num_slots,)),
+            ("seeds", seeds, torch.int64, (num_slots,)),
+            ("prompt_len", prompt_len, torch.int64, (num_slots,)),
+            ("filters", filters, torch.float32, (num_rows, FILTERS.value)),
+            ("keys", keys, torch.int64, (num_rows, KEYS.value)),
+        ):
+            check_table(name, table, dtype, shape)
     launch_process_logits(
         source, logits, slots, bias_ids, bias_values, min_tokens, num_generated, stop_ids,
         allowed,
         grammar, counts, overflow_token, overflow_excess, prompt_mask, repetition, frequency,
         presence, temperature, drafts, num_preceding, bad_tokens, bad_back, bad_word, window,
-        tile_max, raw_tiles, splits=splits,
-        defer=defer,
+        tile_max, raw_tiles, splits=splits, defer=defer, resolve=resolve,
     )  # fmt: skip

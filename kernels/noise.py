@@ -1,6 +1,7 @@
 """The counter-based noise in Triton: `graphsafe_sampler/rng.py`'s draws as jit functions
-(the row key, the token hash, the uniform and the Gumbel noise), which the sampling race
-inlines, and a kernel that writes them out for the tests.
+(the row key, the token hash, the uniform and the Gumbel noise) and the race of one tile
+(`race_tile`), which the sampling kernel inlines, and a kernel that writes the draws out for
+the tests.
 
 The hash is uint32 arithmetic, so hashes and uniforms are bit-identical to rng.py's; where
 the Gumbel transform differs from torch's in the last bits: docs/kernels.md, sampling.
@@ -14,7 +15,7 @@ import triton.language as tl
 
 from .constants import SALT_SAMPLE
 from .dependent_launch import await_prior_grids, pdl_launch
-from .library import check_rows, inplace_op
+from .library import check_rows, inplace_op, processed
 
 
 @triton.jit
@@ -83,6 +84,54 @@ def gumbel(h):
     # precision
     log1p_v = tl.where(w == 1.0, v, tl.log(w) * (v / (w - 1.0)))
     return -tl.log(-log1p_v)
+
+
+FEW_SURVIVORS = tl.constexpr(2)
+"""A tile with at most this many tokens left by the cut (its lowest and highest survivor)
+hashes them alone rather than all BLOCK_SIZE of its tokens."""
+
+GUMBEL_MAX = tl.constexpr(23.0)
+"""Above every noise `gumbel` draws: -log(e) with e >= 2**-33 (rng.py's clamp of h at
+0.5) is at most 33 ln 2 = 22.874, plus room for the GPU's approximate log."""
+
+
+@triton.jit
+def race_tile(x, cols, start, in_row, top, best, is_random, offset, mult, row_ptr, divisor):
+    """One tile of the sampling kernel's walk: its logits `x` (cut, NaN-free, -inf where
+    out of the row) at `cols` from `start`, their max or bound `top`, against the walk's
+    best so far -> (the tile's best, its lowest index), -inf when it cannot win: a random
+    row's logits plus their noise, a greedy row's logits. `row_ptr` and `divisor` reload a
+    few survivors (`library.processed`)."""
+    tile_max = tl.full((), float("-inf"), tl.float32)
+    tile_index = start
+    if is_random:
+        # a tile whose largest logit (or its bound) plus the largest noise cannot beat
+        # the best (a tie keeps the earlier best) is not hashed: a tile wholly below the
+        # cut, or far below the best, costs its load and a reduction or two
+        if top + GUMBEL_MAX > best:
+            alive = x > float("-inf")
+            count = tl.sum(alive.to(tl.int32), axis=0)
+            low = tl.min(tl.where(alive, cols, 2147483647), axis=0)
+            high = tl.max(tl.where(alive, cols, -1), axis=0)
+            if count <= FEW_SURVIVORS:
+                # a tile a cut leaves one or two tokens (top-k's usual tile): the lowest
+                # and the highest survivor (one token when they meet), their logits
+                # loaded again and their noise alone, instead of the whole tile's
+                low_x = tl.load(row_ptr + low, mask=count > 0, other=float("-inf"))
+                high_x = tl.load(row_ptr + high, mask=count > 1, other=float("-inf"))
+                low_x, high_x = processed(low_x, divisor), processed(high_x, divisor)
+                low_x += gumbel(token_hash(low, offset, mult))
+                high_x += gumbel(token_hash(high, offset, mult))
+                tile_max = tl.maximum(low_x, high_x)
+                tile_index = tl.where(high_x > low_x, high, low)  # a tie: the lower
+            else:
+                x = x + gumbel(token_hash(cols, offset, mult))
+                tile_max = tl.max(x, axis=0)
+                tile_index = tl.min(tl.where(x == tile_max, cols, 2147483647), axis=0)
+    else:
+        tile_max = tl.max(x, axis=0)
+        tile_index = tl.min(tl.where((x == tile_max) & in_row, cols, 2147483647), axis=0)
+    return tile_max, tile_index
 
 
 @triton.jit

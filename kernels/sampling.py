@@ -48,17 +48,10 @@ from .library import (
     tiles_to_visit,
 )
 from .list_race import RACE_BLOCK, first_ranks, race_lists
-from .noise import gumbel, row_key, token_hash
+from .noise import race_tile, row_key
+from .row_params import FILTERS, KEYS, load_keys
 
 _INT32_MAX = 2**31 - 1
-
-FEW_SURVIVORS = tl.constexpr(2)
-"""A tile with at most this many tokens left by the cut (its lowest and highest survivor)
-hashes them alone rather than all BLOCK_SIZE of its tokens."""
-
-GUMBEL_MAX = tl.constexpr(23.0)
-"""Above every noise `gumbel` draws: -log(e) with e >= 2**-33 (rng.py's clamp of h at
-0.5) is at most 33 ln 2 = 22.874, plus room for the GPU's approximate log."""
 
 
 @triton.jit
@@ -87,6 +80,8 @@ def _sample_kernel(
     source_ptr,  # [num_rows, V] float32 (DEFER): the rows process_logits deferred
     source_stride,
     deferred_ptr,  # [num_rows] float32 (DEFER): not 0 = read the row from source_ptr, over it
+    filters_ptr,  # [num_rows, FILTERS] float32 (KEYED): the rows' temperatures (row_params.py)
+    keys_ptr,  # [num_rows, KEYS] int64 (KEYED): their seeds and positions
     vocab_size,
     chunk,  # columns a program scans, a multiple of BLOCK_SIZE (the row when not SPLIT)
     # COMMIT: keep, the history tables and their sizes, as `history.commit_row` takes them
@@ -112,6 +107,7 @@ def _sample_kernel(
     RANK_BLOCK: tl.constexpr = 2,  # ranks of every list raced at a time (HAS_BUFFER)
     ONE_BLOCK: tl.constexpr = True,  # RANK_BLOCK >= each list's length (HAS_BUFFER)
     DEFER: tl.constexpr = False,
+    KEYED: tl.constexpr = False,  # by row, as processing resolved them (BY_SLOT's values)
 ):  # fmt: skip
     """Per row r with slot s = slots[r]: greedy rows (temperature[s] < GREEDY_BELOW) take
     argmax(logits[r]), lowest index on ties; random rows take argmax(logits[r] + gumbel[r]),
@@ -151,19 +147,24 @@ def _sample_kernel(
     visits = tl.cdiv(end, BLOCK_SIZE) - first
     if HAS_TILE_MAX:
         bounds = chunk_bounds(tile_row, 1, first, first + visits, TILES_BLOCK)
-    if BY_SLOT:
-        position = tl.load(prompt_len_ptr + slot) + tl.load(num_generated_ptr + slot)
+    if KEYED:  # a round sooner than through the slot
+        temperature, seed, position = load_keys(filters_ptr, keys_ptr, row)
     else:
-        position = tl.load(positions_ptr + row)
-    seed = tl.load(seeds_ptr + slot)
-    is_random = tl.load(temperature_ptr + slot) >= GREEDY_BELOW
+        if BY_SLOT:
+            position = tl.load(prompt_len_ptr + slot) + tl.load(num_generated_ptr + slot)
+        else:
+            position = tl.load(positions_ptr + row)
+        seed = tl.load(seeds_ptr + slot)
+        temperature = tl.load(temperature_ptr + slot)
+    is_random = temperature >= GREEDY_BELOW
     covered = tl.zeros((), tl.int1)
     if HAS_BUFFER:
         covered = tl.load(covered_ptr + row) != 0
         # a covered row's first program races over the lists (below, before the walk, so
-        # that the block is not held over it): their first ranks, in the parameters' round
+        # that the block is not held over it): their first ranks, loaded by every row's
+        # first program with its first loads (masked by `covered`, a round later)
         first_values, first_ids = first_ranks(
-            row, buffer_values_ptr, buffer_ids_ptr, buffer_len, list_len, covered & (split == 0),
+            row, buffer_values_ptr, buffer_ids_ptr, buffer_len, list_len, split == 0,
             CHUNK_BLOCK, RANK_BLOCK,
         )  # fmt: skip
 
@@ -216,35 +217,9 @@ def _sample_kernel(
             x = tl.where(is_nan, float("-inf"), x)
             top = tl.max(x, axis=0)
         # the tile's best and its lowest index; a tile that cannot win stays at -inf
-        tile_max = tl.full((), float("-inf"), tl.float32)
-        tile_index = start
-        if is_random:
-            # a tile whose largest logit (or its bound) plus the largest noise cannot beat
-            # the best (a tie keeps the earlier best) is not hashed: a tile wholly below the
-            # cut, or far below the best, costs its load and a reduction or two
-            if top + GUMBEL_MAX > best:
-                alive = x > float("-inf")
-                count = tl.sum(alive.to(tl.int32), axis=0)
-                low = tl.min(tl.where(alive, cols, 2147483647), axis=0)
-                high = tl.max(tl.where(alive, cols, -1), axis=0)
-                if count <= FEW_SURVIVORS:
-                    # a tile a cut leaves one or two tokens (top-k's usual tile): the lowest
-                    # and the highest survivor (one token when they meet), their logits
-                    # loaded again and their noise alone, instead of the whole tile's
-                    low_x = tl.load(row_ptr + low, mask=count > 0, other=float("-inf"))
-                    high_x = tl.load(row_ptr + high, mask=count > 1, other=float("-inf"))
-                    low_x, high_x = processed(low_x, divisor), processed(high_x, divisor)
-                    low_x += gumbel(token_hash(low, offset, mult))
-                    high_x += gumbel(token_hash(high, offset, mult))
-                    tile_max = tl.maximum(low_x, high_x)
-                    tile_index = tl.where(high_x > low_x, high, low)  # a tie: the lower
-                else:
-                    x = x + gumbel(token_hash(cols, offset, mult))
-                    tile_max = tl.max(x, axis=0)
-                    tile_index = tl.min(tl.where(x == tile_max, cols, 2147483647), axis=0)
-        else:
-            tile_max = tl.max(x, axis=0)
-            tile_index = tl.min(tl.where((x == tile_max) & in_row, cols, 2147483647), axis=0)
+        tile_max, tile_index = race_tile(
+            x, cols, start, in_row, top, best, is_random, offset, mult, row_ptr, divisor
+        )  # fmt: skip
         better = tile_max > best
         best_index = tl.where(better, tile_index, best_index)
         best = tl.where(better, tile_max, best)
@@ -330,6 +305,9 @@ def launch_sample_tokens(
     # (source [num_rows, V] float32, deferred [num_rows] float32): process_logits' deferred
     # rows, read from source
     defer: tuple[torch.Tensor, torch.Tensor] | None = None,
+    # (filters [num_rows, 4] float32, keys [num_rows, 2] int64): process_logits' records of
+    # the rows (`row_params`), read instead of the slot's tables (positions None)
+    keyed: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Launch `_sample_kernel` over rows x splits (a split row merged by its last
     program); allocates nothing, returns None."""
@@ -372,6 +350,11 @@ def launch_sample_tokens(
             check_table(name, table, dtype, (num_rows, *values.shape[1:]))
         buffer_len = max(1, math.prod(values.shape[1:]))
         list_len = max(1, values.shape[-1])
+    if keyed is not None:
+        if positions is not None:
+            raise ValueError("the rows' keys hold their positions: no positions with them")
+        check_table("filters", keyed[0], torch.float32, (num_rows, FILTERS.value))
+        check_table("keys", keyed[1], torch.int64, (num_rows, KEYS.value))
     # a block of RACE_BLOCK list entries: RANK_BLOCK ranks of every chunk's list
     chunk_block = max(2, triton.next_power_of_2(buffer_len // list_len))
     rank_block = max(2, min(RACE_BLOCK // chunk_block, triton.next_power_of_2(list_len)))
@@ -395,6 +378,7 @@ def launch_sample_tokens(
         buffer_len,
         list_len,
         *((defer[0], defer[0].stride(0), defer[1]) if defer else (logits, 1, tokens)),
+        *(keyed if keyed is not None else (logits, seeds)),  # unread without KEYED
         vocab_size,
         chunk,
         history[0],  # keep; num_generated is the one above
@@ -415,6 +399,7 @@ def launch_sample_tokens(
         RANK_BLOCK=rank_block,
         ONE_BLOCK=rank_block >= list_len,
         DEFER=defer is not None,
+        KEYED=keyed is not None,
         **committing,
         **pdl_launch(logits.device),
     )
@@ -444,6 +429,8 @@ def sample_tokens(
     ids: torch.Tensor | None = None,
     source: torch.Tensor | None = None,
     deferred: torch.Tensor | None = None,
+    filters: torch.Tensor | None = None,
+    keys: torch.Tensor | None = None,
 ) -> None:
     """Greedy argmax or the counter-based Gumbel-max race, merged per row into `tokens`.
 
@@ -464,12 +451,15 @@ def sample_tokens(
     each covered row is raced over its lists alone, its logits unread (the same token).
     source [num_rows, V] float32 and deferred [num_rows] float32, both or neither: the rows
     `process_logits` left unwritten (deferred[r] != 0) are read from `source`, divided by
-    deferred[r] (`library.processed`).
+    deferred[r] (`library.processed`). filters [num_rows, 4] float32 and keys [num_rows, 2]
+    int64, both or neither, positions None: `process_logits`' records of the rows, their
+    temperatures, seeds and positions resolved from these tables (`row_params`), read by row.
     """
     _sample(
         logits, slots, temperature, seeds, positions, threshold, tokens, salt, prompt_len,
         num_generated, splits, tile_max, arrivals=arrivals,
         buffer=candidate_buffer(covered, lists, ids), source=source, deferred=deferred,
+        keyed=_records(filters, keys),
     )  # fmt: skip
 
 
@@ -503,6 +493,8 @@ def sample_and_commit(
     ids: torch.Tensor | None = None,
     source: torch.Tensor | None = None,
     deferred: torch.Tensor | None = None,
+    filters: torch.Tensor | None = None,
+    keys: torch.Tensor | None = None,
 ) -> None:
     """`sample_tokens`, then `history.commit_history` of its tokens, with the commit made
     by the program that makes each row's token (a split row's last to finish): one launch
@@ -517,6 +509,7 @@ def sample_and_commit(
         logits, slots, temperature, seeds, positions, threshold, tokens, salt, prompt_len,
         None if positions is not None else num_generated, splits, tile_max, commit, keep,
         arrivals, candidate_buffer(covered, lists, ids), source, deferred,
+        _records(filters, keys),
     )  # fmt: skip
 
 
@@ -539,6 +532,7 @@ def _sample(
     buffer: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     source: torch.Tensor | None = None,
     deferred: torch.Tensor | None = None,
+    keyed: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """The sampling ops' checks, their scratch, and the launch."""
     check_logits(logits)
@@ -588,4 +582,16 @@ def _sample(
         num_generated, splits, partials, tile_max=tile_max, visits=visits, commit=commit,
         keep=keep, arrivals=arrivals, buffer=buffer,
         defer=(source, deferred) if source is not None and deferred is not None else None,
+        keyed=keyed,
     )  # fmt: skip
+
+
+def _records(
+    filters: torch.Tensor | None, keys: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The rows' records as the ops take them (both or neither) -> the pair, or None."""
+    if filters is None and keys is None:
+        return None
+    if filters is None or keys is None:
+        raise ValueError("filters and keys go together: both or neither")
+    return filters, keys

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from .bitonic import top_of_sorted_runs
-from .candidates import FILTERS, STATS, _candidates_kernel
+from .candidates import STATS, _candidates_kernel
 from .dependent_launch import await_prior_grids, pdl_launch
 from .library import (
     SEARCH_STAGES,
@@ -51,6 +51,7 @@ from .radix_select import (
     _largest_key_reaching,
     gather_at_or_above,
 )
+from .row_params import FILTERS, load_filters
 
 
 @triton.jit
@@ -98,7 +99,7 @@ def _top_k_top_p_kernel(
     logits_ptr,  # [num_rows, V] float32; read by the search, updated in place with APPLY
     logits_stride,  # elements between rows
     stats_ptr,  # [num_rows, splits, STATS] float32, from _candidates_kernel
-    filters_ptr,  # [num_rows, FILTERS] float32, from _candidates_kernel: k, top_p, min_p
+    filters_ptr,  # [num_rows, FILTERS] float32: the rows' filters (row_params.py)
     lists_ptr,  # [num_rows, splits, PARTIAL] float32, from _candidates_kernel
     threshold_ptr,  # [num_rows] float32, written: keep logits >= threshold
     covered_ptr,  # [num_rows] int32, written: 1 where every kept logit is in the lists
@@ -117,7 +118,6 @@ def _top_k_top_p_kernel(
     PARTIAL: tl.constexpr,  # each chunk's list; SPLIT_BLOCK * PARTIAL >= CANDIDATES
     SPLIT_BLOCK: tl.constexpr,  # a power of two >= splits (its padding masked)
     STATS: tl.constexpr,
-    FILTERS: tl.constexpr,
     GATHER: tl.constexpr,  # the searches' gather (kernels/top_k_top_p.py GATHER), 0: none
     BLOCK_SIZE: tl.constexpr,
     PDL: tl.constexpr,
@@ -155,14 +155,9 @@ def _top_k_top_p_kernel(
         union = tl.load(
             lists + parts[:, None] * PARTIAL + entry, mask=used[:, None], other=float("-inf")
         )  # fmt: skip
-    # the row's filters as stage 1 resolved them from its slot: loaded with the rest, where
-    # a load of the slot, then of its parameters, took a round more
-    filters = filters_ptr + row.to(tl.int64) * FILTERS
-    k = tl.load(filters + 0).to(tl.int32)
-    top_p = tl.load(filters + 1)
-    min_p = tl.zeros((), tl.float32)
-    if HAS_MIN_P:
-        min_p = tl.load(filters + 2)
+    # the row's filters as processing or stage 1 resolved them from its slot: loaded with
+    # the rest, where a load of the slot, then of its parameters, took a round more
+    k, top_p, min_p = load_filters(filters_ptr, row, HAS_MIN_P)
     k_on = k > 0
     p_on = top_p < 1.0
     threshold = tl.full((), float("-inf"), tl.float32)
@@ -403,10 +398,13 @@ def launch_top_k_top_p(
     # deferred (deferred[r] != 0) are read from `source` and divided, never with apply
     source: torch.Tensor | None = None,
     deferred: torch.Tensor | None = None,
+    # [num_rows, FILTERS] float32: the rows' filters as processing resolved them
+    # (`row_params`), which stage 1 then reads by row; None: stage 1 resolves them
+    filters: torch.Tensor | None = None,
 ) -> None:
     """Launch `_candidates_kernel` over rows x splits, then `_top_k_top_p_kernel` over the
-    rows; allocates the chunks' statistics, the rows' filters stage 1 hands the cut (and
-    the lists without `buffer`), returns None."""
+    rows; allocates the chunks' statistics, the rows' filters stage 1 hands the cut unless
+    given (and the lists without `buffer`), returns None."""
     if apply and source is not None:
         raise ValueError("apply writes the logits: a deferred row has none to write")
     if candidates is None:
@@ -424,7 +422,9 @@ def launch_top_k_top_p(
     partial = partial_size(candidates, splits)
     device = logits.device
     stats = torch.empty((num_rows, splits, STATS), dtype=torch.float32, device=device)
-    filters = torch.empty((num_rows, FILTERS), dtype=torch.float32, device=device)
+    resolved = filters is not None
+    if filters is None:
+        filters = torch.empty((num_rows, FILTERS.value), dtype=torch.float32, device=device)
     if buffer is None:
         buffer = candidate_lists(num_rows, vocab_size, splits, device, candidates, block_size)
     covered, lists, ids = buffer
@@ -453,7 +453,7 @@ def launch_top_k_top_p(
         *deferred_args,
         vocab_size, chunk, candidates, num_tiles,
         HAS_MIN_P=min_p is not None, HAS_TILE_MAX=tile_max is not None, PARTIAL=partial,
-        STATS=STATS, FILTERS=FILTERS, TILES_BLOCK=triton.next_power_of_2(num_tiles),
+        STATS=STATS, RESOLVED=resolved, TILES_BLOCK=triton.next_power_of_2(num_tiles),
         BLOCK_SIZE=block_size,
         DEFER=source is not None, **pdl_launch(device), num_warps=4,
         maxnreg=top_k_top_p_splits.max_registers(4) if partial <= CHUNK_PARTIAL else None,
@@ -482,7 +482,6 @@ def launch_top_k_top_p(
         # padded to hold the buffer: 2 chunks' lists of 32 are fewer than 128 candidates
         SPLIT_BLOCK=max(triton.next_power_of_2(splits), candidates // partial),
         STATS=STATS,
-        FILTERS=FILTERS,
         GATHER=gather,
         BLOCK_SIZE=CUT_BLOCK,
         DEFER=source is not None,
@@ -540,6 +539,7 @@ def top_k_top_p_threshold(
     ids: torch.Tensor | None = None,
     source: torch.Tensor | None = None,
     deferred: torch.Tensor | None = None,
+    filters: torch.Tensor | None = None,
 ) -> None:
     """Each row's top-k-then-top-p cut into `threshold` (keep logits >= it; -inf when off),
     without writing the logits. logits [num_rows, V] float32; slots [num_rows] int64; top_k
@@ -555,13 +555,16 @@ def top_k_top_p_threshold(
     otherwise), for `sample_tokens` to race those rows over the lists. source [num_rows, V]
     float32 and deferred [num_rows] float32, both or neither: the rows `process_logits` left
     unwritten in `logits` (deferred[r] != 0) are read from `source`, divided by
-    deferred[r] (`library.processed`)."""
+    deferred[r] (`library.processed`). filters [num_rows, 4] float32: the rows' filters as
+    `process_logits` resolved them from these tables (`row_params`), read by row."""
     _check_top_k_top_p(logits, slots, top_k, top_p, threshold, min_p, tile_max)
     check_deferred(logits, source, deferred)
+    if filters is not None:
+        check_table("filters", filters, torch.float32, (logits.shape[0], FILTERS.value))
     launch_top_k_top_p(
         logits, slots, top_k, top_p, threshold, False, min_p, splits=splits,
         tile_max=tile_max, buffer=candidate_buffer(covered, lists, ids), source=source,
-        deferred=deferred,
+        deferred=deferred, filters=filters,
     )  # fmt: skip
 
 

@@ -190,7 +190,8 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
     # processors run (and the raw-tile table in the raw logprobs modes); the kernel tests
     # also launch without either. Last, the GPU check's probe without the store of "all"
     # (the Sampler's with a float32 source and no mask written, deferring the rows no step
-    # changes, with the raw tiles or without)
+    # changes, with the raw tiles or without; then with a half-precision source, which it
+    # does not defer: these three resolve the rows' parameters for the kernels after them)
     for grammar, drafts, bad_words, tiles, raw, store, defer in (
         (False, False, True, True, False, True, False),
         (True, False, True, True, False, True, False),
@@ -203,6 +204,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
         (True, False, True, True, True, False, False),
         (True, False, True, True, False, True, True),
         (True, False, True, True, True, True, True),
+        (True, False, True, True, False, True, None),
     ):
 
         def process(
@@ -212,7 +214,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
             tiles: bool = tiles,
             raw: bool = raw,
             store: bool = store,
-            defer: bool = defer,
+            defer: bool | None = defer,
         ) -> None:
             logits_processing.launch_process_logits(
                 x, _t(rows, vocab), slots, _i32(slots_n, 8), _t(slots_n, 8), _i32(slots_n),
@@ -228,6 +230,11 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
                     (_i32(slots_n), _i32(slots_n), _t(rows, dtype=torch.bool), _t(rows))
                     if defer else None
                 ),
+                resolve=(
+                    (_i32(slots_n), _t(slots_n), _t(slots_n), _i64(slots_n), _i64(slots_n),
+                     _t(rows, 4), _i64(rows, 2))
+                    if defer is not False else None
+                ),
             )  # fmt: skip
 
         label = (
@@ -235,6 +242,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
             f"tile_max={tiles} raw_tiles={raw}"
             + ("" if store else " store_logits=False")
             + (" defer" if defer else "")
+            + (" resolve" if defer is not False else "")
         )
         calls.append((label, process))
 
@@ -272,21 +280,26 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
     # of 32 (the widest union it takes); and over 3, as at B = 256, with the tile maxima or
     # without (custom processors). `wide` is bound now: the sampling calls below rebind it
     wide = _t(rows, 151_936)
-    # (and the Sampler's reading the rows processing deferred from the source)
-    for splits, tiles, defer in ((64, True, False), (3, True, False), (3, False, False),
-                                 (3, True, True)):  # fmt: skip
+    # (and the Sampler's reading the rows processing deferred from the source, and the
+    # filters processing resolved: `resolved`)
+    for splits, tiles, defer, resolved in ((64, True, False, False), (3, True, False, False),
+                                           (3, False, False, False), (3, True, True, True),
+                                           (64, True, False, True)):  # fmt: skip
 
         def split(
-            splits: int = splits, tiles: bool = tiles, wide: torch.Tensor = wide, d: bool = defer
-        ) -> None:
+            splits: int = splits, tiles: bool = tiles, wide: torch.Tensor = wide, d: bool = defer,
+            resolved: bool = resolved,
+        ) -> None:  # fmt: skip
             top_k_top_p.launch_top_k_top_p(
                 wide, slots, _i32(slots_n), _t(slots_n), _t(rows), False, _t(slots_n),
                 splits=splits, tile_max=_t(rows, 149) if tiles else None,
                 source=wide if d else None, deferred=_t(rows) if d else None,
+                filters=_t(rows, 4) if resolved else None,
             )  # fmt: skip
 
         label = f"top_k_top_p min_p=True splits={splits} tile_max={tiles}"
-        calls.append((label + (" defer" if defer else ""), split))
+        label += (" defer" if defer else "") + (" resolved" if resolved else "")
+        calls.append((label, split))
 
     from graphsafe_sampler.kernels.constants import SALT_BONUS, SALT_RECOVER, SALT_SAMPLE
 
@@ -323,11 +336,19 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
     # sample_and_commit: the Sampler's step, the commit in the unsplit sampling program or
     # in a split row's last program, with a commit mask or without; the covered rows raced
     # over stage 1's lists (4 chunks' lists of 32, as at B = 256; 64, as at B = 1)
-    for splits, keep, chunks, defer in ((1, False, 4, False), (3, False, 64, False),
-                                        (3, True, 4, False), (3, False, 4, True)):  # fmt: skip
+    # (with the rows' keys processing resolved: `keyed`)
+    for splits, keep, chunks, defer, keyed in ((1, False, 4, False, False),
+                                               (3, False, 64, False, False),
+                                               (3, True, 4, False, False),
+                                               (3, False, 4, True, True),
+                                               (3, False, 64, False, True)):  # fmt: skip
 
         def committed(
-            splits: int = splits, keep: bool = keep, chunks: int = chunks, d: bool = defer
+            splits: int = splits,
+            keep: bool = keep,
+            chunks: int = chunks,
+            d: bool = defer,
+            keyed: bool = keyed,
         ) -> None:
             generated = _i32(slots_n)  # the positions' and the commit's
             sampling.launch_sample_tokens(
@@ -342,10 +363,11 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
                 keep=_t(rows, dtype=torch.bool) if keep else None, arrivals=_i32(rows),
                 buffer=(_i32(rows), _t(rows, chunks, 32), _i32(rows, chunks, 32)),
                 defer=(wide, _t(rows)) if d else None,
+                keyed=(_t(rows, 4), _i64(rows, 2)) if keyed else None,
             )  # fmt: skip
 
         label = f"sample_and_commit splits={splits} keep={keep} lists={chunks}x32"
-        label += " defer" if defer else ""
+        label += (" defer" if defer else "") + (" keyed" if keyed else "")
         calls.append((label, committed))
 
     def rng() -> None:

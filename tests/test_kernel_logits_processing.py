@@ -835,3 +835,46 @@ def test_opcheck(kernel_device: torch.device) -> None:
                 *state.penalty_args(),
             ),
         )
+
+
+def test_resolved_rows_hold_their_slots_parameters(kernel_device: torch.device) -> None:
+    """With the slot tables of the kernels after it, processing writes each row's records
+    (kernels/row_params.py) from its slot: filters (k, 0 where top-k is off at <= 0 or >= V,
+    top_p, min_p, temperature) and keys (seed, prompt_len + num_generated), once a row with
+    rows split over 3 programs, a padding row and a slot used twice included; the logits and
+    the tile table are those of the launch without them."""
+    gen = _gen()
+    rows, vocab = 6, 5000
+    state = _random_state(rows, vocab, gen, device=kernel_device)
+    num_slots = state.min_tokens.shape[0]
+    top_k = torch.randint(-3, vocab + 3, (num_slots,), generator=gen, dtype=torch.int32)
+    top_k[:3] = torch.tensor([0, vocab, vocab - 1], dtype=torch.int32)  # off, off, on
+    top_p, min_p = torch.rand(num_slots, generator=gen), torch.rand(num_slots, generator=gen)
+    seeds = torch.randint(-(2**62), 2**62, (num_slots,), generator=gen)
+    prompt_len = torch.randint(1, 10**6, (num_slots,), generator=gen)
+    tables = [t.to(kernel_device) for t in (top_k, top_p, min_p, seeds, prompt_len)]
+    slots = torch.tensor([2, 0, 1, rows, 4, 2], device=kernel_device)  # padding; 2 twice
+    logits = (torch.randn(rows, vocab, generator=gen) * 4).to(kernel_device)
+    args = (*state.kernel_args(), None, *state.penalty_args())
+    runs = []
+    for resolve in (False, True):
+        got = torch.full_like(logits, float("nan"))
+        tile_max = torch.full((rows, 5), -7.0, device=kernel_device)
+        filters = torch.full((rows, 4), float("nan"), device=kernel_device)
+        keys = torch.full((rows, 2), -7, dtype=torch.int64, device=kernel_device)
+        records = dict(zip(("top_k", "top_p", "min_p", "seeds", "prompt_len"), tables, strict=True))
+        process_logits(
+            logits, got, slots, *args, None, None, splits=3, tile_max=tile_max,
+            **(dict(records, filters=filters, keys=keys) if resolve else {}),
+        )  # fmt: skip
+        runs.append((got.cpu(), tile_max.cpu(), filters.cpu(), keys.cpu()))
+    (plain, plain_max, _, _), (got, got_max, filters, keys) = runs
+    assert torch.equal(got, plain) and torch.equal(got_max, plain_max)
+    s = slots.cpu()
+    k = torch.where((top_k[s] > 0) & (top_k[s] < vocab), top_k[s], 0).to(torch.float32)
+    temperature = state.temperature.cpu()[s]
+    assert torch.equal(filters, torch.stack([k, top_p[s], min_p[s], temperature], dim=1))
+    position = prompt_len[s] + state.batch.num_generated.device.cpu()[s].to(torch.int64)
+    assert torch.equal(keys, torch.stack([seeds[s], position], dim=1))
+    with pytest.raises(ValueError, match="come together"):
+        process_logits(logits, got, slots, *args, None, None, top_k=tables[0])

@@ -914,13 +914,20 @@ def test_step_estimate_grows_with_rows(model: dict[str, Any]) -> None:
 
 def test_a_covered_row_races_in_its_parameters_round(model: dict[str, Any]) -> None:
     """Every row of these cases is covered: its racing program loads the lists' first ranks
-    with the slot's parameters, so it waits three rounds (the slot and the covered flag; the
-    parameters and the lists; the commit's count byte and ring entry), not a fourth for the
-    lists after the row's key."""
+    with the row's records (kernels/row_params.py: its key, as processing resolved it from
+    the slot), so it waits two rounds (the records, the covered flag and the lists; the
+    commit's count byte and ring entry), not a third for the slot's parameters nor a fourth
+    for the lists after the row's key. Stage 1 and the cut kernel load the rows' filters
+    from the records too: one round each, not a second after the slot."""
     for case in CASES:
         for data in model["cases"][case].values():
-            (sample,) = [e for e in data["launches"] if e["name"] == "_sample_kernel"]
-            assert sample["constexprs"]["HAS_BUFFER"] and sample["load_rounds"] == 3, sample
+            launches = {e["name"]: e for e in data["launches"]}
+            sample = launches["_sample_kernel"]
+            assert sample["constexprs"]["HAS_BUFFER"] and sample["constexprs"]["KEYED"]
+            assert sample["load_rounds"] == 2, sample
+            assert launches["_candidates_kernel"]["constexprs"]["RESOLVED"]
+            assert launches["_candidates_kernel"]["load_rounds"] == 1
+            assert launches["_top_k_top_p_kernel"]["load_rounds"] == 1
 
 
 def test_every_launch_has_its_occupancy_and_hot_loop(model: dict[str, Any]) -> None:

@@ -8,6 +8,7 @@ import scipy.stats
 import torch
 
 from graphsafe_sampler import rng
+from graphsafe_sampler.kernels.constants import SALT_SAMPLE
 from graphsafe_sampler.kernels.noise import rng_noise
 from graphsafe_sampler.kernels.sampling import launch_sample_tokens, sample_tokens
 from graphsafe_sampler.params import GREEDY_TEMPERATURE
@@ -166,7 +167,7 @@ def test_tiles_that_cannot_win_are_skipped_not_lost(kernel_device: torch.device)
     often as the leader, with tiles whose max lies 4-14 below the best) and rows cut to
     their top 3: the kernel's tokens are the float reference's. A bound below the gap
     would hand every such row to its leader; and no draw of the noise reaches the bound."""
-    from graphsafe_sampler.kernels.sampling import GUMBEL_MAX
+    from graphsafe_sampler.kernels.noise import GUMBEL_MAX
 
     extremes = torch.tensor([0, 1, 2**31, 2**32 - 2, 2**32 - 1])
     noise = -torch.log(rng.exponentials_from_hashes(extremes).double())
@@ -212,6 +213,47 @@ def test_greedy_and_random_rows_merge(kernel_device: torch.device) -> None:
     assert tokens[0::2].tolist() == [7] * 4
     noise = rng.gumbel_noise(seeds[slots], positions, vocab, rng.SALT_SAMPLE)
     _assert_same_tokens(tokens[1::2], (logits + noise).argmax(-1)[1::2], (logits + noise)[1::2])
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_rows_keyed_by_their_records_sample_as_by_slot(
+    splits: int, kernel_device: torch.device
+) -> None:
+    """With processing's records of the rows (kernels/row_params.py: the temperature, the
+    seed and the position prompt_len + num_generated of each row's slot), read by row, the
+    tokens are those of the launch that reads the slots' tables: greedy and random rows,
+    shuffled slots, a cut, rows whole or split."""
+    gen = _gen()
+    rows, vocab, num_slots = 8, 3000, 11
+    logits = (torch.randn(rows, vocab, generator=gen) * 3).to(kernel_device)
+    slots = torch.randperm(num_slots, generator=gen)[:rows].to(kernel_device)
+    temperature = torch.rand(num_slots, generator=gen) + 0.5
+    temperature[slots.cpu()[::3]] = 0.0  # greedy rows
+    seeds = torch.randint(-(2**62), 2**62, (num_slots,), generator=gen)
+    prompt_len = torch.randint(1, 10**6, (num_slots,), generator=gen)
+    generated = torch.randint(0, 10**4, (num_slots,), generator=gen, dtype=torch.int32)
+    cut = logits.kthvalue(vocab - 40, dim=1).values.contiguous()
+    temperature, seeds, prompt_len, generated = (
+        t.to(kernel_device) for t in (temperature, seeds, prompt_len, generated)
+    )
+    filters = torch.zeros(rows, 4, device=kernel_device)
+    filters[:, 3] = temperature[slots]
+    keys = torch.stack([seeds[slots], prompt_len[slots] + generated[slots]], dim=1)
+    runs = []
+    for keyed in (False, True):
+        tokens = torch.full((rows,), -1, dtype=torch.int32, device=kernel_device)
+        records = dict(filters=filters, keys=keys.contiguous()) if keyed else {}
+        sample_tokens(
+            logits, slots, temperature, seeds, None, cut, tokens, SALT_SAMPLE, prompt_len,
+            generated, splits, **records,
+        )  # fmt: skip
+        runs.append(tokens.cpu())
+    assert torch.equal(runs[0], runs[1])
+    with pytest.raises(ValueError, match="both or neither"):
+        sample_tokens(
+            logits, slots, temperature, seeds, None, cut, tokens, SALT_SAMPLE, prompt_len,
+            generated, splits, filters=filters,
+        )  # fmt: skip
 
 
 def test_masked_and_nan_rows_match_torch_backend(kernel_device: torch.device) -> None:

@@ -276,6 +276,15 @@ def test_folded_min_p_equals_min_p_then_top_k_top_p(
     top_k_top_p_threshold(untouched, slots, top_k, top_p, cut_only, min_p)
     torch.testing.assert_close(untouched, logits, rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(cut_only, cut, rtol=0, atol=0, equal_nan=True)
+    # with the rows' filters as processing resolves them (kernels/row_params.py), which
+    # stage 1 then reads by row instead of through the slots: the same cut
+    k = torch.where((top_k > 0) & (top_k < vocab), top_k, 0)[slots].to(torch.float32)
+    filters = torch.stack([k, top_p[slots], min_p[slots], torch.ones_like(k)], dim=1)
+    resolved = torch.empty(rows, device=kernel_device)
+    top_k_top_p_threshold(
+        logits.clone(), slots, top_k, top_p, resolved, min_p, filters=filters.contiguous()
+    )
+    torch.testing.assert_close(resolved, cut_only, rtol=0, atol=0, equal_nan=True)
 
     two_kernels = logits.clone()
     apply_min_p(two_kernels, slots, min_p)

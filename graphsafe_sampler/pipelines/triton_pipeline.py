@@ -132,6 +132,21 @@ class TritonPipeline:
         if raw_tiles:
             shape = (logits.shape[0], tile_count(logits.shape[1]), 2)
             raw = torch.empty(shape, dtype=torch.float32, device=logits.device)
+        # the rows' filters, temperatures, seeds and positions, which processing resolves
+        # from the slots for stage 1 and sampling to read by row (kernels/row_params.py);
+        # not with a mask written (sampled otherwise) nor a watermark (keys of its own)
+        resolve: dict[str, torch.Tensor] = {}
+        if not write_mask and s.watermark is None:
+            num_rows = logits.shape[0]
+            resolve = {
+                "top_k": s.top_k_top_p.top_k.device,
+                "top_p": s.top_k_top_p.top_p.device,
+                "min_p": s.min_p.min_p.device,
+                "seeds": s.sampling.seed.device,
+                "prompt_len": s.sampling.prompt_len.device,
+                "filters": torch.empty(num_rows, 4, dtype=torch.float32, device=logits.device),
+                "keys": torch.empty(num_rows, 2, dtype=torch.int64, device=logits.device),
+            }
         process_logits(
             logits,
             x,
@@ -161,6 +176,7 @@ class TritonPipeline:
             tile_max,
             raw,
             **defer,
+            **resolve,
         )
         if s.thinking_budget is not None:
             # a sparse decision, a dense mask: one more pass over x, only where the config
@@ -182,12 +198,16 @@ class TritonPipeline:
         # stage 1's lists with their ids: sampling races the rows they cover over them
         buffer = candidate_lists(*x.shape, splits, x.device)
         source, deferred = (logits, defer["deferred"]) if defer else (None, None)
+        filters = resolve.get("filters")
         top_k_top_p_threshold(
-            x, slots, top_k, top_p, cut, min_p, splits, tile_max, *buffer, source, deferred
+            x, slots, top_k, top_p, cut, min_p, splits, tile_max, *buffer, source, deferred,
+            filters,
         )  # fmt: skip
+        keys = (resolve["filters"], resolve["keys"]) if resolve else None
         return Processed(
-            x, cut, None, None, tile_max, raw, buffer=buffer, source=source, deferred=deferred
-        )
+            x, cut, None, None, tile_max, raw, buffer=buffer, source=source, deferred=deferred,
+            keys=keys,
+        )  # fmt: skip
 
     def sample(self, processed: Processed, slots: torch.Tensor) -> torch.Tensor:
         return self._sample(processed, slots, None, commit=False)
@@ -226,16 +246,20 @@ class TritonPipeline:
         )  # fmt: skip
         buffer = processed.buffer if processed.buffer is not None else (None, None, None)
         read = (processed.source, processed.deferred)  # the unwritten rows', or None
+        # processing's records of the rows' keys (by slot's values), or None
+        keys = processed.keys if processed.keys is not None else (None, None)
         if not commit:
             by_slot = generated if positions is None else None
             arrivals = self._arrivals(num_rows, splits)
-            sample_tokens(*args, by_slot, splits, processed.tile_max, arrivals, *buffer, *read)
+            sample_tokens(
+                *args, by_slot, splits, processed.tile_max, arrivals, *buffer, *read, *keys
+            )  # fmt: skip
             return tokens
         sample_and_commit(
             *args, generated, splits, processed.tile_max, keep, s.penalties.counts,
             s.penalties.overflow_token.device, s.penalties.overflow_excess.device,
             s.bad_words.window.device, s.batch_state.config.padding_slot,
-            self._arrivals(num_rows, splits), *buffer, *read,
+            self._arrivals(num_rows, splits), *buffer, *read, *keys,
         )  # fmt: skip
         return tokens
 

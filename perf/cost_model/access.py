@@ -207,7 +207,7 @@ def _top_k_top_p_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
 
 
 def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
-    from graphsafe_sampler.kernels import list_race
+    from graphsafe_sampler.kernels import list_race, noise
     from graphsafe_sampler.kernels import sampling as k
 
     slots = a["slots_ptr"]
@@ -231,7 +231,7 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         read = visited_share(survivors, tiles, a.get(UNKNOWN_TILES))  # of the row
         visited = torch.maximum(read, hashed)  # of the slowest program's chunk
     partials = ("partial_best_ptr", "partial_index_ptr", "partial_nan_ptr")
-    hash_line = source_line(k._sample_kernel, "if top + GUMBEL_MAX > best:")
+    hash_line = source_line(noise.race_tile, "if top + GUMBEL_MAX > best:")
     taken = {hash_line: hashed}
     if c["HAS_TILE_MAX"]:
         # the walk's iterations are the listed tiles, a share `visited` of the chunk's; of
@@ -246,9 +246,9 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     few = torch.zeros_like(ones)
     if c["HAS_THRESHOLD"] and survivors is not None:
         few = torch.where(
-            survivors < tiles, few_share(survivors, tiles, k.FEW_SURVIVORS.value), 0.0
+            survivors < tiles, few_share(survivors, tiles, noise.FEW_SURVIVORS.value), 0.0
         )
-    few_line = source_line(k._sample_kernel, "if count <= FEW_SURVIVORS:")
+    few_line = source_line(noise.race_tile, "if count <= FEW_SURVIVORS:")
     taken[few_line] = few
     # a covered row (HAS_BUFFER) reads none of its row: its first program races over the
     # lists, its others stop at once; every program reads its flag

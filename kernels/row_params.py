@@ -1,0 +1,87 @@
+"""A row's slot parameters resolved once a step, for the kernels that read them by row.
+
+The key idea: a kernel that finds a parameter through the row's slot loads the slot, then
+the parameter, and waits a memory latency for each (a warp issues in order). The step's
+first kernel loads its slot's parameters anyway; where it also writes those of the kernels
+after it into two small per-row records, each of those loads them with its first loads,
+one round of dependent loads sooner. Processing resolves them on the Sampler's fused path
+(`load_slot_params`, `store_row_params`); stage 1 of top-k/top-p writes the filters itself
+where nothing did, for its cut kernel. docs/kernels.md, the rounds of dependent loads.
+
+The records: `filters` [num_rows, FILTERS] float32, (k, top_p, min_p, temperature), k 0
+where top-k is off (k <= 0 or k >= V); `keys` [num_rows, KEYS] int64, (seed, position), the
+position prompt_len + num_generated of the slot, the token the row samples.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FILTERS = tl.constexpr(4)
+"""Columns of a row's filters record: k (float32, exact: k < V < 2**24), top_p, min_p,
+temperature."""
+
+KEYS = tl.constexpr(2)
+"""Columns of a row's keys record: the seed and the position its race draws with."""
+
+
+@triton.jit
+def top_k_on(k, vocab_size):
+    """A slot's top_k as the kernels take it: 0 where off (k <= 0 or k >= V)."""
+    return tl.where((k > 0) & (k < vocab_size), k, 0)
+
+
+@triton.jit
+def store_filters(filters_ptr, row, k, top_p, min_p, mask=None):
+    """The row's k, top_p and min_p into its filters record (its temperature left), where
+    `mask` (a scalar; None: always)."""
+    at = filters_ptr + row.to(tl.int64) * FILTERS
+    tl.store(at + 0, k.to(tl.float32), mask=mask)
+    tl.store(at + 1, top_p, mask=mask)
+    tl.store(at + 2, min_p, mask=mask)
+
+
+@triton.jit
+def load_slot_params(slot, top_k_ptr, top_p_ptr, min_p_ptr, seeds_ptr, prompt_len_ptr, vocab_size):
+    """The slot's (k, top_p, min_p, seed, prompt_len) for `store_row_params`: loaded with
+    the caller's other parameters, in their round (stored at once, they held the loads
+    after them a round)."""
+    k = top_k_on(tl.load(top_k_ptr + slot), vocab_size)
+    top_p = tl.load(top_p_ptr + slot)
+    min_p = tl.load(min_p_ptr + slot)
+    return k, top_p, min_p, tl.load(seeds_ptr + slot), tl.load(prompt_len_ptr + slot)
+
+
+@triton.jit
+def store_row_params(filters_ptr, keys_ptr, row, params, temperature, generated, mask):
+    """Both records of the row, where `mask` (a scalar: the row's first program):
+    `load_slot_params`' params with the slot's temperature and num_generated the caller
+    loaded. Masked, not branched on: in a branch the compiler moved the loads into it,
+    after the caller's later loads had waited for theirs (a round more)."""
+    k, top_p, min_p, seed, prompt_len = params
+    store_filters(filters_ptr, row, k, top_p, min_p, mask)
+    tl.store(filters_ptr + row.to(tl.int64) * FILTERS + 3, temperature, mask=mask)
+    at = keys_ptr + row.to(tl.int64) * KEYS
+    tl.store(at + 0, seed, mask=mask)
+    tl.store(at + 1, prompt_len + generated, mask=mask)
+
+
+@triton.jit
+def load_filters(filters_ptr, row, HAS_MIN_P: tl.constexpr):
+    """The row's (k, top_p, min_p) from its filters record, min_p 0 without HAS_MIN_P."""
+    at = filters_ptr + row.to(tl.int64) * FILTERS
+    k = tl.load(at + 0).to(tl.int32)
+    top_p = tl.load(at + 1)
+    min_p = tl.zeros((), tl.float32)
+    if HAS_MIN_P:
+        min_p = tl.load(at + 2)
+    return k, top_p, min_p
+
+
+@triton.jit
+def load_keys(filters_ptr, keys_ptr, row):
+    """The row's (temperature, seed, position) from its records."""
+    temperature = tl.load(filters_ptr + row.to(tl.int64) * FILTERS + 3)
+    at = keys_ptr + row.to(tl.int64) * KEYS
+    return temperature, tl.load(at + 0), tl.load(at + 1)
