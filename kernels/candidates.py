@@ -122,7 +122,7 @@ def _candidates_kernel(
     HAS_TILE_MAX: tl.constexpr,
     PARTIAL: tl.constexpr,  # a chunk's list: a power of two <= BLOCK_SIZE
     STATS: tl.constexpr,
-    RESOLVED: tl.constexpr,  # processing wrote the rows' filters (`row_params.resolve_row`)
+    RESOLVED: tl.constexpr,  # processing wrote the rows' filters (`row_params`)
     TILES_BLOCK: tl.constexpr,  # a power of two >= num_tiles
     BLOCK_SIZE: tl.constexpr,
     PDL: tl.constexpr,

@@ -54,7 +54,7 @@ class Processed:
         raw logits) divided by deferred[r], which the Triton pipeline's kernels after
         processing read and divide instead (rows that only a temperature changes, or none,
         where nothing else reads `logits`: no mask written).
-    keys: (filters [num_rows, 4] float32, keys [num_rows, 2] int64) or None: each row's
+    records: (filters [num_rows, 4] float32, keys [num_rows, 2] int64) or None: each row's
         temperature, seed and position as the Triton pipeline's processing resolved them
         from the slot tables (kernels/row_params.py), which its sampling kernel reads by
         row instead.
@@ -72,7 +72,7 @@ class Processed:
     remake: tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]] | None = None
     source: torch.Tensor | None = None
     deferred: torch.Tensor | None = None
-    keys: tuple[torch.Tensor, torch.Tensor] | None = None
+    records: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def greedy_tokens(self) -> torch.Tensor:
         """[num_rows] int64, each row's greedy token (an argmax pass where not at hand)."""

@@ -203,10 +203,10 @@ class TritonPipeline:
             x, slots, top_k, top_p, cut, min_p, splits, tile_max, *buffer, source, deferred,
             filters,
         )  # fmt: skip
-        keys = (resolve["filters"], resolve["keys"]) if resolve else None
+        records = (resolve["filters"], resolve["keys"]) if resolve else None
         return Processed(
             x, cut, None, None, tile_max, raw, buffer=buffer, source=source, deferred=deferred,
-            keys=keys,
+            records=records,
         )  # fmt: skip
 
     def sample(self, processed: Processed, slots: torch.Tensor) -> torch.Tensor:
@@ -246,20 +246,20 @@ class TritonPipeline:
         )  # fmt: skip
         buffer = processed.buffer if processed.buffer is not None else (None, None, None)
         read = (processed.source, processed.deferred)  # the unwritten rows', or None
-        # processing's records of the rows' keys (by slot's values), or None
-        keys = processed.keys if processed.keys is not None else (None, None)
+        # processing's records of the rows (their slots' values), read by row, or None
+        records = processed.records if processed.records is not None else (None, None)
         if not commit:
             by_slot = generated if positions is None else None
             arrivals = self._arrivals(num_rows, splits)
             sample_tokens(
-                *args, by_slot, splits, processed.tile_max, arrivals, *buffer, *read, *keys
+                *args, by_slot, splits, processed.tile_max, arrivals, *buffer, *read, *records
             )  # fmt: skip
             return tokens
         sample_and_commit(
             *args, generated, splits, processed.tile_max, keep, s.penalties.counts,
             s.penalties.overflow_token.device, s.penalties.overflow_excess.device,
             s.bad_words.window.device, s.batch_state.config.padding_slot,
-            self._arrivals(num_rows, splits), *buffer, *read, *keys,
+            self._arrivals(num_rows, splits), *buffer, *read, *records,
         )  # fmt: skip
         return tokens
 
