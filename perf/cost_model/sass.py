@@ -148,8 +148,7 @@ def find_loops(
                     if jump and re.match(r"BRA\b", last.strip()):
                         beyond = labels.get(jump.group(1), target)
                         if target < beyond <= end:
-                            where = os.path.basename(file)
-                            else_blocks.append((where, line, target, beyond - 16))
+                            else_blocks.append((os.path.basename(file), line, target, beyond - 16))
         loop = Loop(
             os.path.basename(where), at, source, len(body), bool(TILE_LOOP.search(source)),
             pipelined, head=head, end=end, branches=branches, else_blocks=else_blocks,
