@@ -413,6 +413,26 @@ def last_to_arrive(counter_ptr, programs):
     return last
 
 
+@triton.jit
+def merge_argmax(
+    row, splits, partial_best_ptr, partial_index_ptr, partial_nan_ptr,
+    SPLIT_BLOCK: tl.constexpr,
+):  # fmt: skip
+    """A split row's argmax: row `row`'s chunks' answers (the sampling kernel's) merged in
+    column order -> its token: the first NaN if any, else the best value's lowest index
+    (chunks are ordered, so the lowest chunk among equal bests); a row of -inf gives chunk
+    0's start, 0."""
+    part = tl.arange(0, SPLIT_BLOCK)
+    used = part < splits
+    at = row.to(tl.int64) * splits + part
+    best = tl.load(partial_best_ptr + at, mask=used, other=float("-inf"))
+    index = tl.load(partial_index_ptr + at, mask=used, other=2147483647)
+    first_nan = tl.min(tl.load(partial_nan_ptr + at, mask=used, other=2147483647), axis=0)
+    top = tl.max(best, axis=0)
+    best_index = tl.min(tl.where(used & (best == top), index, 2147483647), axis=0)
+    return tl.where(first_nan < 2147483647, first_nan, best_index)
+
+
 def arrival_counters(
     arrivals: torch.Tensor | None, num_rows: int, device: torch.device
 ) -> torch.Tensor:
@@ -541,6 +561,16 @@ class SplitPolicy:
     def max_registers(self, num_warps: int) -> int:
         """The register cap (`maxnreg`) that gives `ctas_per_sm` CTAs of `num_warps` warps."""
         return register_cap(num_warps, self.ctas_per_sm)
+
+
+def together(*tables: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
+    """Op arguments that come together (stage 1's covered, lists and ids; the rows' filters
+    and keys; values_from and values) -> the tuple, or None for none of them."""
+    if all(t is None for t in tables):
+        return None
+    if any(t is None for t in tables):
+        raise ValueError(f"{len(tables)} arguments go together: all {len(tables)} or none")
+    return tuple(t for t in tables if t is not None)
 
 
 def candidate_buffer(

@@ -166,6 +166,7 @@ def _logprobs_kernel(
     arrivals_ptr,  # [num_rows] int32 (SPLIT): 0, counted up and left 0 (`last_to_arrive`)
     tiles_ptr,  # [num_rows, ceil(V / BLOCK_SIZE), 2] float32 (HAS_TILES): the raw tiles
     visits_ptr,  # [num_rows, ceil(V / BLOCK_SIZE)] int32 scratch (HAS_TILES): tiles read
+    sampled_ptr,  # [num_rows] float32 (HAS_SAMPLED): x[t] as float32, from the sampling kernel
     vocab_size,
     chunk,  # columns a program reads: whole tiles (the row, without SPLIT)
     K: tl.constexpr,
@@ -178,6 +179,7 @@ def _logprobs_kernel(
     NO_TOKEN: tl.constexpr,
     PDL: tl.constexpr,
     SPLIT_BLOCK: tl.constexpr = 2,  # a power of two >= splits (SPLIT)
+    HAS_SAMPLED: tl.constexpr = False,
 ):
     """Per row r with sampled token t = tokens[r], over the source row x (raw or processed
     logits, as the logprobs mode says; float32, float16 or bfloat16, read as float32):
@@ -217,7 +219,11 @@ def _logprobs_kernel(
     part = tl.program_id(1)
     row_ptr = source_ptr + row.to(tl.int64) * source_stride
     token = tl.load(tokens_ptr + row)
-    sampled = tl.load(row_ptr + token).to(tl.float32)
+    # with the first loads: loaded at the token, it waited a round for it
+    if HAS_SAMPLED:  # noqa: SIM108 (a constexpr guard: one branch is compiled)
+        sampled = tl.load(sampled_ptr + row)
+    else:
+        sampled = tl.load(row_ptr + token).to(tl.float32)
 
     lanes = tl.arange(0, K_BLOCK)
     top_v = tl.full((K_BLOCK,), float("-inf"), tl.float32)
@@ -238,6 +244,11 @@ def _logprobs_kernel(
     listed = row * num_tiles + first  # int32: B x tiles < 2**31
     if HAS_TILES:
         bounds = chunk_bounds(tile_row, 2, first, first + visits, TILES_BLOCK)
+        if HAS_SAMPLED:
+            # the token and its value are loaded before the tile statistics' reductions:
+            # ptxas issued them after (waiting on the tables a round), and moves no load
+            # across a barrier
+            tl.debug_barrier()
         run_max, run_sum, lowest, below = _from_tiles(
             tile_row, num_tiles, first, first + visits, sampled, K, TILES_BLOCK
         )
@@ -387,6 +398,7 @@ def launch_logprobs(
     visits: torch.Tensor | None = None,  # [num_rows, ceil(V / block_size)] int32 (tiles)
     # [>= num_rows] int32, all 0 (left so): each split row's count of finished programs
     arrivals: torch.Tensor | None = None,
+    sampled: torch.Tensor | None = None,  # [num_rows] float32: source[r, tokens[r]]
 ) -> None:
     """Launch `_logprobs_kernel` over rows x splits (a split row merged by its last
     program); outputs must be contiguous. Allocates nothing, returns None."""
@@ -414,11 +426,12 @@ def launch_logprobs(
     _logprobs_kernel[(num_rows, splits)](
         source, source.stride(0), tokens, token_ids, logprobs, ranks, lse, stats, part_v,
         part_i, counters, tiles if tiles is not None else lse,
-        visits if tiles is not None else ranks, vocab_size, chunk, K=k, K_BLOCK=k_block,
+        visits if tiles is not None else ranks, sampled if sampled is not None else lse,
+        vocab_size, chunk, K=k, K_BLOCK=k_block,
         SUBTRACT_LSE=subtract_lse, SPLIT=split, HAS_TILES=tiles is not None,
         TILES_BLOCK=triton.next_power_of_2(num_tiles), BLOCK_SIZE=block_size,
         NO_TOKEN=_NO_TOKEN, SPLIT_BLOCK=max(2, triton.next_power_of_2(splits)),
-        **pdl_launch(source.device),
+        HAS_SAMPLED=sampled is not None, **pdl_launch(source.device),
     )  # fmt: skip
 
 
@@ -439,6 +452,7 @@ def compute_logprobs(
     splits: int = 1,
     tiles: torch.Tensor | None = None,
     arrivals: torch.Tensor | None = None,
+    sampled: torch.Tensor | None = None,
 ) -> None:
     """The logprobs stage in one pass per row: column 0 the sampled token, columns 1..K the
     top K in descending order, minus the row's logsumexp when `subtract_lse` (the
@@ -455,6 +469,8 @@ def compute_logprobs(
     only the tiles that can matter are read (the same outputs, lse up to the float32 order
     of its sum). arrivals: int32 [>= num_rows], all 0, which the op leaves 0 (the split
     rows' counters: a caller's persistent buffer saves a fill launch), or None: allocated.
+    sampled: float32 [num_rows] or None: source[r, tokens[r]] as float32, which the sampling
+    kernel wrote (`sample_tokens`' values), read with the row's first loads.
     """
     if source.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"source must be float32, float16 or bfloat16, got {source.dtype}")
@@ -475,6 +491,8 @@ def compute_logprobs(
         raise ValueError(f"splits must be >= 1, got {splits}")
     if tiles is not None:
         check_raw_tiles(tiles, num_rows, vocab_size)
+    if sampled is not None:
+        check_rows("sampled", sampled, torch.float32, num_rows)
     splits = split_count(vocab_size, splits)
     visits = None
     if tiles is not None:  # the tiles each program reads
@@ -502,4 +520,5 @@ def compute_logprobs(
         tiles,
         visits,
         arrivals,
+        sampled,
     )

@@ -40,12 +40,14 @@ from .library import (
     last_to_arrive,
     listed_tile,
     load_deferred,
+    merge_argmax,
     processed,
     row_logits,
     split_chunks,
     split_count,
     tile_count,
     tiles_to_visit,
+    together,
 )
 from .list_race import RACE_BLOCK, first_ranks, race_lists
 from .noise import race_tile, row_key
@@ -82,6 +84,9 @@ def _sample_kernel(
     deferred_ptr,  # [num_rows] float32 (DEFER): not 0 = read the row from source_ptr, over it
     filters_ptr,  # [num_rows, FILTERS] float32 (KEYED): the rows' temperatures (row_params.py)
     keys_ptr,  # [num_rows, KEYS] int64 (KEYED): their seeds and positions
+    # HAND_VALUE: the logits logprobs reads ([num_rows, V], any float type) and, written,
+    # each row's token's value there ([num_rows] float32), for it to load with its first
+    values_from_ptr, values_from_stride, values_ptr,
     vocab_size,
     chunk,  # columns a program scans, a multiple of BLOCK_SIZE (the row when not SPLIT)
     # COMMIT: keep, the history tables and their sizes, as `history.commit_row` takes them
@@ -108,6 +113,7 @@ def _sample_kernel(
     ONE_BLOCK: tl.constexpr = True,  # RANK_BLOCK >= each list's length (HAS_BUFFER)
     DEFER: tl.constexpr = False,
     KEYED: tl.constexpr = False,  # by row, as processing resolved them (BY_SLOT's values)
+    HAND_VALUE: tl.constexpr = False,
 ):  # fmt: skip
     """Per row r with slot s = slots[r]: greedy rows (temperature[s] < GREEDY_BELOW) take
     argmax(logits[r]), lowest index on ties; random rows take argmax(logits[r] + gumbel[r]),
@@ -125,8 +131,8 @@ def _sample_kernel(
     Program (row, split) scans columns [split * chunk, (split + 1) * chunk). With SPLIT (so
     that a few rows still spread over every SM), it writes its chunk's best value (NaN left
     out), lowest index and first NaN, and the row's last program to finish merges them
-    (`library.last_to_arrive`, `_merge_chunks`): no launch of its own. The program that makes a
-    row's token then commits it (COMMIT), as `history.commit_history` would."""
+    (`library.last_to_arrive`, `library.merge_argmax`): no launch of its own. The program
+    that makes a row's token then commits it (COMMIT), as `history.commit_history` would."""
     await_prior_grids(PDL)
     row = tl.program_id(0)
     split = tl.program_id(1)
@@ -238,11 +244,13 @@ def _sample_kernel(
         tl.store(partial_nan_ptr + at, first_nan)
         finish = last_to_arrive(arrivals_ptr + row, splits)
         if finish:
-            token = _merge_chunks(
+            token = merge_argmax(
                 row, splits, partial_best_ptr, partial_index_ptr, partial_nan_ptr, SPLIT_BLOCK
             )
     if finish:
         tl.store(tokens_ptr + row, token.to(tokens_ptr.dtype.element_ty))
+        if HAND_VALUE:  # loaded before the commit's loads, in their round; stored after
+            value = tl.load(values_from_ptr + row.to(tl.int64) * values_from_stride + token)
         if COMMIT:
             # commit_row's barrier orders every thread's read of num_generated (the
             # position, at the start) before the store that advances it; the row's other
@@ -252,25 +260,8 @@ def _sample_kernel(
                 overflow_excess_ptr, window_ptr, counts_stride, num_overflow, window_len,
                 padding_slot, SATURATED, HAS_KEEP, OVERFLOW_BLOCK,
             )  # fmt: skip
-
-
-@triton.jit
-def _merge_chunks(
-    row, splits, partial_best_ptr, partial_index_ptr, partial_nan_ptr,
-    SPLIT_BLOCK: tl.constexpr,
-):  # fmt: skip
-    """Row `row`'s chunks' answers merged in column order -> its token: the first NaN if
-    any, else the best value's lowest index (chunks are ordered, so the lowest chunk among
-    equal bests); a row of -inf gives chunk 0's start, 0."""
-    part = tl.arange(0, SPLIT_BLOCK)
-    used = part < splits
-    at = row.to(tl.int64) * splits + part
-    best = tl.load(partial_best_ptr + at, mask=used, other=float("-inf"))
-    index = tl.load(partial_index_ptr + at, mask=used, other=2147483647)
-    first_nan = tl.min(tl.load(partial_nan_ptr + at, mask=used, other=2147483647), axis=0)
-    top = tl.max(best, axis=0)
-    best_index = tl.min(tl.where(used & (best == top), index, 2147483647), axis=0)
-    return tl.where(first_nan < 2147483647, first_nan, best_index)
+        if HAND_VALUE:
+            tl.store(values_ptr + row, value.to(tl.float32))
 
 
 def launch_sample_tokens(
@@ -307,7 +298,10 @@ def launch_sample_tokens(
     defer: tuple[torch.Tensor, torch.Tensor] | None = None,
     # (filters [num_rows, 4] float32, keys [num_rows, 2] int64): process_logits' records of
     # the rows (`row_params`), read instead of the slot's tables (positions None)
-    keyed: tuple[torch.Tensor, torch.Tensor] | None = None,
+    keyed: tuple[torch.Tensor, ...] | None = None,
+    # (source [num_rows, V], values [num_rows] float32 written): each row's token's value in
+    # the logits logprobs reads, for `compute_logprobs(sampled=values)`
+    hand: tuple[torch.Tensor, ...] | None = None,
 ) -> None:
     """Launch `_sample_kernel` over rows x splits (a split row merged by its last
     program); allocates nothing, returns None."""
@@ -355,6 +349,11 @@ def launch_sample_tokens(
             raise ValueError("the rows' keys hold their positions: no positions with them")
         check_table("filters", keyed[0], torch.float32, (num_rows, FILTERS.value))
         check_table("keys", keyed[1], torch.int64, (num_rows, KEYS.value))
+    if hand is not None:
+        floats = (torch.float32, torch.float16, torch.bfloat16)
+        if hand[0].dtype not in floats or hand[0].shape != logits.shape or hand[0].stride(1) != 1:
+            raise ValueError("values_from must be [num_rows, V] float, rows contiguous")
+        check_rows("values", hand[1], torch.float32, num_rows)
     # a block of RACE_BLOCK list entries: RANK_BLOCK ranks of every chunk's list
     chunk_block = max(2, triton.next_power_of_2(buffer_len // list_len))
     rank_block = max(2, min(RACE_BLOCK // chunk_block, triton.next_power_of_2(list_len)))
@@ -379,6 +378,7 @@ def launch_sample_tokens(
         list_len,
         *((defer[0], defer[0].stride(0), defer[1]) if defer else (logits, 1, tokens)),
         *(keyed if keyed is not None else (logits, seeds)),  # unread without KEYED
+        *((hand[0], hand[0].stride(0), hand[1]) if hand else (logits, 1, logits)),
         vocab_size,
         chunk,
         history[0],  # keep; num_generated is the one above
@@ -400,6 +400,7 @@ def launch_sample_tokens(
         ONE_BLOCK=rank_block >= list_len,
         DEFER=defer is not None,
         KEYED=keyed is not None,
+        HAND_VALUE=hand is not None,
         **committing,
         **pdl_launch(logits.device),
     )
@@ -409,7 +410,7 @@ sample_splits = SplitPolicy(ctas_per_sm=7)
 """Programs per row for `sample_tokens` (`library.SplitPolicy`: at least one tile each)."""
 
 
-@inplace_op("sample_tokens", mutates_args=("tokens", "arrivals"))
+@inplace_op("sample_tokens", mutates_args=("tokens", "arrivals", "values"))
 def sample_tokens(
     logits: torch.Tensor,
     slots: torch.Tensor,
@@ -431,6 +432,8 @@ def sample_tokens(
     deferred: torch.Tensor | None = None,
     filters: torch.Tensor | None = None,
     keys: torch.Tensor | None = None,
+    values_from: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
 ) -> None:
     """Greedy argmax or the counter-based Gumbel-max race, merged per row into `tokens`.
 
@@ -454,19 +457,22 @@ def sample_tokens(
     deferred[r] (`library.processed`). filters [num_rows, 4] float32 and keys [num_rows, 2]
     int64, both or neither, positions None: `process_logits`' records of the rows, their
     temperatures, seeds and positions resolved from these tables (`row_params`), read by row.
+    values_from [num_rows, V] (float32, float16 or bfloat16) and values [num_rows] float32
+    (written), both or neither: each row's token's value in values_from (the logits logprobs
+    reads), for `compute_logprobs(sampled=...)`.
     """
     _sample(
         logits, slots, temperature, seeds, positions, threshold, tokens, salt, prompt_len,
         num_generated, splits, tile_max, arrivals=arrivals,
         buffer=candidate_buffer(covered, lists, ids), source=source, deferred=deferred,
-        keyed=_records(filters, keys),
+        keyed=together(filters, keys), hand=together(values_from, values),
     )  # fmt: skip
 
 
 @inplace_op(
     "sample_and_commit",
     mutates_args=("tokens", "num_generated", "counts", "overflow_token", "overflow_excess",
-                  "window", "arrivals"),
+                  "window", "arrivals", "values"),
 )  # fmt: skip
 def sample_and_commit(
     logits: torch.Tensor,
@@ -495,6 +501,8 @@ def sample_and_commit(
     deferred: torch.Tensor | None = None,
     filters: torch.Tensor | None = None,
     keys: torch.Tensor | None = None,
+    values_from: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
 ) -> None:
     """`sample_tokens`, then `history.commit_history` of its tokens, with the commit made
     by the program that makes each row's token (a split row's last to finish): one launch
@@ -509,7 +517,7 @@ def sample_and_commit(
         logits, slots, temperature, seeds, positions, threshold, tokens, salt, prompt_len,
         None if positions is not None else num_generated, splits, tile_max, commit, keep,
         arrivals, candidate_buffer(covered, lists, ids), source, deferred,
-        _records(filters, keys),
+        together(filters, keys), together(values_from, values),
     )  # fmt: skip
 
 
@@ -532,7 +540,8 @@ def _sample(
     buffer: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     source: torch.Tensor | None = None,
     deferred: torch.Tensor | None = None,
-    keyed: tuple[torch.Tensor, torch.Tensor] | None = None,
+    keyed: tuple[torch.Tensor, ...] | None = None,
+    hand: tuple[torch.Tensor, ...] | None = None,
 ) -> None:
     """The sampling ops' checks, their scratch, and the launch."""
     check_logits(logits)
@@ -582,16 +591,5 @@ def _sample(
         num_generated, splits, partials, tile_max=tile_max, visits=visits, commit=commit,
         keep=keep, arrivals=arrivals, buffer=buffer,
         defer=(source, deferred) if source is not None and deferred is not None else None,
-        keyed=keyed,
+        keyed=keyed, hand=hand,
     )  # fmt: skip
-
-
-def _records(
-    filters: torch.Tensor | None, keys: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The rows' records as the ops take them (both or neither) -> the pair, or None."""
-    if filters is None and keys is None:
-        return None
-    if filters is None or keys is None:
-        raise ValueError("filters and keys go together: both or neither")
-    return filters, keys

@@ -336,20 +336,19 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
     # sample_and_commit: the Sampler's step, the commit in the unsplit sampling program or
     # in a split row's last program, with a commit mask or without; the covered rows raced
     # over stage 1's lists (4 chunks' lists of 32, as at B = 256; 64, as at B = 1)
-    # (with the rows' keys processing resolved: `keyed`)
-    for splits, keep, chunks, defer, keyed in ((1, False, 4, False, False),
-                                               (3, False, 64, False, False),
-                                               (3, True, 4, False, False),
-                                               (3, False, 4, True, True),
-                                               (3, False, 64, False, True)):  # fmt: skip
+    # (with the rows' keys processing resolved: `keyed`; handing logprobs the tokens' raw
+    # values: `hand`)
+    committing = (
+        (1, False, 4, False, False, False), (3, False, 64, False, False, False),
+        (3, True, 4, False, False, False), (3, False, 4, True, True, False),
+        (3, False, 64, False, True, True),
+    )  # fmt: skip
+    for splits, keep, chunks, defer, keyed, hand in committing:
 
         def committed(
-            splits: int = splits,
-            keep: bool = keep,
-            chunks: int = chunks,
-            d: bool = defer,
-            keyed: bool = keyed,
-        ) -> None:
+            splits: int = splits, keep: bool = keep, chunks: int = chunks, d: bool = defer,
+            keyed: bool = keyed, hand: bool = hand,
+        ) -> None:  # fmt: skip
             generated = _i32(slots_n)  # the positions' and the commit's
             sampling.launch_sample_tokens(
                 wide, slots, _t(slots_n), _i64(slots_n), None, _i32(rows), _t(rows),
@@ -364,10 +363,13 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
                 buffer=(_i32(rows), _t(rows, chunks, 32), _i32(rows, chunks, 32)),
                 defer=(wide, _t(rows)) if d else None,
                 keyed=(_t(rows, 4), _i64(rows, 2)) if keyed else None,
+                # the raw modes': each token's raw value, for logprobs
+                hand=(_t(rows, 4096, dtype=torch.bfloat16), _t(rows)) if hand else None,
             )  # fmt: skip
 
         label = f"sample_and_commit splits={splits} keep={keep} lists={chunks}x32"
         label += (" defer" if defer else "") + (" keyed" if keyed else "")
+        label += " hand" if hand else ""
         calls.append((label, committed))
 
     def rng() -> None:
@@ -398,7 +400,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
         calls.append((label, lp))
 
     # split rows (a GPU's small batch): chunks' partials, merged by each row's last
-    # program; K 20
+    # program; K 20; with the raw tiles, the Sampler's, the sampled values from sampling
     for raw in (False, True):
 
         def split_lp(raw: bool = raw) -> None:
@@ -406,7 +408,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
             logprobs.launch_logprobs(
                 _t(rows, 151_936), _i64(rows), _i32(rows, 21), _t(rows, 21), _i32(rows),
                 _t(rows), True, 1024, 64, partials, _t(rows, 149, 2) if raw else None,
-                _i32(rows, 149) if raw else None, _i32(rows),
+                _i32(rows, 149) if raw else None, _i32(rows), _t(rows) if raw else None,
             )  # fmt: skip
 
         calls.append(

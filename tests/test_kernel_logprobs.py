@@ -35,6 +35,7 @@ def _kernel(
     subtract_lse: bool,
     splits: int = 1,
     tiles: torch.Tensor | None = None,
+    sampled: torch.Tensor | None = None,
 ) -> tuple[LogprobsTensors, torch.Tensor]:
     """Outputs poisoned first, so an element the kernel never wrote shows up; a split
     row's counter (a caller's, longer than the batch) is back at 0 after the launch."""
@@ -45,7 +46,7 @@ def _kernel(
     lse = torch.full((rows,), float("nan"), device=device)
     arrivals = torch.zeros(rows + 2, dtype=torch.int32, device=device)
     compute_logprobs(
-        source, tokens, ids, values, ranks, lse, subtract_lse, splits, tiles, arrivals
+        source, tokens, ids, values, ranks, lse, subtract_lse, splits, tiles, arrivals, sampled
     )  # fmt: skip
     assert not arrivals.any(), arrivals.tolist()
     return LogprobsTensors(ids, values, ranks), lse
@@ -286,6 +287,16 @@ def test_raw_tiles_give_the_full_pass_outputs(
     subtract_lse = mode.endswith("logprobs")
     full, full_lse = _kernel(raw, tokens, 5, subtract_lse, splits)
     got, lse = _kernel(raw, tokens, 5, subtract_lse, splits, _raw_tiles(raw))
+    # the sampled values as the sampling kernel hands them over (`sampled`): the same
+    # outputs; and they are what the kernel reads for the sampled token's, not the row
+    sampled = raw.gather(1, tokens[:, None].long())[:, 0].to(torch.float32)
+    handed, handed_lse = _kernel(raw, tokens, 5, subtract_lse, splits, _raw_tiles(raw), sampled)
+    for a, b in zip((*handed, handed_lse), (*got, lse), strict=True):
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    off, _ = _kernel(raw, tokens, 5, subtract_lse, splits, _raw_tiles(raw), sampled - 0.5)
+    finite_sampled = sampled.isfinite()
+    assert bool((off.logprobs[:, 0] != got.logprobs[:, 0])[finite_sampled].all())
     assert torch.equal(got.logprob_token_ids, full.logprob_token_ids)
     assert torch.equal(got.selected_token_ranks, full.selected_token_ranks)
     torch.testing.assert_close(lse, full_lse, rtol=2e-6, atol=1e-6)

@@ -222,7 +222,8 @@ def test_rows_keyed_by_their_records_sample_as_by_slot(
     """With processing's records of the rows (kernels/row_params.py: the temperature, the
     seed and the position prompt_len + num_generated of each row's slot), read by row, the
     tokens are those of the launch that reads the slots' tables: greedy and random rows,
-    shuffled slots, a cut, rows whole or split."""
+    shuffled slots, a cut, rows whole or split. With values_from, each token's value there
+    (bfloat16 logits here) is written to `values`, by the program that makes the token."""
     gen = _gen()
     rows, vocab, num_slots = 8, 3000, 11
     logits = (torch.randn(rows, vocab, generator=gen) * 3).to(kernel_device)
@@ -239,17 +240,23 @@ def test_rows_keyed_by_their_records_sample_as_by_slot(
     filters = torch.zeros(rows, 4, device=kernel_device)
     filters[:, 3] = temperature[slots]
     keys = torch.stack([seeds[slots], prompt_len[slots] + generated[slots]], dim=1)
+    # and handing each token's value in other logits (the raw ones logprobs reads) over
+    raw = torch.randn(rows, vocab, generator=gen).to(torch.bfloat16).to(kernel_device)
+    values = torch.full((rows,), float("nan"), device=kernel_device)
     runs = []
     for keyed in (False, True):
         tokens = torch.full((rows,), -1, dtype=torch.int32, device=kernel_device)
         records = dict(filters=filters, keys=keys.contiguous()) if keyed else {}
+        hand = dict(values_from=raw, values=values) if keyed else {}
         sample_tokens(
             logits, slots, temperature, seeds, None, cut, tokens, SALT_SAMPLE, prompt_len,
-            generated, splits, **records,
+            generated, splits, **records, **hand,
         )  # fmt: skip
         runs.append(tokens.cpu())
     assert torch.equal(runs[0], runs[1])
-    with pytest.raises(ValueError, match="both or neither"):
+    want = raw.gather(1, runs[1][:, None].long().to(kernel_device))[:, 0].to(torch.float32)
+    assert torch.equal(values, want)
+    with pytest.raises(ValueError, match="go together"):
         sample_tokens(
             logits, slots, temperature, seeds, None, cut, tokens, SALT_SAMPLE, prompt_len,
             generated, splits, filters=filters,

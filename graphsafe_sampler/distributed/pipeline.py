@@ -180,6 +180,7 @@ class VocabParallelPipeline:
         subtract_lse: bool,
         raw_tiles: torch.Tensor | None = None,
         requested: torch.Tensor | None = None,
+        sampled: torch.Tensor | None = None,
     ) -> LogprobsTensors:
         source = source.to(torch.float32)  # [num_rows, size]
         num_rows = source.shape[0]

@@ -58,6 +58,10 @@ class Processed:
         temperature, seed and position as the Triton pipeline's processing resolved them
         from the slot tables (kernels/row_params.py), which its sampling kernel reads by
         row instead.
+    sampled: (source [num_rows, V], values [num_rows] float32) or None: where the Triton
+        pipeline's sampling writes each row's token's value in `source` (the raw logits, in
+        the raw logprobs modes) into `values`, for its logprobs kernel to read with its first
+        loads (pass `values` as `logprobs(sampled=...)`).
     """
 
     logits: torch.Tensor
@@ -73,6 +77,7 @@ class Processed:
     source: torch.Tensor | None = None
     deferred: torch.Tensor | None = None
     records: tuple[torch.Tensor, torch.Tensor] | None = None
+    sampled: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def greedy_tokens(self) -> torch.Tensor:
         """[num_rows] int64, each row's greedy token (an argmax pass where not at hand)."""
@@ -140,9 +145,11 @@ class Pipeline(Protocol):
         subtract_lse: bool,
         raw_tiles: torch.Tensor | None = None,
         requested: torch.Tensor | None = None,
+        sampled: torch.Tensor | None = None,
     ) -> LogprobsTensors:
         """Step 10 on source [num_rows, V] (raw or processed logits) for tokens [num_rows]
         int32 or int64; raw_tiles: `Processed.raw_tiles` where `source` is the raw logits
         they were made from, else None; requested: [num_rows, C] int64 chosen token ids (-1
-        unused), whose values and ranks fill the `requested_*` fields, or None."""
+        unused), whose values and ranks fill the `requested_*` fields, or None; sampled:
+        [num_rows] float32, source[r, tokens[r]] as `Processed.sampled` holds it, or None."""
         ...

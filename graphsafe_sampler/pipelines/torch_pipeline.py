@@ -230,5 +230,6 @@ class TorchPipeline:
         subtract_lse: bool,
         raw_tiles: torch.Tensor | None = None,
         requested: torch.Tensor | None = None,
+        sampled: torch.Tensor | None = None,
     ) -> LogprobsTensors:
         return compute_logprobs(source.to(torch.float32), tokens, self.k, subtract_lse, requested)

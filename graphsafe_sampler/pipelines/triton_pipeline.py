@@ -204,9 +204,13 @@ class TritonPipeline:
             filters,
         )  # fmt: skip
         records = (resolve["filters"], resolve["keys"]) if resolve else None
+        # the sampled tokens' raw values, which sampling writes for logprobs in the raw modes
+        sampled = None
+        if raw_tiles:
+            sampled = (logits, torch.empty(x.shape[0], dtype=torch.float32, device=x.device))
         return Processed(
             x, cut, None, None, tile_max, raw, buffer=buffer, source=source, deferred=deferred,
-            records=records,
+            records=records, sampled=sampled,
         )  # fmt: skip
 
     def sample(self, processed: Processed, slots: torch.Tensor) -> torch.Tensor:
@@ -248,18 +252,20 @@ class TritonPipeline:
         read = (processed.source, processed.deferred)  # the unwritten rows', or None
         # processing's records of the rows (their slots' values), read by row, or None
         records = processed.records if processed.records is not None else (None, None)
+        hand = processed.sampled if processed.sampled is not None else (None, None)
         if not commit:
             by_slot = generated if positions is None else None
             arrivals = self._arrivals(num_rows, splits)
             sample_tokens(
-                *args, by_slot, splits, processed.tile_max, arrivals, *buffer, *read, *records
+                *args, by_slot, splits, processed.tile_max, arrivals, *buffer, *read, *records,
+                *hand,
             )  # fmt: skip
             return tokens
         sample_and_commit(
             *args, generated, splits, processed.tile_max, keep, s.penalties.counts,
             s.penalties.overflow_token.device, s.penalties.overflow_excess.device,
             s.bad_words.window.device, s.batch_state.config.padding_slot,
-            self._arrivals(num_rows, splits), *buffer, *read, *records,
+            self._arrivals(num_rows, splits), *buffer, *read, *records, *hand,
         )  # fmt: skip
         return tokens
 
@@ -304,6 +310,7 @@ class TritonPipeline:
         subtract_lse: bool,
         raw_tiles: torch.Tensor | None = None,
         requested: torch.Tensor | None = None,
+        sampled: torch.Tensor | None = None,
     ) -> LogprobsTensors:
         num_rows, device = source.shape[0], source.device
         token_ids = torch.empty(num_rows, self.k + 1, dtype=torch.int32, device=device)
@@ -313,7 +320,7 @@ class TritonPipeline:
         splits = logprobs_splits(*source.shape, device)
         compute_logprobs(
             source, tokens, token_ids, values, ranks, lse, subtract_lse, splits, raw_tiles,
-            self._arrivals(num_rows, splits),
+            self._arrivals(num_rows, splits), sampled,
         )  # fmt: skip
         if requested is None:
             return LogprobsTensors(token_ids, values, ranks)

@@ -269,18 +269,31 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         if survivors is not None:
             crowded = crowded_list_share(survivors, chunks, ranks)
         taken[source_line(list_race.race_lists, "if more:")] = covered * crowded * float(later > 0)
+    # every row's first program loads the first block of ranks, a covered row's the rest
+    # as its race needs them (an upper bound: all of them)
+    first_block = 0.0
+    if c["HAS_BUFFER"]:
+        first_block = min(1.0, int(c["RANK_BLOCK"]) / int(a["list_len"]))
+    keyed, hand = float(c.get("KEYED", False)), float(c.get("HAND_VALUE", False))
     work = Work(
         reads={
             "logits_ptr": read,
             "covered_ptr": ones * float(c["HAS_BUFFER"]),
-            "buffer_values_ptr": covered,
-            "buffer_ids_ptr": covered,
+            "buffer_values_ptr": covered + (1 - covered) * first_block,
+            "buffer_ids_ptr": covered + (1 - covered) * first_block,
             "tile_max_ptr": walked * float(c["HAS_TILE_MAX"]) / chunk_tiles,
             "threshold_ptr": ones * float(c["HAS_THRESHOLD"]),
-            "seeds_ptr": random,
+            # the rows' records processing resolved (KEYED), else the slots' tables
+            "filters_ptr": ones * keyed,
+            "keys_ptr": random * keyed,
+            "temperature_ptr": ones * (1 - keyed),
+            "seeds_ptr": random * (1 - keyed),
             "positions_ptr": random * (1 - by_slot),
-            "prompt_len_ptr": random * by_slot,
-            "num_generated_ptr": random * by_slot,
+            "prompt_len_ptr": random * by_slot * (1 - keyed),
+            "num_generated_ptr": random * by_slot * (1 - keyed),
+            # the token's value in the logits logprobs reads (HAND_VALUE): one of the row's
+            "values_from_ptr": ones * hand / a["vocab_size"],
+            "values_ptr": 0 * ones,
             "tokens_ptr": 0 * ones,
             # split rows: the last program reads the row's partials, after each program's
             # atomic add on the row's counter
@@ -291,6 +304,7 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         # and the last one resets the counter
         writes={
             "tokens_ptr": ones,
+            "values_ptr": ones * hand,
             **dict.fromkeys(partials, ones * split),
             "arrivals_ptr": ones * split,
         },
