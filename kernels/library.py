@@ -563,13 +563,14 @@ class SplitPolicy:
         return register_cap(num_warps, self.ctas_per_sm)
 
 
-def together(*tables: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
-    """Op arguments that come together (stage 1's covered, lists and ids; the rows' filters
-    and keys; values_from and values) -> the tuple, or None for none of them."""
+def together(names: str, *tables: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
+    """Op arguments that come together (`names`, for the error: stage 1's covered, lists and
+    ids; the rows' filters and keys; values_from and values) -> the tuple, or None for none
+    of them."""
     if all(t is None for t in tables):
         return None
     if any(t is None for t in tables):
-        raise ValueError(f"{len(tables)} arguments go together: all {len(tables)} or none")
+        raise ValueError(f"{names} go together: all or none")
     return tuple(t for t in tables if t is not None)
 
 
@@ -578,8 +579,5 @@ def candidate_buffer(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """top-k/top-p stage 1's lists as the ops take them (covered, lists, ids: all three, which
     the top-k/top-p op writes and the sampling ops read, or none) -> the triple, or None."""
-    if covered is None and lists is None and ids is None:
-        return None
-    if covered is None or lists is None or ids is None:
-        raise ValueError("covered, lists and ids go together: all three or none")
-    return covered, lists, ids
+    buffer = together("covered, lists and ids", covered, lists, ids)
+    return None if buffer is None else (buffer[0], buffer[1], buffer[2])

@@ -465,7 +465,8 @@ def sample_tokens(
         logits, slots, temperature, seeds, positions, threshold, tokens, salt, prompt_len,
         num_generated, splits, tile_max, arrivals=arrivals,
         buffer=candidate_buffer(covered, lists, ids), source=source, deferred=deferred,
-        keyed=together(filters, keys), hand=together(values_from, values),
+        keyed=together("filters and keys", filters, keys),
+        hand=together("values_from and values", values_from, values),
     )  # fmt: skip
 
 
@@ -517,7 +518,8 @@ def sample_and_commit(
         logits, slots, temperature, seeds, positions, threshold, tokens, salt, prompt_len,
         None if positions is not None else num_generated, splits, tile_max, commit, keep,
         arrivals, candidate_buffer(covered, lists, ids), source, deferred,
-        together(filters, keys), together(values_from, values),
+        together("filters and keys", filters, keys),
+        together("values_from and values", values_from, values),
     )  # fmt: skip
 
 
