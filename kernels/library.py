@@ -570,7 +570,8 @@ def together(names: str, *tables: torch.Tensor | None) -> tuple[torch.Tensor, ..
     if all(t is None for t in tables):
         return None
     if any(t is None for t in tables):
-        raise ValueError(f"{names} go together: all or none")
+        every = {2: "both", 3: "all three"}.get(len(tables), f"all {len(tables)}")
+        raise ValueError(f"{names} go together: {every} or none")
     return tuple(t for t in tables if t is not None)
 
 
