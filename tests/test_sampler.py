@@ -695,6 +695,7 @@ def test_backends_agree_step_by_step(
     gen = torch.Generator().manual_seed(gen_seed)
     words = (vocab + 31) // 32
     mismatches = 0
+    eligible = 0  # rows the buffer can cover: top-k on and within it
     for _step in range(12):
         update = driver.next_update()
         grammar_rows = sorted(set(torch.randint(0, rows, (2,), generator=gen).tolist()))
@@ -707,6 +708,11 @@ def test_backends_agree_step_by_step(
         triton_before = {k: t.clone() for k, t in samplers["triton"].state_tensors().items()}
         a = samplers["torch"](logits.clone(), commit=False)
         b = samplers["triton"](logits.clone())
+        if candidates is not None:
+            k = samplers["triton"].stages.top_k_top_p.top_k.device[
+                samplers["triton"].batch_state.slots(rows)
+            ]
+            eligible += int(((k >= 1) & (k <= candidates)).sum())
         tokens = a.sampled_token_ids[:, 0]
         differ = _assert_near_ties(samplers["torch"], logits, tokens, b.sampled_token_ids[:, 0])
         samplers["torch"].commit_tokens(tokens)
@@ -737,8 +743,12 @@ def test_backends_agree_step_by_step(
         driver.record_tokens(tokens.tolist())
     print(f"{mismatches} near-tie mismatches over 12 steps of {rows} rows")
     if candidates is not None and not mode.startswith("processed"):
-        # the sampling kernel raced some rows over the lists alone, step after step
-        assert len(covered) == 12 and sum(int(c.sum()) for c in covered) > 0, covered
+        # the sampling kernel raced some rows over the lists alone, step after step, where
+        # the draws gave any row a top-k the buffer holds (the driver's k is 0, 1, 2, 5 or
+        # 50: about 1 run in 20 draws none of 1, 2 and 5 in 12 steps of 4 rows)
+        print(f"{eligible} rows with 1 <= k <= {candidates}")
+        assert len(covered) == 12
+        assert sum(int(c.sum()) for c in covered) > 0 or not eligible, covered
 
 
 def test_rows_no_step_changes_are_read_from_the_logits(
