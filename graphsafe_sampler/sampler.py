@@ -252,8 +252,9 @@ class Sampler(nn.Module):
                 mode.endswith("logprobs"),
                 processed.raw_tiles,
                 None if chosen is None else chosen.ids(slots),
-                # the sampled tokens' values in `source`, where sampling wrote them
-                processed.sampled[1] if raw_mode and processed.sampled is not None else None,
+                # the sampled tokens' values in `source` (the raw modes'), where sampling
+                # wrote them
+                processed.sampled[1] if processed.sampled is not None else None,
             )
         return SamplerOutput(tokens.to(torch.int32)[:, None], logprobs)
 

@@ -20,6 +20,7 @@ from graphsafe_sampler.kernels.library import tile_count
 from graphsafe_sampler.kernels.logits_processing import process_logits, process_splits
 from graphsafe_sampler.kernels.logprobs import compute_logprobs, logprobs_splits
 from graphsafe_sampler.kernels.min_p import apply_min_p
+from graphsafe_sampler.kernels.row_params import FILTERS, KEYS
 from graphsafe_sampler.kernels.sampling import sample_and_commit, sample_splits, sample_tokens
 from graphsafe_sampler.kernels.top_k_top_p import (
     apply_top_k_top_p,
@@ -144,8 +145,10 @@ class TritonPipeline:
                 "min_p": s.min_p.min_p.device,
                 "seeds": s.sampling.seed.device,
                 "prompt_len": s.sampling.prompt_len.device,
-                "filters": torch.empty(num_rows, 4, dtype=torch.float32, device=logits.device),
-                "keys": torch.empty(num_rows, 2, dtype=torch.int64, device=logits.device),
+                "filters": torch.empty(
+                    num_rows, FILTERS.value, dtype=torch.float32, device=logits.device
+                ),
+                "keys": torch.empty(num_rows, KEYS.value, dtype=torch.int64, device=logits.device),
             }
         process_logits(
             logits,
