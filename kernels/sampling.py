@@ -36,12 +36,13 @@ from .library import (
     check_table,
     check_tile_max,
     chunk_bounds,
+    hoisted_reciprocal,
     inplace_op,
     last_to_arrive,
     listed_tile,
     load_deferred,
     merge_argmax,
-    processed,
+    processed_tile,
     row_logits,
     split_chunks,
     split_count,
@@ -144,6 +145,7 @@ def _sample_kernel(
     slot = tl.load(slots_ptr + row)
     divisor = load_deferred(deferred_ptr, row, DEFER)
     row_ptr = row_logits(logits_ptr, logits_stride, source_ptr, source_stride, divisor, row)
+    reciprocal, fast = hoisted_reciprocal(divisor)  # the walk's divisions (processed_tile)
     threshold = tl.full((), float("-inf"), tl.float32)
     if HAS_THRESHOLD:
         threshold = tl.load(threshold_ptr + row)
@@ -206,7 +208,8 @@ def _sample_kernel(
         start = listed_tile(visits_ptr, listed, first, visit, HAS_TILE_MAX, BLOCK_SIZE)
         cols = start + tl.arange(0, BLOCK_SIZE)
         in_row = cols < end
-        x = processed(tl.load(row_ptr + cols, mask=in_row, other=float("-inf")), divisor)
+        x = tl.load(row_ptr + cols, mask=in_row, other=float("-inf"))
+        x = processed_tile(x, divisor, reciprocal, fast)
         # x < threshold is False for NaN: a NaN stays, as under masked_fill
         x = tl.where(x < threshold, float("-inf"), x)
         # a finite entry of the table bounds the tile's logits, and the tile holds no NaN:
