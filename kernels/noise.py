@@ -15,7 +15,7 @@ import triton.language as tl
 
 from .constants import SALT_SAMPLE
 from .dependent_launch import await_prior_grids, pdl_launch
-from .library import check_rows, inplace_op, processed
+from .library import INTERPRETED, check_rows, inplace_op, processed
 
 
 @triton.jit
@@ -86,6 +86,43 @@ def gumbel(h):
     return -tl.log(-log1p_v)
 
 
+@triton.jit
+def _log2_approx(x, APPROX: tl.constexpr = not INTERPRETED):
+    """log2(x) by lg2.approx (one MUFU.LG2; CUDA's `__log2f`: within 2**-22 absolute on
+    [0.5, 2], 2 ulp elsewhere; denormals flushed), where `tl.math.log2` is libdevice's
+    accurate log2 (about 20 SASS instructions). The interpreter runs no PTX: numpy's log2
+    there (within the same bound)."""
+    if APPROX:
+        y = tl.inline_asm_elementwise(
+            "lg2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        y = tl.math.log2(x)
+    return y
+
+
+SCREEN_ERROR = tl.constexpr(2.0**-10)
+"""A bound on |gumbel_screen(h) - gumbel(h)| with a margin (docs/kernels.md, sampling):
+the screen's series stops at u**4 (6e-5 at most, in -log(e)), lg2.approx adds 2**-17, and
+`gumbel` is a few ulp of its value from exact."""
+
+
+@triton.jit
+def gumbel_screen(h):
+    """uint32 hash -> `gumbel(h)` within SCREEN_ERROR, for the race to find the few tokens
+    of a tile that can win before it computes their noise exactly: -ln(e) with e =
+    -log1p(-u), u = f 2**-32 (f as `gumbel` clamps it), by the series u (1 + u/2 + u**2/3
+    + u**3/4) below u = 1/8 (relative error under u**4 / 4) and else -ln(1 - u) (1 - u is
+    0.875 at most, and exact from u = 1/2), both logs approximate (`_log2_approx`): about 16
+    SASS instructions an element, where `gumbel`'s two accurate logs and a division take
+    about 80."""
+    f = tl.minimum(tl.maximum(h.to(tl.float32), 0.5), 4294967040.0)
+    u = f * 2.3283064365386963e-10  # f 2**-32, exact
+    series = u * (1.0 + u * (0.5 + u * (0.3333333432674408 + u * 0.25)))
+    e = tl.where(u < 0.125, series, _log2_approx(1.0 - u) * -0.6931471805599453)
+    return _log2_approx(e) * -0.6931471805599453
+
+
 FEW_SURVIVORS = tl.constexpr(2)
 """A tile with at most this many tokens left by the cut (its lowest and highest survivor)
 hashes them alone rather than all BLOCK_SIZE of its tokens."""
@@ -93,6 +130,26 @@ hashes them alone rather than all BLOCK_SIZE of its tokens."""
 GUMBEL_MAX = tl.constexpr(23.0)
 """Above every noise `gumbel` draws: -log(e) with e >= 2**-33 (rng.py's clamp of h at
 0.5) is at most 33 ln 2 = 22.874, plus room for the GPU's approximate log."""
+
+
+@triton.jit
+def _race_few(low, high, count, start, offset, mult, row_ptr, divisor):
+    """The race of a tile's `count` <= FEW_SURVIVORS tokens that can win, its lowest and
+    highest (one token when they meet) -> (their best, its index; the lower on a tie), or
+    (-inf, start) for none: their logits loaded again (both loads issued at once) and their
+    exact noise alone, instead of the whole tile's."""
+    low_x = tl.load(row_ptr + low, mask=count > 0, other=float("-inf"))
+    high_x = tl.load(row_ptr + high, mask=count > 1, other=float("-inf"))
+    tile_max = tl.full((), float("-inf"), tl.float32)
+    tile_index = start
+    if count > 0:
+        tile_max = processed(low_x, divisor) + gumbel(token_hash(low, offset, mult))
+        tile_index = low
+        if count > 1:
+            high_x = processed(high_x, divisor) + gumbel(token_hash(high, offset, mult))
+            tile_index = tl.where(high_x > tile_max, high, low)
+            tile_max = tl.maximum(tile_max, high_x)
+    return tile_max, tile_index
 
 
 @triton.jit
@@ -114,20 +171,30 @@ def race_tile(x, cols, start, in_row, top, best, is_random, offset, mult, row_pt
             low = tl.min(tl.where(alive, cols, 2147483647), axis=0)
             high = tl.max(tl.where(alive, cols, -1), axis=0)
             if count <= FEW_SURVIVORS:
-                # a tile a cut leaves one or two tokens (top-k's usual tile): the lowest
-                # and the highest survivor (one token when they meet), their logits
-                # loaded again and their noise alone, instead of the whole tile's
-                low_x = tl.load(row_ptr + low, mask=count > 0, other=float("-inf"))
-                high_x = tl.load(row_ptr + high, mask=count > 1, other=float("-inf"))
-                low_x, high_x = processed(low_x, divisor), processed(high_x, divisor)
-                low_x += gumbel(token_hash(low, offset, mult))
-                high_x += gumbel(token_hash(high, offset, mult))
-                tile_max = tl.maximum(low_x, high_x)
-                tile_index = tl.where(high_x > low_x, high, low)  # a tie: the lower
+                # a tile the cut leaves one or two tokens (top-k's usual tile)
+                tile_max, tile_index = _race_few(low, high, count, start, offset, mult,
+                                                 row_ptr, divisor)  # fmt: skip
             else:
-                x = x + gumbel(token_hash(cols, offset, mult))
-                tile_max = tl.max(x, axis=0)
-                tile_index = tl.min(tl.where(x == tile_max, cols, 2147483647), axis=0)
+                # the screen: every token's noise within SCREEN_ERROR, and the tokens whose
+                # exact sum may reach the tile's best (those within twice the sums' error
+                # of the screen's max: the error, plus 8 ulps of the max for the sums'
+                # rounding), usually one; none where even the max cannot beat the best
+                screened = x + gumbel_screen(token_hash(cols, offset, mult))
+                screen_max = tl.max(screened, axis=0)
+                error = SCREEN_ERROR + tl.abs(screen_max) * 9.5367431640625e-07  # 2**-20
+                near = screened >= screen_max - 2.0 * error
+                count = tl.sum(near.to(tl.int32), axis=0)
+                low = tl.min(tl.where(near, cols, 2147483647), axis=0)
+                high = tl.max(tl.where(near, cols, -1), axis=0)
+                count = tl.where(screen_max + 2.0 * error <= best, 0, count)
+                # (an infinite max, a +inf logit's, takes every token's exact noise)
+                if (count <= FEW_SURVIVORS) & (tl.abs(screen_max) != float("inf")):
+                    tile_max, tile_index = _race_few(low, high, count, start, offset, mult,
+                                                     row_ptr, divisor)  # fmt: skip
+                else:
+                    x = x + gumbel(token_hash(cols, offset, mult))
+                    tile_max = tl.max(x, axis=0)
+                    tile_index = tl.min(tl.where(x == tile_max, cols, 2147483647), axis=0)
     else:
         tile_max = tl.max(x, axis=0)
         tile_index = tl.min(tl.where((x == tile_max) & in_row, cols, 2147483647), axis=0)

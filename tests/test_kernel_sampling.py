@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 import scipy.stats
 import torch
+import triton
+import triton.language as tl
 
 from graphsafe_sampler import rng
 from graphsafe_sampler.kernels.constants import SALT_SAMPLE
-from graphsafe_sampler.kernels.noise import rng_noise
+from graphsafe_sampler.kernels.noise import SCREEN_ERROR, gumbel, gumbel_screen, rng_noise
 from graphsafe_sampler.kernels.sampling import launch_sample_tokens, sample_tokens
 from graphsafe_sampler.params import GREEDY_TEMPERATURE
 from graphsafe_sampler.stages.threshold_search import top_k_threshold, top_p_threshold
@@ -72,6 +74,80 @@ def test_noise_matches_rng(salt: int, kernel_device: torch.device) -> None:
     want_gumbels = rng.gumbel_noise(seeds, positions, vocab, salt)
     torch.testing.assert_close(gumbels, want_gumbels, rtol=1e-6, atol=1e-6)
     assert torch.isfinite(gumbels).all()
+
+
+@triton.jit
+def _noise_kernel(hashes_ptr, exact_ptr, screen_ptr, N: tl.constexpr):
+    cols = tl.arange(0, N)
+    h = tl.load(hashes_ptr + cols).to(tl.uint32)
+    tl.store(exact_ptr + cols, gumbel(h))
+    tl.store(screen_ptr + cols, gumbel_screen(h))
+
+
+def _noise_of(hashes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 hashes [N], N a power of two -> (`gumbel`, `gumbel_screen`) of each, float32."""
+    exact, screen = torch.empty(hashes.shape), torch.empty(hashes.shape)
+    _noise_kernel[(1,)](hashes.contiguous(), exact, screen, hashes.shape[0])
+    return exact, screen
+
+
+def test_the_screen_is_within_its_error_of_the_noise() -> None:
+    """`gumbel_screen`, the race's approximate noise, lies within an eighth of SCREEN_ERROR
+    of the float64 Gumbel draw (as `gumbel` does, within 1e-5), on fresh hashes and the
+    edges: h = 0 and the top (the clamp), tiny h (the series' smallest u), the series'
+    end (u = 1/8) and u = 1/2, where 1 - u becomes exact. The interpreter's logs are numpy's:
+    this is the series and the branches' error; lg2.approx's, 2**-17 at most, is CUDA's
+    documented bound (docs/kernels.md, sampling)."""
+    gen = _gen()
+    edges = [0, 1, 2, 3, 1000, 2**29 - 2, 2**29 - 1, 2**29, 2**29 + 1, 2**31 - 1, 2**31,
+             2**32 - 257, 2**32 - 256, 2**32 - 1]  # fmt: skip
+    drawn = torch.randint(0, 2**32, (2**14 - len(edges),), generator=gen)
+    hashes = torch.cat([torch.tensor(edges), drawn])
+    exact, screen = _noise_of(hashes)
+    f = hashes.to(torch.float32).clamp(0.5, 4294967040.0).double()
+    want = -torch.log(-torch.log1p(-f * 2.0**-32))
+    error = (screen.double() - want).abs().max().item()
+    print(f"screen error {error:.3g}, bound {SCREEN_ERROR.value:.3g}")
+    assert error <= SCREEN_ERROR.value / 8
+    torch.testing.assert_close(exact.double(), want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf - inf
+def test_a_near_tie_the_screen_misorders_takes_the_exact_noise(
+    kernel_device: torch.device,
+) -> None:
+    """The race screens a tile by `gumbel_screen` and takes the exact noise of the tokens
+    within twice its error of the screen's best. Row 0 plants a token a where the screen
+    overstates the noise most (small u: its series stops early) and a token b the screen
+    gets nearly right, b's exact sum above a's by half a's screen error: the screen puts
+    a first, the exact noise b, and b must win (a screen trusted alone gives a). Row 1
+    puts a above b by as much: a. Row 2 holds two +inf logits: the first. Every other
+    token is alive far below, so that no tile is left to the cut's few survivors."""
+    gen = _gen()
+    vocab, rows = 1024, 3
+    seeds = torch.randint(-(2**63), 2**63 - 1, (rows,), generator=gen)
+    positions = torch.randint(0, 2**40, (rows,), generator=gen)
+    hashes = rng.token_hashes(seeds, positions, vocab, SALT_SAMPLE)
+    logits = torch.full((rows, vocab), -60.0)
+    for r in range(2):
+        exact, screen = _noise_of(hashes[r])
+        over = (screen.double() - exact.double()).where(hashes[r] < 2**29, float("-inf"))
+        a = int(over.argmax())
+        b = int(torch.nonzero(hashes[r] > 2**31)[0])
+        gap = float(over[a]) / 2
+        assert gap > 2e-6, gap  # the screen's series error at that u: the test can tell
+        logits[r, a] = -exact[a]
+        logits[r, b] = -exact[b] + (gap if r == 0 else -gap)
+    logits[2, [70, 900]] = float("inf")
+    slots = torch.arange(rows)
+    temperature = torch.ones(rows)
+    moved = [t.to(kernel_device) for t in (logits, slots, temperature, seeds, positions)]
+    tokens = torch.full((rows,), -1, dtype=torch.int64, device=kernel_device)
+    sample_tokens(*moved[:3], *moved[3:], None, tokens)
+    no_k = torch.full((rows,), -1, dtype=torch.int32, device=kernel_device)
+    _, want, _ = _torch_tokens(*moved[:3], no_k, torch.ones_like(moved[2]), *moved[3:])
+    assert torch.equal(tokens, want), (tokens, want)
+    assert int(tokens[2]) == 70
 
 
 def _torch_tokens(

@@ -248,8 +248,12 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         few = torch.where(
             survivors < tiles, few_share(survivors, tiles, noise.FEW_SURVIVORS.value), 0.0
         )
-    few_line = source_line(noise.race_tile, "if count <= FEW_SURVIVORS:")
-    taken[few_line] = few
+    taken[source_line(noise.race_tile, "if count <= FEW_SURVIVORS:")] = few
+    # the others are screened (approximate noise, `noise.gumbel_screen`), which leaves one
+    # or two tokens to take the exact noise alone: more than two only where three lie
+    # within the screen's error of the tile's best (taken as never)
+    screened = source_line(noise.race_tile, "if (count <= FEW_SURVIVORS) & (tl.abs(screen_max)")
+    taken[screened] = torch.ones_like(few)
     # a covered row (HAS_BUFFER) reads none of its row: its first program races over the
     # lists, its others stop at once; every program reads its flag
     covered = torch.zeros_like(ones)
