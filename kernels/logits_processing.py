@@ -47,7 +47,7 @@ from .sparse_phases import (
     load_stop_block,
     load_stop_olds,
 )
-from .token_steps import dense_tile
+from .token_steps import dense_tile, mark_unknown
 
 
 @triton.jit
@@ -191,6 +191,16 @@ def _process_logits_kernel(
     if RESOLVE:  # for the kernels after this one, which load them by row (row_params.py)
         first = tl.program_id(1) == 0
         store_row_params(filters_ptr, keys_ptr, row, resolved, temperature, generated, first)
+    # a deferred random row that no filter cuts (the fused path's: RESOLVE) takes no dense
+    # pass: its tiles are marked unknown for sampling's walk, its table's one reader, which
+    # hashes nearly all of such a row anyway (docs/kernels.md, deferred rows)
+    pass_end = end
+    if RESOLVE and DEFER and HAS_TILE_MAX and (not HAS_RAW_TILES):
+        unread = plain & (temperature >= GREEDY_BELOW) & (resolved[0] == 0)
+        unread &= (resolved[1] >= 1.0) & (resolved[2] == 0.0)  # (a NaN top_p is off too)
+        pass_end = tl.where(unread, begin, end)
+        if unread:
+            mark_unknown(tile_row, begin, end, BLOCK_SIZE)
 
     # the divisors with their reciprocals, for the dense pass's divisions (token_steps'
     # `divide`); a divisor outside divide_by's range has the chunk made with IEEE division
@@ -207,7 +217,7 @@ def _process_logits_kernel(
     # instructions a tile a thread fewer); a pipelined loop of at most one tile, so that
     # its loads are all issued at once, as the main loop's are (straight-line code issued
     # them in program order: three rounds of loads for the tile, not one)
-    full_end = begin + (end - begin) // BLOCK_SIZE * BLOCK_SIZE
+    full_end = begin + (pass_end - begin) // BLOCK_SIZE * BLOCK_SIZE
     redo = (penalties_on & ~repetition_in_range) | (scale_on & ~temperature_in_range)
     # what every tile of the row takes besides its start and its constexprs
     row_args = (
@@ -216,7 +226,7 @@ def _process_logits_kernel(
         repetition_divisor, frequency, presence, fix_excess, scale_on, temperature_divisor,
         store, masks_on,
     )  # fmt: skip
-    for start in tl.range(full_end, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
+    for start in tl.range(full_end, pass_end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
         redo |= dense_tile(
             start, *row_args, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX, HAS_RAW_TILES,
             BLOCK_SIZE, EXACT=HAS_DRAFTS, FULL=False, STORE_LOGITS=STORE_LOGITS, DEFER=DEFER,
@@ -230,7 +240,7 @@ def _process_logits_kernel(
     # the drafts' counts and the range checks together spilled under the register cap
     if redo & (not HAS_DRAFTS):
         tl.debug_barrier()  # the tile maxima: a first pass's entry must not land after
-        for start in tl.range(begin, end, BLOCK_SIZE):
+        for start in tl.range(begin, pass_end, BLOCK_SIZE):
             dense_tile(
                 start, *row_args, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX,
                 HAS_RAW_TILES, BLOCK_SIZE, EXACT=True, FULL=False, STORE_LOGITS=STORE_LOGITS,

@@ -215,3 +215,13 @@ def dense_tile(
     else:
         top = max_or_nan(x)  # off the row: 0.0, never NaN
         return top != top
+
+
+@triton.jit
+def mark_unknown(tile_row, begin, end, BLOCK_SIZE: tl.constexpr):
+    """+inf (unknown) at the tile-max entries of the tiles in [begin, end): what a reader
+    takes for a tile it must read and reduce itself."""
+    last = tl.cdiv(end, BLOCK_SIZE)
+    for first in range(begin // BLOCK_SIZE, last, 128):
+        tiles = first + tl.arange(0, 128)
+        tl.store(tile_row + tiles, float("inf"), mask=tiles < last)

@@ -771,6 +771,59 @@ def test_deferred_rows_are_left_unwritten_and_flagged(kernel_device: torch.devic
     assert torch.equal(tile_max.cpu(), full_max)
 
 
+def test_unfiltered_random_rows_are_left_unread(kernel_device: torch.device) -> None:
+    """On the fused path (the defer tables and the rows' records), a deferred random row
+    that top-k, top-p and min_p leave uncut is not read: its tile maxima are all +inf
+    (unknown: sampling's walk, their one reader, reads and reduces such a tile itself),
+    where the launch without the records writes them exact. A greedy row, a row with top-k,
+    top-p or min_p on, and every row of a launch that makes the raw tiles are read as
+    before; the deferred divisors are the same. Rows split over 3 programs."""
+    gen = _gen()
+    rows, vocab, tiles = 6, 5000, 5
+    state = _random_state(rows, vocab, gen, device=kernel_device)
+    p = state.penalties
+    for s in range(rows):  # every feature off: each row deferred
+        p.repetition.device[s], p.frequency.device[s], p.presence.device[s] = 1.0, 0.0, 0.0
+        state.bias_values[s] = 0.0
+        state.min_tokens[s] = 0
+        state.allowed[s] = -1
+    state.temperature[:rows] = torch.tensor([1.0, 0.7, 0.0, 1.3, 1.0, 1.0])
+    num_slots = state.min_tokens.shape[0]
+    top_k = torch.full((num_slots,), -1, dtype=torch.int32)
+    top_p, min_p = torch.ones(num_slots), torch.zeros(num_slots)
+    top_k[3], top_p[4], min_p[5] = 5, 0.9, 0.1  # rows 0 and 1 uncut, row 2 greedy
+    seeds = torch.randint(-(2**62), 2**62, (num_slots,), generator=gen)
+    prompt_len = torch.randint(1, 10**6, (num_slots,), generator=gen)
+    tables = [t.to(kernel_device) for t in (top_k, top_p, min_p, seeds, prompt_len)]
+    records = dict(zip(("top_k", "top_p", "min_p", "seeds", "prompt_len"), tables, strict=True))
+    slots = torch.arange(rows, device=kernel_device)
+    zeros = torch.zeros(num_slots, dtype=torch.int32, device=kernel_device)
+    flags = dict(restricted=zeros, biased=zeros,
+                 grammar_on=torch.zeros(rows, dtype=torch.bool, device=kernel_device))  # fmt: skip
+    logits = (torch.randn(rows, vocab, generator=gen) * 4).to(kernel_device)
+    args = (*state.kernel_args(), None, *state.penalty_args())
+    runs = []
+    for resolve, raw in ((False, False), (True, False), (True, True)):
+        got = torch.full_like(logits, float("nan"))
+        tile_max = torch.full((rows, tiles), -7.0, device=kernel_device)
+        deferred = torch.full((rows,), 7.0, device=kernel_device)
+        keys = torch.empty(rows, 2, dtype=torch.int64, device=kernel_device)
+        extra = dict(records, filters=torch.empty(rows, 4, device=kernel_device), keys=keys)
+        process_logits(
+            logits, got, slots, *args, None, None, splits=3, tile_max=tile_max,
+            deferred=deferred, **flags, **(extra if resolve else {}),
+            raw_tiles=torch.empty(rows, tiles, 2, device=kernel_device) if raw else None,
+        )  # fmt: skip
+        runs.append((tile_max.cpu(), deferred.cpu()))
+    (exact, divisors), (fused, fused_divisors), (with_raw, raw_divisors) = runs
+    assert torch.equal(divisors, torch.tensor([1.0, 0.7, 1.0, 1.3, 1.0, 1.0]))
+    assert torch.equal(fused_divisors, divisors) and torch.equal(raw_divisors, divisors)
+    assert bool(torch.isfinite(exact).all())
+    assert bool(torch.isposinf(fused[:2]).all())
+    assert torch.equal(fused[2:], exact[2:])
+    assert torch.equal(with_raw, exact)
+
+
 def test_padding_slot_changes_nothing(kernel_device: torch.device) -> None:
     gen = _gen()
     state = _random_state(2, 333, gen, device=kernel_device)

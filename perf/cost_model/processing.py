@@ -49,13 +49,15 @@ def unknown_tiles(a: dict[str, Any], c: dict[str, Any]) -> torch.Tensor:
     sparse phases mark unknown in the tile-max table (with HAS_TILE_MAX): step 7 marks its
     saturated tokens' tiles (all of them at a full overflow table); the bias, stop ids and
     bad words keep an entry exact unless their token held its tile's max and fell
-    (`library.update_tiles`), taken as a random token's chance, 1 / BLOCK_SIZE. n marking
+    (`library.update_tiles`), taken as a random token's chance, 1 / BLOCK_SIZE; a row it
+    leaves unread (`unread_rows`) has every tile marked. n marking
     tokens at random columns fall in about 1 - (1 - 1/tiles)**n of the tiles."""
     sparse = _sparse_tokens(a, c)
     tiles = math.ceil(a["vocab_size"] / c["BLOCK_SIZE"])
     others = sparse["tokens"].to(torch.float64) - sparse["excess"]
     marking = sparse["excess"] + others / c["BLOCK_SIZE"]
     marked = 1.0 - (1.0 - 1.0 / tiles) ** marking
+    marked = torch.maximum(marked, unread_rows(a, c))  # every tile of a row left unread
     return torch.maximum(marked, sparse["full"]) * float(c["HAS_TILE_MAX"])
 
 
@@ -80,6 +82,20 @@ def deferred_rows(a: dict[str, Any], c: dict[str, Any]) -> torch.Tensor:
     return _f(plain)
 
 
+def unread_rows(a: dict[str, Any], c: dict[str, Any]) -> torch.Tensor:
+    """[rows] float64 from a process_logits launch: 1 where it reads nothing of the row and
+    marks its tiles unknown (RESOLVE, DEFER and the tile maxima, without the raw tiles: a
+    deferred random row that top-k, top-p and min_p leave uncut), else 0."""
+    slots = a["slots_ptr"]
+    if not (c.get("RESOLVE") and c.get("DEFER") and c["HAS_TILE_MAX"]) or c["HAS_RAW_TILES"]:
+        return torch.zeros(slots.shape[0], dtype=torch.float64)
+    top_k = a["top_k_ptr"][slots]
+    uncut = ((top_k <= 0) | (top_k >= a["vocab_size"])) & (a["top_p_ptr"][slots] >= 1.0)
+    uncut &= a["min_p_ptr"][slots] == 0.0
+    random = a["temperature_ptr"][slots] >= c["GREEDY_BELOW"]
+    return deferred_rows(a, c) * _f(uncut & random)
+
+
 def process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     from graphsafe_sampler.kernels import bad_words, sparse_phases, token_steps
     from graphsafe_sampler.kernels import logits_processing as k
@@ -96,6 +112,7 @@ def process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     sparse, full = sparse_tokens["tokens"] / vocab, sparse_tokens["full"]
     stopping, penalties = sparse_tokens["stopping"], sparse_tokens["penalties"]
     kept = 1 - deferred_rows(a, c)  # the rows it writes, and whose later phases run
+    passed = 1 - unread_rows(a, c)  # the rows its dense pass reads
     # bad words: a block read where its first entry is used, else that one; the ring gathered
     bad_rows, ring = zeros, zeros
     if c["HAS_BAD_WORDS"]:
@@ -118,7 +135,7 @@ def process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     return Work(
         reads={
             # the dense pass, and the biased tokens again from their source value
-            "source_ptr": 1 + bias / vocab,
+            "source_ptr": passed + bias / vocab,
             # step 7 reads back the saturated tokens (and, at a full table, the whole row)
             "logits_ptr": used / vocab + full,
             "bad_tokens_ptr": bad_rows,
@@ -145,7 +162,7 @@ def process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             # the row's partial last tile, alone: in a row's last program, whose main loop
             # walks a tile fewer (split_chunks), so no program is slower than a whole chunk
             tile_loop(k._process_logits_kernel, 0): 0 * ones,
-            tile_loop(k._process_logits_kernel, 1): ones,
+            tile_loop(k._process_logits_kernel, 1): passed,
             # the pass again with IEEE division (a quotient outside the fast range): never
             tile_loop(k._process_logits_kernel, 2): 0 * ones,
             tile_loop(sparse_phases.apply_excess, 0): full,
@@ -159,6 +176,8 @@ def process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         taken={
             # the phases after the dense pass, which a deferred row skips
             source_line(k._process_logits_kernel, "if store:"): kept,
+            # the unread rows' tiles marked unknown
+            source_line(k._process_logits_kernel, "if unread:"): 1 - passed,
             source_line(token_steps.penalise_and_scale, "if penalties_on:"): penalties,
             source_line(token_steps.penalise_and_scale, "if scale_on:"): sparse_tokens["scale_on"],
             source_line(token_steps.penalise_and_scale, "if masks_on:"): masks,

@@ -27,7 +27,8 @@ _BRANCH = re.compile(r"\bBRA\b.*`\((\.L\w+)\)")
 # whole tiles and its partial last one apart, in processing), or the chunk's tiles listed by
 # `library.tiles_to_visit` (one iteration a listed tile)
 TILE_LOOP = re.compile(
-    r"for \w+ in (tl\.)?range\((0, vocab_size|begin, end|begin, full_end|full_end, end), "
+    r"for \w+ in (tl\.)?range\((0, vocab_size|begin, (pass_)?end|begin, full_end"
+    r"|full_end, (pass_)?end), "
     r"BLOCK_SIZE\b"
     r"|for \w+ in tl\.range\(0, visits\b"
 )
