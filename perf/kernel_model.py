@@ -118,8 +118,8 @@ and those where a biased, stop or banned token held the tile's max
 (`cost_model.processing.unknown_tiles`); the sampling kernel's few-survivors path, run on the
 hashed tiles of a top-k row holding at most FEW_SURVIVORS of its survivors (spread over the row's
 tiles, Poisson). The block is found in the SASS as the instructions a
-predicated branch at the `if`'s line jumps over, and its else-block (where the then-block
-ends with a jump over one) counts by the rest of the fraction; each instruction counts with
+predicated branch at the `if`'s line jumps over (an else-block where the source lines it
+holds are the else's), its else-block by the rest of the fraction; each instruction counts with
 the product of the fractions of the blocks holding it.
 
 Limits: static (the SASS is counted, every other branch inside a loop as taken, and no

@@ -627,6 +627,58 @@ def test_an_if_else_inlined_from_another_file_keeps_the_loops_file(tmp_path: Pat
     assert loop.else_blocks == [("helper.py", 2, 0x40, 0x60)]
 
 
+INVERTED_IF = """\
+.L_x_0:
+\t//## File "{src}", line 1
+        /*0000*/                   IADD3 R1, R1, 0x1, RZ ;
+\t//## File "{src}", line {branch}
+        /*0010*/               @P1 BRA `(.L_x_1) ;
+\t//## File "{src}", line 5
+        /*0020*/                   FMUL R3, R3, R3 ;
+        /*0030*/                   FMUL R3, R3, R3 ;
+        /*0040*/                   FMUL R3, R3, R3 ;
+.L_x_1:
+\t//## File "{src}", line 3
+        /*0050*/                   FMUL R3, R3, R1 ;
+\t//## File "{src}", line 1
+        /*0060*/              @!P0 BRA `(.L_x_0) ;
+        /*0070*/                   EXIT ;
+"""
+
+
+def test_a_branch_over_the_else_block_counts_it_by_the_rest(tmp_path: Path) -> None:
+    """The compiler may lay an if/else out with the else-block first, jumped over where the
+    `if` holds, and the then-block at the target (a tail another `if` shares): the block
+    jumped over then runs in the rest of the iterations, not the `if`'s fraction (the
+    sampling walk's screen was counted as its cut tiles' few-survivors path)."""
+    src = tmp_path / "kernel.py"
+    src.write_text(
+        "for start in range(0, vocab_size, BLOCK_SIZE):\n    if few:\n        a = 1\n"
+        "    else:\n        b = 2\n",
+        encoding="utf-8",
+    )
+    text = INVERTED_IF.format(src=src, branch=2)
+    (loop,) = sass.find_loops(text, num_warps=4, block_size=1024, source_dir=tmp_path)
+    assert loop.branches == []
+    assert loop.else_blocks == [("kernel.py", 2, 0x20, 0x40)]
+    assert loop.instructions_with({("kernel.py", 2): 1.0}) == pytest.approx(4.0)
+    assert loop.instructions_with({("kernel.py", 2): 0.0}) == pytest.approx(7.0)
+
+
+def test_a_branch_on_a_blocks_last_line_is_the_next_ifs(tmp_path: Path) -> None:
+    """A conditional branch whose line info is the statement before an `if` (the compiler
+    folded that block's end into the `if`'s branch) is that `if`'s, comments skipped."""
+    src = tmp_path / "kernel.py"
+    src.write_text(
+        "for start in range(0, vocab_size, BLOCK_SIZE):\n    x = 1\n    # why\n"
+        "    if y:\n        z = 2\n",
+        encoding="utf-8",
+    )
+    text = INVERTED_IF.format(src=src, branch=2).replace("line 3", "line 2")
+    (loop,) = sass.find_loops(text, num_warps=4, block_size=1024, source_dir=tmp_path)
+    assert loop.branches == [("kernel.py", 4, 0x20, 0x40)]
+
+
 def _sass(body: str) -> str:
     """A kernel's SASS as nvdisasm prints it, from `offset: instruction` lines (a label
     line as `.L_x_N:`), every instruction on line 1 of `src`."""

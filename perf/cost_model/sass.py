@@ -6,6 +6,7 @@ turns the interpreter off), which perf/kernel_model.py's `build_model` does."""
 
 from __future__ import annotations
 
+import ast
 import linecache
 import os
 import re
@@ -14,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +144,14 @@ def find_loops(
             if branch and head <= offset < end and re.match(r"@!?U?P\w+\s+BRA\b", text):
                 target = labels.get(branch.group(1), offset)
                 if offset < target <= end:
+                    line = _if_line(file, line, source_dir)
+                    skipped = [(f, n) for o, _, f, n in code if offset < o < target]
+                    if _skips_else(file, line, skipped, source_dir):
+                        # the compiler laid the else-block out first, the then-block at
+                        # the target (often a tail shared with another `if`): the block
+                        # jumped over runs where the `if` does not
+                        else_blocks.append((os.path.basename(file), line, offset + 16, target - 16))
+                        continue
                     branches.append((os.path.basename(file), line, offset + 16, target - 16))
                     # an if/else: the then-block ends with a jump over the else-block
                     last = at_offset.get(target - 16, "")
@@ -182,6 +192,56 @@ def _loop_header_at(
     if len(found) != 1:
         return recorded, source
     return str(found[0]), linecache.getline(str(found[0]), line).strip()
+
+
+@cache
+def _if_bodies(path: str) -> dict[int, tuple[range, range]]:
+    """Each `if` statement's line in a source file -> the line ranges of its then- and
+    else-blocks (an empty range without an else)."""
+    try:
+        tree = ast.parse(Path(path).read_text())
+    except (OSError, SyntaxError):
+        return {}
+    bodies = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            then = range(node.body[0].lineno, (node.body[-1].end_lineno or 0) + 1)
+            orelse = node.orelse
+            other = (
+                range(orelse[0].lineno, (orelse[-1].end_lineno or 0) + 1) if orelse else range(0)
+            )
+            bodies[node.lineno] = (then, other)
+    return bodies
+
+
+def _skips_else(
+    recorded: str, line: int, skipped: list[tuple[str, int]], source_dir: Path | None
+) -> bool:
+    """Whether the block a branch of the `if` on `line` jumps over is that `if`'s else-block:
+    more of its instructions from the `if`'s own file lie in the else-block's lines than in
+    the then-block's."""
+    path = _source_file(recorded, source_dir)
+    bodies = _if_bodies(path).get(line)
+    if bodies is None:
+        return False
+    then, other = bodies
+    name = os.path.basename(recorded)
+    own = [n for f, n in skipped if os.path.basename(f) == name]
+    return sum(n in other for n in own) > sum(n in then for n in own)
+
+
+def _if_line(recorded: str, line: int, source_dir: Path | None) -> int:
+    """The line of the `if` a conditional branch recorded on `line` belongs to: `line`
+    itself, or where that is a block's last statement and the next code line an `if`, that
+    line (the compiler folds a block's end into the next `if`'s branch, which then keeps
+    the line info of the statement before it)."""
+    path = _source_file(recorded, source_dir)
+    if re.match(r"\s*(if|elif|while)\b", linecache.getline(path, line)):
+        return line
+    below = line + 1
+    while (text := linecache.getline(path, below)) and re.match(r"\s*(#|$)", text):
+        below += 1
+    return below if re.match(r"\s*if\b", text) else line
 
 
 def _source_file(recorded: str, source_dir: Path | None) -> str:
