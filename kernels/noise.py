@@ -133,17 +133,25 @@ GUMBEL_MAX = tl.constexpr(23.0)
 
 
 @triton.jit
+def _lowest_highest(keep, cols):
+    """(how many of `cols` `keep` holds, the lowest, the highest): three reductions."""
+    count = tl.sum(keep.to(tl.int32), axis=0)
+    low = tl.min(tl.where(keep, cols, 2147483647), axis=0)
+    return count, low, tl.max(tl.where(keep, cols, -1), axis=0)
+
+
+@triton.jit
 def _race_few(low, high, count, start, offset, mult, row_ptr, divisor):
     """The race of a tile's `count` <= FEW_SURVIVORS tokens that can win, its lowest and
     highest (one token when they meet) -> (their best, its index; the lower on a tie), or
     (-inf, start) for none: their logits loaded again (both loads issued at once) and their
     exact noise alone, instead of the whole tile's."""
-    low_x = tl.load(row_ptr + low, mask=count > 0, other=float("-inf"))
-    high_x = tl.load(row_ptr + high, mask=count > 1, other=float("-inf"))
     tile_max = tl.full((), float("-inf"), tl.float32)
     tile_index = start
     if count > 0:
-        tile_max = processed(low_x, divisor) + gumbel(token_hash(low, offset, mult))
+        low_x = processed(tl.load(row_ptr + low), divisor)
+        high_x = tl.load(row_ptr + high, mask=count > 1, other=float("-inf"))
+        tile_max = low_x + gumbel(token_hash(low, offset, mult))
         tile_index = low
         if count > 1:
             high_x = processed(high_x, divisor) + gumbel(token_hash(high, offset, mult))
@@ -168,33 +176,32 @@ def race_tile(x, cols, start, in_row, top, best, is_random, offset, mult, row_pt
         if top + GUMBEL_MAX > best:
             alive = x > float("-inf")
             count = tl.sum(alive.to(tl.int32), axis=0)
-            low = tl.min(tl.where(alive, cols, 2147483647), axis=0)
-            high = tl.max(tl.where(alive, cols, -1), axis=0)
             if count <= FEW_SURVIVORS:
                 # a tile the cut leaves one or two tokens (top-k's usual tile)
-                tile_max, tile_index = _race_few(low, high, count, start, offset, mult,
-                                                 row_ptr, divisor)  # fmt: skip
+                _, low, high = _lowest_highest(alive, cols)  # (its count is the one above)
             else:
-                # the screen: every token's noise within SCREEN_ERROR, and the tokens whose
-                # exact sum may reach the tile's best (those within twice the sums' error
-                # of the screen's max: the error, plus 8 ulps of the max for the sums'
-                # rounding), usually one; none where even the max cannot beat the best
+                # the screen: every token's noise within SCREEN_ERROR. A token's exact sum
+                # lies within the sums' error of its screened one (the error, plus 8 ulps
+                # of the max for the sums' rounding): none can beat the best where the
+                # screen's max plus twice that does not (most tiles, past a walk's first),
+                # and only those within twice it of the screen's max can be the tile's best
                 screened = x + gumbel_screen(token_hash(cols, offset, mult))
                 screen_max = tl.max(screened, axis=0)
                 error = SCREEN_ERROR + tl.abs(screen_max) * 9.5367431640625e-07  # 2**-20
-                near = screened >= screen_max - 2.0 * error
-                count = tl.sum(near.to(tl.int32), axis=0)
-                low = tl.min(tl.where(near, cols, 2147483647), axis=0)
-                high = tl.max(tl.where(near, cols, -1), axis=0)
-                count = tl.where(screen_max + 2.0 * error <= best, 0, count)
+                count, low, high = 0, start, start
+                if screen_max + 2.0 * error > best:
+                    count, low, high = _lowest_highest(
+                        screened >= screen_max - 2.0 * error, cols
+                    )  # fmt: skip
                 # (an infinite max, a +inf logit's, takes every token's exact noise)
-                if (count <= FEW_SURVIVORS) & (tl.abs(screen_max) != float("inf")):
-                    tile_max, tile_index = _race_few(low, high, count, start, offset, mult,
-                                                     row_ptr, divisor)  # fmt: skip
-                else:
-                    x = x + gumbel(token_hash(cols, offset, mult))
-                    tile_max = tl.max(x, axis=0)
-                    tile_index = tl.min(tl.where(x == tile_max, cols, 2147483647), axis=0)
+                count = tl.where(tl.abs(screen_max) == float("inf"), FEW_SURVIVORS + 1, count)
+            if count <= FEW_SURVIVORS:
+                tile_max, tile_index = _race_few(low, high, count, start, offset, mult,
+                                                 row_ptr, divisor)  # fmt: skip
+            else:
+                x = x + gumbel(token_hash(cols, offset, mult))
+                tile_max = tl.max(x, axis=0)
+                tile_index = tl.min(tl.where(x == tile_max, cols, 2147483647), axis=0)
     else:
         tile_max = tl.max(x, axis=0)
         tile_index = tl.min(tl.where((x == tile_max) & in_row, cols, 2147483647), axis=0)

@@ -410,7 +410,7 @@ def launch_sample_tokens(
 
 
 sample_splits = SplitPolicy(ctas_per_sm=6)
-"""Programs per row for `sample_tokens` (`SplitPolicy`): 64-80 registers on sm_90, 6 CTAs."""
+"""Programs per row for `sample_tokens` (`SplitPolicy`): 64-77 registers on sm_90, 6 CTAs."""
 
 
 @inplace_op("sample_tokens", mutates_args=("tokens", "arrivals", "values"))

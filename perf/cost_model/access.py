@@ -248,12 +248,21 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         few = torch.where(
             survivors < tiles, few_share(survivors, tiles, noise.FEW_SURVIVORS.value), 0.0
         )
-    taken[source_line(noise.race_tile, "if count <= FEW_SURVIVORS:")] = few
-    # the others are screened (approximate noise, `noise.gumbel_screen`), which leaves one
-    # or two tokens to take the exact noise alone: more than two only where three lie
-    # within the screen's error of the tile's best (taken as never)
-    screened = source_line(noise.race_tile, "if (count <= FEW_SURVIVORS) & (tl.abs(screen_max)")
-    taken[screened] = torch.ones_like(few)
+    # the others are screened (approximate noise, `noise.gumbel_screen`); a screened tile
+    # goes on only where it can beat the walk's best so far: a tile holding a new largest
+    # perturbed logit among the program's hashed tiles, in random order (`record_tiles`,
+    # k = 1: about (1 + ln n) / n of n), and leaves one or two tokens to take
+    # the exact noise alone (more than two only where three lie within the screen's error
+    # of the tile's best: taken as never)
+    records = record_tiles(1.0, max(1, round(float(hashed.min()) * chunk_tiles)))
+    few_line = "if count <= FEW_SURVIVORS:"
+    taken[source_line(noise.race_tile, few_line, "# the screen")] = few
+    taken[source_line(noise.race_tile, "if screen_max + 2.0 * error > best:")] = records
+    taken[source_line(noise.race_tile, few_line, "tile_max, tile_index = _race_few(")] = (
+        torch.ones_like(few)
+    )
+    # the tokens raced alone: a cut's (of a tile it leaves any) and a screen's that can win
+    taken[source_line(noise._race_few, "if count > 0:")] = few + (1.0 - few) * records
     # a covered row (HAS_BUFFER) reads none of its row: its first program races over the
     # lists, its others stop at once; every program reads its flag
     covered = torch.zeros_like(ones)
