@@ -665,6 +665,35 @@ def test_a_branch_over_the_else_block_counts_it_by_the_rest(tmp_path: Path) -> N
     assert loop.instructions_with({("kernel.py", 2): 0.0}) == pytest.approx(7.0)
 
 
+def test_the_then_block_after_an_else_laid_out_first_counts_by_the_fraction(
+    tmp_path: Path,
+) -> None:
+    """An else-block laid out first that ends with a jump over the then-block at its
+    target: the then-block (2 instructions) runs in the `if`'s fraction, the else-block (3,
+    its jump included) in the rest (logprobs' top-K update was counted the other way)."""
+    src = tmp_path / "kernel.py"
+    src.write_text(
+        "for start in range(0, vocab_size, BLOCK_SIZE):\n    if few:\n        a = 1\n"
+        "    else:\n        b = 2\n",
+        encoding="utf-8",
+    )
+    text = (
+        INVERTED_IF.format(src=src, branch=2)
+        .replace("        /*0040*/                   FMUL R3, R3, R3 ;\n",
+                 "        /*0040*/                   BRA `(.L_x_2) ;\n")
+        .replace("        /*0050*/                   FMUL R3, R3, R1 ;\n",
+                 "        /*0050*/                   FMUL R3, R3, R1 ;\n"
+                 "        /*0060*/                   FMUL R3, R3, R1 ;\n.L_x_2:\n")
+        .replace("/*0060*/              @!P0", "/*0070*/              @!P0")
+        .replace("/*0070*/                   EXIT", "/*0080*/                   EXIT")
+    )  # fmt: skip
+    (loop,) = sass.find_loops(text, num_warps=4, block_size=1024, source_dir=tmp_path)
+    assert loop.else_blocks == [("kernel.py", 2, 0x20, 0x40)]
+    assert loop.branches == [("kernel.py", 2, 0x50, 0x60)]
+    assert loop.instructions_with({("kernel.py", 2): 1.0}) == pytest.approx(5.0)  # of 8
+    assert loop.instructions_with({("kernel.py", 2): 0.0}) == pytest.approx(6.0)
+
+
 def test_a_branch_on_a_blocks_last_line_is_the_next_ifs(tmp_path: Path) -> None:
     """A conditional branch whose line info is the statement before an `if` (the compiler
     folded that block's end into the `if`'s branch) is that `if`'s, comments skipped."""

@@ -148,9 +148,16 @@ def find_loops(
                     skipped = [(f, n) for o, _, f, n in code if offset < o < target]
                     if _skips_else(file, line, skipped, source_dir):
                         # the compiler laid the else-block out first, the then-block at
-                        # the target (often a tail shared with another `if`): the block
-                        # jumped over runs where the `if` does not
+                        # the target: the block jumped over runs where the `if` does not,
+                        # and the then-block, where the else-block ends with a jump over
+                        # it, where it does (a tail shared with another `if` is left whole)
                         else_blocks.append((os.path.basename(file), line, offset + 16, target - 16))
+                        last = at_offset.get(target - 16, "")
+                        jump = _BRANCH.search(last)
+                        if jump and re.match(r"BRA\b", last.strip()):
+                            beyond = labels.get(jump.group(1), target)
+                            if target < beyond <= end:
+                                branches.append((os.path.basename(file), line, target, beyond - 16))
                         continue
                     branches.append((os.path.basename(file), line, offset + 16, target - 16))
                     # an if/else: the then-block ends with a jump over the else-block
