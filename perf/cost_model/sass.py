@@ -137,7 +137,8 @@ def find_loops(
         body = [text for offset, text, *_ in code if head <= offset <= end]
         pipelined = any(re.search(r"\bLDGSTS\b", text) for text in body)
         # a predicated branch forward to a label inside the body skips the block between
-        branches, else_blocks = [], []
+        branches: list[tuple[str, int, int, int]] = []
+        else_blocks: list[tuple[str, int, int, int]] = []
         at_offset = {offset: text for offset, text, *_ in code}
         for offset, text, file, line in code:
             branch = _BRANCH.search(text)
@@ -145,28 +146,23 @@ def find_loops(
                 target = labels.get(branch.group(1), offset)
                 if offset < target <= end:
                     line = _if_line(file, line, source_dir)
+                    name = os.path.basename(file)
+                    # the block jumped over is the then-block, and the block after it, where
+                    # it ends with a jump over one, the else-block; or the other way round
+                    # where the compiler laid the else-block out first (its source lines
+                    # tell), the then-block at the target (a tail shared with another `if`
+                    # is left whole where no jump bounds it)
                     skipped = [(f, n) for o, _, f, n in code if offset < o < target]
+                    first, second = branches, else_blocks
                     if _skips_else(file, line, skipped, source_dir):
-                        # the compiler laid the else-block out first, the then-block at
-                        # the target: the block jumped over runs where the `if` does not,
-                        # and the then-block, where the else-block ends with a jump over
-                        # it, where it does (a tail shared with another `if` is left whole)
-                        else_blocks.append((os.path.basename(file), line, offset + 16, target - 16))
-                        last = at_offset.get(target - 16, "")
-                        jump = _BRANCH.search(last)
-                        if jump and re.match(r"BRA\b", last.strip()):
-                            beyond = labels.get(jump.group(1), target)
-                            if target < beyond <= end:
-                                branches.append((os.path.basename(file), line, target, beyond - 16))
-                        continue
-                    branches.append((os.path.basename(file), line, offset + 16, target - 16))
-                    # an if/else: the then-block ends with a jump over the else-block
+                        first, second = else_blocks, branches
+                    first.append((name, line, offset + 16, target - 16))
                     last = at_offset.get(target - 16, "")
                     jump = _BRANCH.search(last)
                     if jump and re.match(r"BRA\b", last.strip()):
                         beyond = labels.get(jump.group(1), target)
                         if target < beyond <= end:
-                            else_blocks.append((os.path.basename(file), line, target, beyond - 16))
+                            second.append((name, line, target, beyond - 16))
         loop = Loop(
             os.path.basename(where), at, source, len(body), bool(TILE_LOOP.search(source)),
             pipelined, head=head, end=end, branches=branches, else_blocks=else_blocks,
