@@ -20,11 +20,9 @@ from .library import (
     hoisted_reciprocal,
     kth_known,
     listed_tile,
-    load_deferred,
-    processed_tile,
-    row_logits,
     tiles_to_visit,
 )
+from .processed_rows import load_deferred, processed_bounds, processed_tile, row_logits
 from .row_params import load_filters, store_filters, top_k_on
 
 
@@ -145,7 +143,7 @@ def _candidates_kernel(
     Rows without top-k read every tile: top-p alone needs the whole row's mass."""
     await_prior_grids(PDL)
     row = tl.program_id(0)
-    divisor = load_deferred(deferred_ptr, row, DEFER)  # with the row's first loads
+    divisor, from_source = load_deferred(deferred_ptr, row, DEFER)  # with the first loads
     reciprocal, fast = hoisted_reciprocal(divisor)  # the walk's divisions (processed_tile)
     part = tl.program_id(1)
     begin = part * chunk
@@ -172,7 +170,9 @@ def _candidates_kernel(
     p_on = top_p < 1.0
     # rows whose filters are all off write nothing else: the cut kernel reads their filters
     if k_on | p_on | (min_p != 0.0):
-        row_ptr = row_logits(logits_ptr, logits_stride, source_ptr, source_stride, divisor, row)
+        row_ptr = row_logits(
+            logits_ptr, logits_stride, source_ptr, source_stride, from_source, row
+        )  # fmt: skip
         use_buffer = (buffer_size > 0) & ((k_on & (k <= buffer_size)) | (~k_on & p_on))
         # the list's rank whose value floors the next tile: the k-th, or the last
         ranks = tl.arange(0, PARTIAL)
@@ -195,7 +195,12 @@ def _candidates_kernel(
         low = tl.full((), float("inf"), tl.float32)
         bounded = tl.zeros((), tl.int1)
         skip_below = tl.full((), float("-inf"), tl.float32)
-        if HAS_TILE_MAX:  # noqa: SIM102 (a constexpr guard)
+        if HAS_TILE_MAX:
+            # the pre-temperature maxima where the temperature is this kernel's, divided
+            # here, past the row's loads (a branch on the divisor waits for it, and a load
+            # after it would wait a round more)
+            row_bounds = processed_bounds(row_bounds, divisor, reciprocal, fast)
+            bounds = processed_bounds(bounds, divisor, reciprocal, fast)
             if use_buffer & k_on:
                 skip_below, complete, kth = _tile_floor(
                     row_bounds, first, first + visits, k, min_p, log_min_p, HAS_MIN_P,
@@ -228,7 +233,12 @@ def _candidates_kernel(
             # no NaN test (a usual visit: about 340 -> 300 SASS instructions a thread)
             tile_max = tl.full((), float("inf"), tl.float32)
             if HAS_TILE_MAX:
-                tile_max = tl.load(tile_row + start // BLOCK_SIZE)
+                # (divided as the bounds are: +inf, unknown, where the fast division
+                # cannot vouch for the quotient, which the branch below then makes exactly)
+                tile_max = processed_bounds(
+                    tl.load(tile_row + start // BLOCK_SIZE), divisor, reciprocal, fast,
+                    BRANCH=True,
+                )  # fmt: skip
             if tile_max == float("inf"):
                 valid = x == x
                 tile_max = tl.max(tl.where(valid, x, float("-inf")), axis=0)

@@ -77,24 +77,6 @@ def check_logits(logits: torch.Tensor, name: str = "logits") -> None:
         raise ValueError(f"{name} rows must be contiguous (stride 1 along the vocabulary)")
 
 
-def check_deferred(
-    logits: torch.Tensor, source: torch.Tensor | None, deferred: torch.Tensor | None
-) -> None:
-    """A reader's (source, deferred) of `process_logits`' deferred rows, both or neither:
-    source [num_rows, V] float32 (the logits `logits` [num_rows, V] was processed from),
-    deferred [num_rows] float32 (`load_deferred`)."""
-    if (source is None) != (deferred is None):
-        raise ValueError("source and deferred come together")
-    if source is not None and deferred is not None:
-        check_logits(source, "source")
-        if source.shape != logits.shape:
-            raise ValueError(
-                f"source must have the shape of logits {tuple(logits.shape)}, got "
-                f"{tuple(source.shape)}"
-            )
-        check_rows("deferred", deferred, torch.float32, logits.shape[0])
-
-
 def check_rows(
     name: str, t: torch.Tensor, dtype: torch.dtype | tuple[torch.dtype, ...], num_rows: int
 ) -> None:
@@ -285,60 +267,6 @@ def tiles_to_visit(bounds, first, last, floor, visits_row, TILES_BLOCK: tl.const
     tl.store(visits_row + position, tiles, mask=keep)
     tl.debug_barrier()
     return tl.sum(keep.to(tl.int32), axis=0)
-
-
-@triton.jit
-def load_deferred(deferred_ptr, row, DEFER: tl.constexpr):
-    """The row's entry of `process_logits`' deferred table (0.0 without DEFER): 0 where it
-    wrote the row, else the divisor of the row's source that makes its processed logits
-    (1: the source as it is; the temperature), for `row_logits` and `processed`. Loaded at
-    a reader's start, with the row's first loads, since a warp issues in order and the
-    loads of the row wait for it (loaded where the row's pointer is first needed, after the
-    slot's parameters, it took a round of its own)."""
-    divisor = tl.zeros((), tl.float32)
-    if DEFER:
-        divisor = tl.load(deferred_ptr + row)
-    return divisor
-
-
-@triton.jit
-def processed(x, divisor):
-    """Logits `x` loaded from the row `row_logits` chose -> the row's processed logits: x /
-    divisor, rounded as IEEE division (processing's, whose fast division equals it), where
-    the row was deferred with a temperature, else x. A uniform branch on the row: a row
-    without one runs none of its ~17 SASS instructions an element (none at all without
-    DEFER, where `divisor` is the constant 0)."""
-    if (divisor != 0.0) & (divisor != 1.0):
-        x = tl.math.div_rn(x, divisor)
-    return x
-
-
-@triton.jit
-def processed_tile(x, divisor, reciprocal, fast):
-    """`processed` for a tile of a walk, by `divide_by` with the divisor's hoisted
-    `reciprocal` (about 7 SASS instructions an element) where the divisor and every logit of
-    the tile lie in its range (`fast`: the divisor's, from `hoisted_reciprocal`), else by
-    IEEE division as `processed` (a tile holding ±inf, such as a chunk's last, whose masked
-    columns read -inf, or a logit past 2**104 or below 2**-100). The same quotients: a
-    reduction a tile (its flag) in place of ~10 instructions an element."""
-    if (divisor != 0.0) & (divisor != 1.0):
-        q, outside = divide_by(x, divisor, reciprocal)
-        if ~fast | (tl.max(outside.to(tl.int32), axis=0) > 0):
-            q = tl.math.div_rn(x, divisor)
-        x = q
-    return x
-
-
-@triton.jit
-def row_logits(logits_ptr, logits_stride, source_ptr, source_stride, divisor, row):
-    """The start of the row's logits: its row of `logits_ptr`, or where deferred
-    (`load_deferred`'s divisor not 0), its row of the source (float32, as the buffer),
-    which `processed` makes the processed logits."""
-    return tl.where(
-        divisor != 0.0,
-        source_ptr + row.to(tl.int64) * source_stride,
-        logits_ptr + row.to(tl.int64) * logits_stride,
-    )
 
 
 @triton.jit

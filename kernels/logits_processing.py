@@ -10,9 +10,9 @@ and the bad words' banned tokens set to -inf (which every other step keeps at -i
 tile compares its tokens against a sparse table. All arithmetic is float32, rounded as IEEE
 division rounds, and no fused multiply-add but the division's own (`library.divide_by`, by
 a reciprocal computed once a row; a chunk it cannot vouch for is made again with div_rn),
-so the row equals the PyTorch backend's bit for bit. Custom processors are not here. The
-phases and their order, why the excess step may skip the dense pass's temperature, the
-exactness and the traffic per row: docs/kernels.md, logits processing.
+so the row equals the PyTorch backend's bit for bit (with the defer tables, before its
+temperature, which the readers apply). Custom processors are not here. The phases and
+their order, the exactness and the traffic per row: docs/kernels.md, logits processing.
 """
 
 from __future__ import annotations
@@ -117,7 +117,8 @@ def _process_logits_kernel(
     # logits are left unwritten but for the sparse phases' tokens, which those phases then
     # make from the unwritten ones (a wrong output, and wrong tile maxima where they act)
     STORE_LOGITS: tl.constexpr,
-    # rows that every step leaves as they are go unwritten, flagged in `deferred`
+    # rows that every step leaves as they are go unwritten, flagged in `deferred`, and no
+    # row takes its temperature (`load_deferred`: the readers divide)
     DEFER: tl.constexpr,
     RESOLVE: tl.constexpr = False,
 ):
@@ -130,10 +131,9 @@ def _process_logits_kernel(
     HAS_RAW_TILES it writes each tile's max and sum of exp of the *source* (`raw_tile_stats`),
     from which logprobs in the raw modes take the logsumexp without reading the row again.
 
-    A row may be split over programs (grid rows x splits), each owning the columns
-    [begin, end) of whole tiles: it makes every phase on its own columns only (the sparse
-    tables are read whole, their entries outside it skipped), so the barriers order all
-    the stores to a column, which one program makes."""
+    A row may be split over programs (grid rows x splits), each owning the whole tiles of
+    [begin, end): it makes every phase on its own columns only (reading the sparse tables
+    whole), so the barriers order all the stores to a column, which one program makes."""
     await_prior_grids(PDL)
     row = tl.program_id(0)
     begin = tl.program_id(1) * chunk
@@ -166,10 +166,9 @@ def _process_logits_kernel(
     tile_row = tile_max_ptr + row.to(tl.int64) * tl.cdiv(vocab_size, BLOCK_SIZE)
     raw_row = raw_tiles_ptr + row.to(tl.int64) * tl.cdiv(vocab_size, BLOCK_SIZE) * 2
     # DEFER: a row no step but its temperature changes (no penalty, allowed list, grammar,
-    # bias, stop ids in force nor bad words: its buffer row would be its source row over
-    # the temperature, or itself) is left unwritten and its divisor recorded, for the
-    # kernels after this one to read its source and divide it; its tile tables are written
-    # as ever, and no phase below touches it (docs/kernels.md)
+    # bias, stop ids in force nor bad words) is left unwritten, for the kernels after this
+    # one to read its source; no phase below touches it. The rows written and the tile
+    # tables are left before the temperature, for the readers (docs/kernels.md)
     store = tl.full((), True, tl.int1)
     masks_on = tl.full((), True, tl.int1)
     if DEFER:
@@ -178,16 +177,14 @@ def _process_logits_kernel(
         masks_on = (tl.load(restricted_ptr + slot) != 0) | (
             tl.load(grammar_on_ptr + row).to(tl.int32) != 0
         )
-        # a temperature alone defers the row too: the readers divide what they read
-        # (`library.processed`), as IEEE division rounds, which the dense pass's equals
         plain = ~penalties_on & (generated + preceding >= min_tokens)
         plain &= ~masks_on & (tl.load(biased_ptr + slot) == 0)
         if HAS_BAD_WORDS:  # used entries first: back -1 is an empty table
             plain &= tl.load(bad_back_ptr + slot.to(tl.int64) * num_bad) < 0
         store = ~plain
-        if tl.program_id(1) == 0:
+        if tl.program_id(1) == 0:  # (load_deferred: negative where the row is written)
             divisor = tl.where(scale_on, temperature, 1.0)
-            tl.store(deferred_ptr + row, tl.where(plain, divisor, 0.0))
+            tl.store(deferred_ptr + row, tl.where(plain, divisor, -divisor))
     if RESOLVE:  # for the kernels after this one, which load them by row (row_params.py)
         first = tl.program_id(1) == 0
         store_row_params(filters_ptr, keys_ptr, row, resolved, temperature, generated, first)
@@ -218,7 +215,9 @@ def _process_logits_kernel(
     # its loads are all issued at once, as the main loop's are (straight-line code issued
     # them in program order: three rounds of loads for the tile, not one)
     full_end = begin + (pass_end - begin) // BLOCK_SIZE * BLOCK_SIZE
-    redo = (penalties_on & ~repetition_in_range) | (scale_on & ~temperature_in_range)
+    redo = penalties_on & ~repetition_in_range
+    if not DEFER:  # (with DEFER the temperature is the readers')
+        redo |= scale_on & ~temperature_in_range
     # what every tile of the row takes besides its start and its constexprs
     row_args = (
         end, num_words, source_row, row_ptr, tile_row, raw_row, row, allowed_row, grammar_row,
@@ -272,7 +271,7 @@ def _process_logits_kernel(
             tile_row, begin, end, row, allowed_row, grammar_row, prompt_row, counts_row,
             drafts_ptr, preceding, num_drafts, penalties_on, repetition_divisor, frequency,
             presence, fix_excess, scale_on, temperature_divisor, SATURATED, HAS_GRAMMAR,
-            HAS_DRAFTS, HAS_TILE_MAX, SPARSE_BLOCK, BLOCK_SIZE,
+            HAS_DRAFTS, HAS_TILE_MAX, not DEFER, SPARSE_BLOCK, BLOCK_SIZE,
         )  # fmt: skip
         # step 7 reads what other threads of this program stored above
         tl.debug_barrier()
@@ -282,7 +281,7 @@ def _process_logits_kernel(
             apply_excess(
                 *excess_head, overflow_token_ptr, overflow_excess_ptr, num_overflow, row_ptr,
                 tile_row, counts_row, begin, end, frequency, scale_on, temperature, SATURATED,
-                HAS_TILE_MAX, BLOCK_SIZE,
+                HAS_TILE_MAX, not DEFER, BLOCK_SIZE,
             )  # fmt: skip
         # a stop id or a banned token may be stored above by another thread: -inf lands last
         tl.debug_barrier()
@@ -485,11 +484,13 @@ def process_logits(
     deferred float32 [num_rows] (written), all four or none, and no drafts: a row no step
     but its temperature changes (no penalty, stop ids in force nor bad words either) is
     left unwritten, deferred[r] = the divisor that makes its processed logits of its
-    `source` (its temperature, or 1: temperature 1 or greedy; 0 where the row is written),
-    for the kernels after this one to read and divide (`library.processed`); its tile
-    tables are written as ever. With them, the dense pass reads the allowed and grammar
-    words only of the rows that have an allowed list or a grammar: a row with neither must
-    hold every bit set in both tables, as the stages keep them. top_k int32, top_p, min_p
+    `source` (its temperature, or 1: temperature 1 or greedy), for the kernels after this
+    one to read and divide (`processed_rows`); its tile tables are written as ever. No row
+    then takes its temperature here: a written row, deferred[r] = minus its divisor, and
+    every tile maximum are left before it, for the readers to divide too. The dense pass
+    reads the allowed and grammar words only of the rows that have an allowed list or a
+    grammar: a row with neither must hold every bit set in both tables, as the stages keep
+    them. top_k int32, top_p, min_p
     float32, seeds, prompt_len int64 [num_slots] with filters float32 [num_rows, 4] and keys
     int64 [num_rows, 2] (written), all seven or none: the rows' records of the kernels after
     this one, resolved from the slots (kernels/row_params.py), which they then read by row.

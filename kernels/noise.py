@@ -15,7 +15,8 @@ import triton.language as tl
 
 from .constants import SALT_SAMPLE
 from .dependent_launch import await_prior_grids, pdl_launch
-from .library import INTERPRETED, check_rows, inplace_op, processed
+from .library import INTERPRETED, check_rows, inplace_op
+from .processed_rows import processed
 
 
 @triton.jit
@@ -166,7 +167,7 @@ def race_tile(x, cols, start, in_row, top, best, is_random, offset, mult, row_pt
     out of the row) at `cols` from `start`, their max or bound `top`, against the walk's
     best so far -> (the tile's best, its lowest index), -inf when it cannot win: a random
     row's logits plus their noise, a greedy row's logits. `row_ptr` and `divisor` reload a
-    few survivors (`library.processed`)."""
+    few survivors (`processed_rows.processed`)."""
     tile_max = tl.full((), float("-inf"), tl.float32)
     tile_index = start
     if is_random:

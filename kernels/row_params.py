@@ -15,8 +15,11 @@ position prompt_len + num_generated of the slot, the token the row samples.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+from .library import check_rows
 
 FILTERS = tl.constexpr(4)
 """Columns of a row's filters record: k (float32, exact: k < V < 2**24), top_p, min_p,
@@ -24,6 +27,30 @@ temperature."""
 
 KEYS = tl.constexpr(2)
 """Columns of a row's keys record: the seed and the position its race draws with."""
+
+
+def check_positions(
+    positions: torch.Tensor | None,  # [num_rows] int64: each row's position, or None
+    prompt_len: torch.Tensor | None,  # [num_slots] int64, without positions
+    num_generated: torch.Tensor | None,  # [num_slots] int32, without positions
+    num_rows: int,
+) -> None:
+    """A sampling launch's positions: given by row, or the slot's prompt_len +
+    num_generated (as the keys record holds them), never both."""
+    if positions is not None:
+        check_rows("positions", positions, torch.int64, num_rows)
+        if prompt_len is not None or num_generated is not None:
+            raise ValueError("positions, or prompt_len with num_generated: not both")
+    elif prompt_len is None or num_generated is None:
+        raise ValueError("without positions, prompt_len and num_generated are needed")
+    else:
+        if prompt_len.dtype != torch.int64 or num_generated.dtype != torch.int32:
+            raise TypeError(
+                f"prompt_len must be int64 and num_generated int32, got {prompt_len.dtype} "
+                f"and {num_generated.dtype}"
+            )
+        if prompt_len.shape != num_generated.shape or prompt_len.dim() != 1:
+            raise ValueError("prompt_len and num_generated must be [num_slots] vectors")
 
 
 @triton.jit

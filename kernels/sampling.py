@@ -30,7 +30,6 @@ from .library import (
     arrival_counters,
     candidate_buffer,
     check_arrivals,
-    check_deferred,
     check_logits,
     check_rows,
     check_table,
@@ -40,10 +39,7 @@ from .library import (
     inplace_op,
     last_to_arrive,
     listed_tile,
-    load_deferred,
     merge_argmax,
-    processed_tile,
-    row_logits,
     split_chunks,
     split_count,
     tile_count,
@@ -52,7 +48,15 @@ from .library import (
 )
 from .list_race import RACE_BLOCK, first_ranks, race_lists
 from .noise import race_tile, row_key
-from .row_params import FILTERS, KEYS, load_keys
+from .processed_rows import (
+    check_deferred,
+    load_deferred,
+    processed_bounds,
+    processed_tile,
+    processed_upper_bound,
+    row_logits,
+)
+from .row_params import FILTERS, KEYS, check_positions, load_keys
 
 _INT32_MAX = 2**31 - 1
 
@@ -143,9 +147,8 @@ def _sample_kernel(
     # load after a use of loaded data waits a memory latency more); a greedy row's seed and
     # position go unused
     slot = tl.load(slots_ptr + row)
-    divisor = load_deferred(deferred_ptr, row, DEFER)
-    row_ptr = row_logits(logits_ptr, logits_stride, source_ptr, source_stride, divisor, row)
-    reciprocal, fast = hoisted_reciprocal(divisor)  # the walk's divisions (processed_tile)
+    divisor, from_source = load_deferred(deferred_ptr, row, DEFER)
+    row_ptr = row_logits(logits_ptr, logits_stride, source_ptr, source_stride, from_source, row)
     threshold = tl.full((), float("-inf"), tl.float32)
     if HAS_THRESHOLD:
         threshold = tl.load(threshold_ptr + row)
@@ -180,9 +183,13 @@ def _sample_kernel(
     # the walk reads only the others, listed in column order (the list's comparison is the
     # mask's own, which a NaN cut never makes true); without the maxima, every tile
     listed = row * num_tiles + first  # int32: B x tiles < 2**31
+    # the divisions of the bounds and the walk past the prologue's loads: a branch on the
+    # divisor (IEEE division's slow path, here) waits for it, and a load after it a round
+    reciprocal, fast = hoisted_reciprocal(divisor)
     if covered:  # raced over the lists below: nothing of the row is read or listed
         visits = 0
     elif HAS_TILE_MAX:
+        bounds = processed_bounds(bounds, divisor, reciprocal, fast)  # (the temperature)
         visits = tiles_to_visit(bounds, first, first + visits, threshold, visits_ptr + listed,
                                 TILES_BLOCK)  # fmt: skip
     offset = tl.zeros((), tl.uint32)
@@ -218,6 +225,10 @@ def _sample_kernel(
         top = tl.full((), float("inf"), tl.float32)
         if HAS_TILE_MAX:
             top = tl.load(tile_row + start // BLOCK_SIZE)
+            # a known entry over the divisor, as a bound: the race only asks whether the
+            # tile can win (`noise.race_tile`); +inf stays unknown
+            if top != float("inf"):
+                top = processed_upper_bound(top, divisor, reciprocal, fast)
         if top == float("inf"):
             # torch.argmax treats NaN as the maximum: remember the first one, and leave NaN
             # out of the best (it decides alone); the noise keeps NaN NaN and nothing else NaN
@@ -455,11 +466,12 @@ def sample_tokens(
     rows' counters: a caller's persistent buffer saves a fill launch), or None: allocated.
     covered, lists, ids: all three or none, `top_k_top_p_threshold`'s for this threshold:
     each covered row is raced over its lists alone, its logits unread (the same token).
-    source [num_rows, V] float32 and deferred [num_rows] float32, both or neither: the rows
-    `process_logits` left unwritten (deferred[r] != 0) are read from `source`, divided by
-    deferred[r] (`library.processed`). filters [num_rows, 4] float32 and keys [num_rows, 2]
-    int64, both or neither, positions None: `process_logits`' records of the rows, their
-    temperatures, seeds and positions resolved from these tables (`row_params`), read by row.
+    source [num_rows, V] float32 and deferred [num_rows] float32, both or neither: each row
+    read divided by |deferred[r]|, from `source` where positive (`process_logits` left it
+    unwritten), and so are tile_max's (`processed_rows`). filters [num_rows, 4] float32 and
+    keys [num_rows, 2] int64, both or neither, positions None: `process_logits`' records of
+    the rows, their temperatures, seeds and positions resolved from these tables
+    (`row_params`), read by row.
     values_from [num_rows, V] (float32, float16 or bfloat16) and values [num_rows] float32
     (written), both or neither: each row's token's value in values_from (the logits logprobs
     reads), for `compute_logprobs(sampled=...)`.
@@ -553,20 +565,7 @@ def _sample(
     check_deferred(logits, source, deferred)
     num_rows = logits.shape[0]
     check_rows("slots", slots, torch.int64, num_rows)
-    if positions is not None:
-        check_rows("positions", positions, torch.int64, num_rows)
-        if prompt_len is not None or num_generated is not None:
-            raise ValueError("positions, or prompt_len with num_generated: not both")
-    elif prompt_len is None or num_generated is None:
-        raise ValueError("without positions, prompt_len and num_generated are needed")
-    else:
-        if prompt_len.dtype != torch.int64 or num_generated.dtype != torch.int32:
-            raise TypeError(
-                f"prompt_len must be int64 and num_generated int32, got {prompt_len.dtype} "
-                f"and {num_generated.dtype}"
-            )
-        if prompt_len.shape != num_generated.shape or prompt_len.dim() != 1:
-            raise ValueError("prompt_len and num_generated must be [num_slots] vectors")
+    check_positions(positions, prompt_len, num_generated, num_rows)
     check_rows("tokens", tokens, (torch.int32, torch.int64), num_rows)
     if threshold is not None:
         check_rows("threshold", threshold, torch.float32, num_rows)

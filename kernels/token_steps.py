@@ -55,6 +55,9 @@ def penalise_and_scale(
     # the dense pass's, with the row flags: a row with no allowed list and no grammar
     # (`masks_on` False, whose words are all ones) loads no word and tests no bit
     GATE_MASKS: tl.constexpr,
+    # step 6 here; False: the temperature left to the kernels that read the logits
+    # (processing's DEFER, docs/kernels.md: the temperature on read)
+    SCALE: tl.constexpr = True,
 ):
     """Steps 3-6 on the tokens `cols` -> logits: a saturated token (byte 255, frequency on)
     is left without its temperature, which step 7 applies after its excess. A token whose
@@ -120,8 +123,9 @@ def penalise_and_scale(
         # tl.where, not &: the interpreter cannot & a scalar bool with a block of them
         saturated = tl.where(fix_excess, byte == SATURATED, False)
     # 6. temperature, except where step 7 still subtracts the excess first
-    if scale_on:
-        x = tl.where(saturated, x, divide(x, temperature, EXACT))
+    if SCALE:  # noqa: SIM102 (a constexpr guard)
+        if scale_on:
+            x = tl.where(saturated, x, divide(x, temperature, EXACT))
     # the masks last, so that no -inf of theirs reaches a fast division (outside its
     # range): a masked token is -inf either way, since -inf stays -inf through every step
     # (penalties > 0), so its mark is dropped with it
@@ -173,7 +177,9 @@ def dense_tile(
     and the bit positions loop-invariant. FULL: the tile lies inside the row (start +
     BLOCK_SIZE <= end), so no load, store or reduction is masked. STORE_LOGITS False: the
     tile's logits are not stored (its statistics are), for the GPU check's timing probe;
-    with DEFER, only where `store` (the row's scalar: not a row left as it is)."""
+    with DEFER, only where `store` (the row's scalar: not a row left as it is), and without
+    step 6: the logits and the tile's max are the pre-temperature ones, which the readers
+    divide (docs/kernels.md, the temperature on read)."""
     WORD_COLS: tl.constexpr = min(32, BLOCK_SIZE)
     tile_row_ids = tl.arange(0, BLOCK_SIZE // WORD_COLS)[:, None]
     tile_col_ids = tl.arange(0, WORD_COLS)[None, :]
@@ -197,7 +203,7 @@ def dense_tile(
         x, None, cols, word, bit, in_row, row, allowed_row, grammar_row, prompt_row, counts_row,
         drafts_ptr, preceding, num_drafts, penalties_on, repetition, frequency, presence,
         fix_excess, scale_on, temperature, masks_on, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, EXACT,
-        GATE_MASKS=DEFER,
+        GATE_MASKS=DEFER, SCALE=not DEFER,
     )  # fmt: skip
     if STORE_LOGITS:
         if DEFER:

@@ -32,19 +32,17 @@ from .library import (
     TILE,
     SplitPolicy,
     candidate_buffer,
-    check_deferred,
     check_logits,
     check_rows,
     check_table,
     check_tile_max,
     exp_ftz,
     inplace_op,
-    load_deferred,
     register_cap,
-    row_logits,
     split_chunks,
     tile_count,
 )
+from .processed_rows import check_deferred, load_deferred, row_logits
 from .radix_select import (
     _float_to_key,
     _key_to_float,
@@ -75,7 +73,7 @@ def _walk_on(
     vocab_size,
     scratch_ptr,  # [num_rows, GATHER] float32
     row,
-    divisor,  # `library.processed`'s, for the row (never the scratch, already divided)
+    divisor,  # `processed_rows.processed`'s, for the row (never the scratch, already divided)
     GATHER: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
@@ -129,7 +127,7 @@ def _top_k_top_p_kernel(
     top-k/top-p)."""
     await_prior_grids(PDL)
     row = tl.program_id(0)
-    divisor = load_deferred(deferred_ptr, row, DEFER)  # with the row's first loads
+    divisor, from_source = load_deferred(deferred_ptr, row, DEFER)  # with the first loads
     # The chunks' statistics and lists ([SPLIT_BLOCK] each, [SPLIT_BLOCK, PARTIAL]) depend on
     # the row alone: all loaded first, with the slot, in one round (a warp issues in order,
     # and each reduction waits for its load: loaded between them, each took a round). An
@@ -164,7 +162,9 @@ def _top_k_top_p_kernel(
     reads = tl.zeros((), tl.int32)
     covered = tl.zeros((), tl.int1)
     if k_on | p_on | (min_p != 0.0):
-        row_ptr = row_logits(logits_ptr, logits_stride, source_ptr, source_stride, divisor, row)
+        row_ptr = row_logits(
+            logits_ptr, logits_stride, source_ptr, source_stride, from_source, row
+        )  # fmt: skip
         use_buffer = (buffer_size > 0) & ((k_on & (k <= buffer_size)) | (~k_on & p_on))
         row_max = tl.max(maxes, axis=0)
         row_min = tl.min(mins, axis=0)
@@ -394,8 +394,8 @@ def launch_top_k_top_p(
     # int32), written (`candidate_lists`): for sampling to race the covered rows over the
     # lists; None: scratch
     buffer: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-    # [num_rows, V] float32 and [num_rows] float32, both or neither: the rows process_logits
-    # deferred (deferred[r] != 0) are read from `source` and divided, never with apply
+    # [num_rows, V] float32 and [num_rows] float32, both or neither: rows read divided by
+    # |deferred[r]|, from `source` where positive (`processed_rows`), never with apply
     source: torch.Tensor | None = None,
     deferred: torch.Tensor | None = None,
     # [num_rows, FILTERS] float32: the rows' filters as processing resolved them
@@ -553,9 +553,9 @@ def top_k_top_p_threshold(
     allocates them, written: the chunks' lists of largest logits with their token ids (-1
     padded), and 1 in `covered` for each row whose every kept logit is in them (0
     otherwise), for `sample_tokens` to race those rows over the lists. source [num_rows, V]
-    float32 and deferred [num_rows] float32, both or neither: the rows `process_logits` left
-    unwritten in `logits` (deferred[r] != 0) are read from `source`, divided by
-    deferred[r] (`library.processed`). filters [num_rows, 4] float32: the rows' filters as
+    float32 and deferred [num_rows] float32, both or neither: each row read divided by
+    |deferred[r]|, from `source` where positive (`process_logits` left it unwritten), and
+    so are tile_max's (`processed_rows`). filters [num_rows, 4] float32: the rows' filters as
     `process_logits` resolved them from these tables (`row_params`), read by row."""
     _check_top_k_top_p(logits, slots, top_k, top_p, threshold, min_p, tile_max)
     check_deferred(logits, source, deferred)

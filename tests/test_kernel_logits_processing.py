@@ -700,11 +700,13 @@ def test_deferred_rows_are_left_unwritten_and_flagged(kernel_device: torch.devic
     """With the defer tables, a row no step but its temperature changes is not written (its
     buffer row keeps its fill), deferred[r] = its divisor (1, or the temperature), and the
     same launch without them writes that row equal to its source over the divisor (IEEE
-    division); every other row is written as without them, and the tile tables are the
-    same. Each feature alone keeps a row written: a penalty, a bias, stop ids in force, an
-    allowed list, a grammar; greedy, temperature 1 and another temperature do not. Rows split
-    over 3 programs: the first writes the flag, every one leaves its chunk. With the
-    tables, a row with no allowed list and no grammar takes neither bitmask."""
+    division). Every other row is written without its temperature, deferred[r] = minus
+    its divisor: over the divisor it equals the row without the tables, and so do all the
+    tile maxima (the readers divide them). Each feature alone keeps a row written: a
+    penalty, a bias, stop ids in force, an allowed list, a grammar; greedy, temperature 1
+    and another temperature do not. Rows split over 3 programs: the first writes the flag,
+    every one leaves its chunk. With the tables, a row with no allowed list and no grammar
+    takes neither bitmask."""
     gen = _gen()
     splits = 3
     rows, vocab, tiles = 10, 5000, 5
@@ -724,6 +726,10 @@ def test_deferred_rows_are_left_unwritten_and_flagged(kernel_device: torch.devic
     state.bias_values[6, 0] = 0.25
     state.min_tokens[7] = int(state.batch.num_generated.device[7]) + 1
     state.allowed[8, 3] = 0
+    # written rows at a temperature, which the readers then apply: row 0 (every feature
+    # on), a penalty's, a bias's and a grammar's
+    state.temperature[0], state.temperature[4] = 0.8, 1.7
+    state.temperature[6], state.temperature[9] = 0.3, 0.0
     slots = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], device=kernel_device)
     slots[1] = pad  # slot 1 (a real bias on token 0) is not in the batch: row 1 is padding
     grammar = torch.full((rows, num_words(vocab)), -1, dtype=torch.int32, device=kernel_device)
@@ -745,15 +751,19 @@ def test_deferred_rows_are_left_unwritten_and_flagged(kernel_device: torch.devic
         )  # fmt: skip
         runs.append((got.cpu(), tile_max.cpu(), deferred.cpu()))
     (full, full_max, _), (got, got_max, deferred) = runs
-    want = torch.tensor([0, 1, 1, 1, 0, 0.7, 0, 0, 0, 0], dtype=torch.float32)
+    want = torch.tensor([-0.8, 1, 1, 1, -1.7, 0.7, -0.3, -1, -1, -1], dtype=torch.float32)
     assert torch.equal(deferred, want)
-    assert torch.equal(got_max, full_max)
+    divisor = deferred.abs()
+    assert torch.equal(got_max / divisor[:, None], full_max)
     for r in range(rows):
-        if deferred[r]:
+        if deferred[r] > 0:
             assert bool(got[r].isnan().all()), r
-            assert torch.equal(full[r], logits[r].cpu() / deferred[r]), r
+            assert torch.equal(full[r], logits[r].cpu() / divisor[r]), r
         else:
-            assert torch.equal(got[r], full[r]), r
+            assert torch.equal(got[r] / divisor[r], full[r]), r
+    # the temperature is the readers' alone: row 0's pre-temperature values are not its
+    # processed ones (which a kernel that divided twice would read)
+    assert not torch.equal(got[0], full[0])
     # The flags also gate the dense pass's bitmasks: a written row with neither an allowed
     # list nor a grammar (row 4, its penalty) takes neither table, so words the
     # stages never leave there (0: every token banned) change nothing; rows 8 and 9 (an
@@ -767,8 +777,8 @@ def test_deferred_rows_are_left_unwritten_and_flagged(kernel_device: torch.devic
         restricted=restricted, biased=biased, grammar_on=grammar_on, deferred=deferred,
     )  # fmt: skip
     for r in (4, 8, 9):
-        assert torch.equal(got[r].cpu(), full[r]), r
-    assert torch.equal(tile_max.cpu(), full_max)
+        assert torch.equal(got[r].cpu() / divisor[r], full[r]), r
+    assert torch.equal(tile_max.cpu() / divisor[:, None], full_max)
 
 
 def test_unfiltered_random_rows_are_left_unread(kernel_device: torch.device) -> None:

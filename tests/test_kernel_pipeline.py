@@ -62,7 +62,8 @@ def test_chained_kernels_compile_and_match_torch_backend(kernel_device: torch.de
 
 def test_deferred_rows_are_read_from_their_source(kernel_device: torch.device) -> None:
     """process_logits' deferred rows (left unwritten: a row no step but its temperature
-    changes) read from the source, and divided, by the top-k/top-p kernels and sampling:
+    changes) read from the source, and divided, by the top-k/top-p kernels and sampling,
+    and its written rows (0 and 7) read from the buffer and divided there (row 0's):
     the same cuts and tokens as with every row written, the unwritten rows poisoned with
     NaN (which a read of them would return). Split rows, the tile maxima and the candidate
     lists; top-k, top-p, both, off, greedy; temperatures on top-p alone and on a top-k
@@ -80,6 +81,7 @@ def test_deferred_rows_are_read_from_their_source(kernel_device: torch.device) -
         state.temperature[s] = 1.0
     state.temperature[5] = 0.0  # greedy
     state.temperature[3], state.temperature[6] = 0.5, 1.3  # divided by their readers
+    state.temperature[0], state.temperature[1] = 0.6, 1.0  # written rows (0: its readers')
     slots = torch.tensor([0, 2, 3, 4, 5, 6, 7, 1], device=kernel_device)
     num_slots = num_reqs + 1
     top_k = torch.tensor([40, 0, 50, 0, 7, 3, 1000, 0, 0], dtype=torch.int32)[:num_slots]
@@ -114,9 +116,11 @@ def test_deferred_rows_are_read_from_their_source(kernel_device: torch.device) -
                       None, None, 2, tile_max, None, *buffer, **read)  # fmt: skip
         runs.append((x.cpu(), threshold.cpu(), tokens.cpu(), deferred.cpu(), buffer[0].cpu()))
     (full, want_cut, want, _, want_covered), (x, cut, got, deferred, covered) = runs
-    assert torch.equal(deferred, torch.tensor([0, 1, 0.5, 1, 1, 1.3, 1, 0]))
+    assert torch.equal(deferred, torch.tensor([-0.6, 1, 0.5, 1, 1, 1.3, 1, -1]))
     assert bool(x[1:7].isnan().all())
     assert torch.equal(full[1:7], logits[1:7].cpu() / deferred[1:7, None])
+    # the written rows without their temperature, which the readers apply
+    assert torch.equal(full[[0, 7]], x[[0, 7]] / -deferred[[0, 7], None])
     assert torch.equal(cut, want_cut)
     assert torch.equal(covered, want_covered)
     assert torch.equal(got, want)

@@ -488,11 +488,13 @@ def test_tiles_below_the_cut_are_not_read(splits: int, kernel_device: torch.devi
     assert tokens(lied, tile_max) == want
     assert tokens(lied, None)[:2] == raised  # read, the raised logit would win
 
-    # process_logits' deferred rows (1-4: temperatures 0.9, 1.3 and 0.7, and 1), read from
-    # the source and divided (`library.processed`), in the full walk and the few survivors'
-    # gathers: the tokens of the buffer written with the quotients, from one whose
+    # process_logits' deferred rows (1-4: divisors 0.2, 1.3, 1 and 0.7), read from the
+    # source and divided (`processed_rows.processed`), in the full walk and the few survivors'
+    # gathers, and a written row at its temperature (5: -0.6, the buffer's pre-temperature
+    # logits divided), with the tile maxima of what each reads (the pre-temperature ones):
+    # the tokens of the buffer written with the quotients and their maxima, from one whose
     # deferred rows are NaN
-    divisor = torch.tensor([0.0, 0.2, 1.3, 1.0, 0.7, 0.0], device=kernel_device)
+    divisor = torch.tensor([-1.0, 0.2, 1.3, 1.0, 0.7, -0.6], device=kernel_device)
     raw = moved[0] * 2.5
     # row 1's top 5 (block 16): its max alone in tile 0 (the few survivors' gather), 3 in
     # tile 5 (the full walk), 1 in tile 9, all within the noise's bound of the max (so
@@ -500,24 +502,72 @@ def test_tiles_below_the_cut_are_not_read(splits: int, kernel_device: torch.devi
     # 0.2) loses
     raw[1] = torch.randn(vocab, generator=gen).to(kernel_device) * 0.1
     raw[1, [3, 80, 81, 82, 150]] = torch.tensor([50.0, 38.0, 38.0, 38.0, 37.0]) * 0.2
-    written = torch.where(
-        divisor[:, None] != 0.0, raw / torch.where(divisor != 0.0, divisor, 1.0)[:, None], lied
-    )  # fmt: skip
-    unwritten = torch.where(divisor[:, None] != 0.0, float("nan"), written)
+    pre = torch.where(divisor[:, None] > 0.0, raw, lied)  # what each row's reader reads
+    written = pre / divisor.abs()[:, None]
+    unwritten = torch.where(divisor[:, None] > 0.0, float("nan"), pre)
     deferred_cut = written.nan_to_num(float("-inf")).topk(5, dim=-1).values[:, -1].contiguous()
     deferred_cut[5] = float("-inf")
-    deferred_max = exact_tile_maxima(written.cpu(), block).to(kernel_device)
+    tables = [exact_tile_maxima(t.cpu(), block).to(kernel_device) for t in (written, pre)]
     got = []
-    for x, defer in ((written, None), (unwritten, (raw, divisor))):
+    for x, table, defer in ((written, tables[0], None), (unwritten, tables[1], (raw, divisor))):
         out = torch.full((rows,), -1, dtype=torch.int32, device=kernel_device)
         launch_sample_tokens(
             x, *moved[1:], out, deferred_cut, splits=splits, partials=scratch,
-            block_size=block, tile_max=deferred_max, visits=visits, arrivals=arrivals,
-            defer=defer,
+            block_size=block, tile_max=table, visits=visits, arrivals=arrivals, defer=defer,
         )  # fmt: skip
         got.append(out.tolist())
     assert got[0] == got[1]
     assert got[0][1] == 3 and got[0][4] == 77  # row 4's first NaN, NaN over its divisor
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_written_rows_are_divided_on_read(splits: int, kernel_device: torch.device) -> None:
+    """Rows processing wrote before their temperature (the temperature on read: deferred[r]
+    minus the divisor), with their tile maxima before it too: the same tokens as the rows
+    written divided with their maxima divided, random and greedy, with and without a cut,
+    and the source never read (NaN). The divisor 0.05 spreads the logits 20-fold, so that a
+    walk taking an entry undivided as its tile's bound would skip tiles that win: the
+    second-best tile's max before the temperature plus the noise's bound lies far below
+    the best's after it."""
+    from tile_maxima import exact_tile_maxima
+
+    gen = _gen()
+    rows, vocab, block = 24, 2000, 16  # 125 tiles
+    pre = torch.randn(rows, vocab, generator=gen) * 0.5
+    divisor = torch.full((rows,), 0.05)
+    divisor[16:20] = torch.tensor([1.0, 1.3, 0.7, 0.2])
+    temperature = divisor.clone()
+    temperature[20:] = 0.0  # greedy rows, read as written (divisor 1)
+    divisor[20:] = 1.0
+    written = pre / divisor[:, None]
+    cut = torch.full((rows,), float("-inf"))
+    cut[::3] = written[::3].topk(40, dim=-1).values[:, -1]  # a cut on every third row
+    slots = torch.arange(rows)
+    seeds = torch.arange(rows) * 7919 + 11
+    positions = torch.randint(0, 2**40, (rows,), generator=gen)
+    moved = [t.to(kernel_device) for t in (slots, temperature, seeds, positions, cut)]
+    scratch = (
+        torch.empty(rows, splits, device=kernel_device),
+        torch.empty(rows, splits, dtype=torch.int32, device=kernel_device),
+        torch.empty(rows, splits, dtype=torch.int32, device=kernel_device),
+    )
+    visits = torch.empty(rows, 125, dtype=torch.int32, device=kernel_device)
+    arrivals = torch.zeros(rows, dtype=torch.int32, device=kernel_device)
+    source = torch.full_like(pre, float("nan")).to(kernel_device)
+    got = []
+    for x, defer in ((written, None), (pre, (source, -divisor.to(kernel_device)))):
+        table = exact_tile_maxima(x, block).to(kernel_device)
+        out = torch.full((rows,), -1, dtype=torch.int32, device=kernel_device)
+        launch_sample_tokens(
+            x.to(kernel_device), moved[0], moved[1], moved[2], moved[3], out, moved[4],
+            splits=splits, partials=scratch if splits > 1 else None, block_size=block,
+            tile_max=table, visits=visits, arrivals=arrivals, defer=defer,
+        )  # fmt: skip
+        got.append(out.tolist())
+    assert got[0] == got[1]
+    # the draws reach past the best tile: a walk that left some tile unread loses them
+    best_tile = written.argmax(-1) // block
+    assert sum(int(t) // block != int(b) for t, b in zip(got[0], best_tile, strict=True)) > 2
 
 
 def test_non_contiguous_row_stride(kernel_device: torch.device) -> None:

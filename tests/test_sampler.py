@@ -757,11 +757,13 @@ def test_rows_no_step_changes_are_read_from_the_logits(
 ) -> None:
     """The Triton backend leaves the rows no step but their temperature changes unwritten
     in its buffer (top-k, top-p, min_p, any temperature, and nothing else), and the kernels
-    after processing read them from the logits, divided. Every float32 `torch.empty` is NaN here (an
-    unwritten row read returns NaN), and the tokens, logprobs and histories still equal
-    the PyTorch backend's, step after step; the flags show which rows were left. Without
-    logprobs (no raw tiles), processing does not even read the random rows no filter cuts
-    (rows 3 and 5): sampling's walk reduces their tiles itself."""
+    after processing read them from the logits, divided; the rows it writes (rows 6 and
+    7), it writes without their temperature, which those kernels apply. Every float32
+    `torch.empty` is NaN here (an unwritten row read returns NaN), and the tokens,
+    logprobs and histories still equal the PyTorch backend's, step after step; the flags
+    show which rows were left. Without logprobs (no raw tiles), processing does not even
+    read the random rows no filter cuts (rows 3 and 5): sampling's walk reduces their
+    tiles itself."""
     real_empty = torch.empty
 
     def poisoned(*size: Any, **kwargs: Any) -> torch.Tensor:
@@ -782,7 +784,8 @@ def test_rows_no_step_changes_are_read_from_the_logits(
     params = [
         SP(seed=1, top_k=20), SP(seed=2, top_p=0.8), SP(temperature=0.0), SP(seed=4),
         SP(seed=5, top_k=5, top_p=0.9, min_p=0.05), SP(seed=6, temperature=0.7),
-        SP(seed=7, frequency_penalty=0.5), SP(seed=8, logit_bias={3: 2.0}),
+        SP(seed=7, frequency_penalty=0.5, temperature=0.8),
+        SP(seed=8, logit_bias={3: 2.0}, temperature=1.3),
     ]  # fmt: skip
     update = BatchUpdate(rows, added=[(r, p, list(range(r + 1)), []) for r, p in enumerate(params)])
     gen = torch.Generator().manual_seed(int(torch.seed() % 2**31))
@@ -797,7 +800,9 @@ def test_rows_no_step_changes_are_read_from_the_logits(
         assert _assert_near_ties(samplers["torch"], logits, tokens, b.sampled_token_ids[:, 0]) == 0
         samplers["torch"].commit_tokens(tokens)
         deferred = samplers["triton"].pipeline.deferred  # type: ignore[attr-defined]
-        want = torch.tensor([1, 1, 1, 1, 1, 0.7, 0, 0], device=deferred.device)
+        # the written rows (6, 7: a penalty, a bias) at their temperature negated: their
+        # readers divide them too
+        want = torch.tensor([1, 1, 1, 1, 1, 0.7, -0.8, -1.3], device=deferred.device)
         assert torch.equal(deferred[:rows], want)
         if max_num_logprobs:
             assert a.logprobs_tensors is not None and b.logprobs_tensors is not None

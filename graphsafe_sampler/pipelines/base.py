@@ -49,11 +49,13 @@ class Processed:
         every operand equals those rows of it (the PyTorch pipeline's, compiled): sampling
         recomputes the logits from it, so that, where nothing else reads `logits`, the
         compiled step never writes them.
-    source, deferred: [num_rows, V] float32 and [num_rows] float32, or None: the rows with
-        deferred[r] != 0 are not written in `logits` but equal their row of `source` (the
-        raw logits) divided by deferred[r], which the Triton pipeline's kernels after
-        processing read and divide instead (rows that only a temperature changes, or none,
-        where nothing else reads `logits`: no mask written).
+    source, deferred: [num_rows, V] float32 and [num_rows] float32, or None: where
+        nothing else reads `logits` (no mask written), the Triton pipeline's kernels after
+        processing apply the temperature as they read: the processed row r is its row of
+        `source` (the raw logits) divided by deferred[r] where deferred[r] > 0 (rows that
+        only a temperature changes, or none, left unwritten in `logits`), else its row of
+        `logits` divided by -deferred[r] (written without the temperature), and so are its
+        tile maxima (`tile_max`).
     records: (filters [num_rows, 4] float32, keys [num_rows, 2] int64) or None: each row's
         temperature, seed and position as the Triton pipeline's processing resolved them
         from the slot tables (kernels/row_params.py), which its sampling kernel reads by

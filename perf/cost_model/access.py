@@ -239,6 +239,9 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         taken = {
             hash_line: torch.clamp(hashed / visited, max=1.0),
             source_line(k._sample_kernel, 'if top == float("inf"):'): _unknown_share(a, visited),
+            # a known entry's bound over the divisor (the temperature on read): the rest
+            source_line(k._sample_kernel, 'if top != float("inf"):'): 1
+            - _unknown_share(a, visited),
         }
     # a hashed tile of a top-k row holds a few of its k survivors (k spread over the row's
     # tiles): at most FEW_SURVIVORS of them (its lowest and highest) hash alone; other rows
@@ -451,10 +454,12 @@ Model = Callable[[dict[str, Any], dict[str, Any]], Work]
 def _reading_deferred(model: Model) -> Model:
     """A reader of the processed logits whose deferred rows (DEFER) it reads from the source
     instead: its reads of `logits_ptr` split by the rows' `DEFERRED` share, and the
-    division of what it reads (`library.processed`) taken where such a row scales."""
+    division of what it reads and of its tile maxima (`processed_rows.processed`,
+    `processed_tile`, `processed_bounds`) taken where a row scales: with DEFER every row's
+    temperature is the reader's, written or not."""
 
     def work(a: dict[str, Any], c: dict[str, Any]) -> Work:
-        from graphsafe_sampler.kernels import library
+        from graphsafe_sampler.kernels import processed_rows as on_read
         from graphsafe_sampler.kernels.constants import GREEDY_TEMPERATURE
 
         done = model(a, c)
@@ -463,15 +468,16 @@ def _reading_deferred(model: Model) -> Model:
         split = {"logits_ptr": logits * (1 - deferred), "source_ptr": logits * deferred}
         temperature = a.get(TEMPERATURES, torch.ones_like(logits))
         scales = ((temperature >= GREEDY_TEMPERATURE) & (temperature != 1.0)).to(torch.float64)
+        dividing = scales * float(bool(c.get("DEFER")))
         divides = {
-            source_line(fn, "if (divisor != 0.0)"): deferred * scales
-            for fn in (library.processed, library.processed_tile)
+            source_line(fn, "if (divisor != 0.0)"): dividing
+            for fn in (on_read.processed, on_read.processed_tile, on_read.processed_bounds)
         }
         # a walk's IEEE division again: in a chunk's partial last tile (its masked columns
         # read -inf), one of the chunk's tiles; never for a logit of an LLM's row
         tiles = math.ceil(int(a.get("chunk", a.get("vocab_size", 1))) / c.get("BLOCK_SIZE", 1))
-        fallback = source_line(library.processed_tile, "if ~fast")
-        divides[fallback] = deferred * scales / max(1, tiles)
+        fallback = source_line(on_read.processed_tile, "if ~fast")
+        divides[fallback] = dividing / max(1, tiles)
         return replace(done, reads={**done.reads, **split}, taken={**done.taken, **divides})
 
     return work

@@ -24,7 +24,8 @@ def _sparse_tokens(a: dict[str, Any], c: dict[str, Any]) -> dict[str, torch.Tens
     rep, freq = a["repetition_ptr"][slots], a["frequency_ptr"][slots]
     fix_excess = freq != 0.0
     temperature = a["temperature_ptr"][slots]
-    scale_on = (temperature >= c["GREEDY_BELOW"]) & (temperature != 1.0)
+    # with DEFER the temperature is the readers' (never processing's)
+    scale_on = (temperature >= c["GREEDY_BELOW"]) & (temperature != 1.0) & (not c.get("DEFER"))
     preceding = a["num_preceding_ptr"] if c["HAS_DRAFTS"] else 0
     stopping = _f(a["num_generated_ptr"][slots] + preceding < a["min_tokens_ptr"][slots])
     table = a["overflow_token_ptr"][slots, : a["num_overflow"]] >= 0
