@@ -80,30 +80,19 @@ def processed_tile(x, divisor, reciprocal, fast):
 
 
 @triton.jit
-def processed_bounds(bounds, divisor, reciprocal, fast, BRANCH: tl.constexpr = False):
-    """`processed` for tile maxima a reader takes as bounds (`tiles_to_visit`'s, a floor's,
-    a walk's tile), by `divide_by` with the divisor's hoisted `reciprocal`: +inf
-    (unknown: the walk reads the tile and makes its max itself, exactly) where that
-    division cannot vouch for the quotient, ±inf as they are. Upper bounds that may only
-    have a tile read more, with no IEEE division, whose inlined slow path spilled the
-    sampling kernel under its register cap. A program's prologue takes them by selects
-    (a branch on the divisor waits for its load, and every load after it a round more); a
-    walk's tile (BRANCH), in a uniform branch that an unscaled row skips."""
-    if BRANCH:
-        if (divisor != 0.0) & (divisor != 1.0):
-            bounds = _divided_bounds(bounds, divisor, reciprocal, fast)
-    else:
-        scaled = (divisor != 0.0) & (divisor != 1.0)
-        bounds = tl.where(scaled, _divided_bounds(bounds, divisor, reciprocal, fast), bounds)
-    return bounds
-
-
-@triton.jit
-def _divided_bounds(bounds, divisor, reciprocal, fast):
+def processed_bounds(bounds, divisor, reciprocal, fast):
+    """`processed` for the tile maxima a reader takes as bounds at a program's start
+    (`tiles_to_visit`'s, a floor's), by `divide_by` with the divisor's hoisted `reciprocal`:
+    +inf (unknown: a walk reads the tile and makes its max itself) where that division
+    cannot vouch for the quotient, ±inf as they are. Upper bounds that may only have a
+    tile read more, by selects: no IEEE division, whose inlined slow path spilled the
+    sampling kernel under its register cap, and no branch, which would wait for the
+    divisor's load and put every load after it a round later."""
     q, outside = divide_by(bounds, divisor, reciprocal)
     unknown = tl.where(bounds == float("-inf"), float("-inf"), float("inf"))
     # (tl.where, not |: the interpreter cannot | a scalar bool with a block of them)
-    return tl.where(tl.where(fast, outside, True), unknown, q)
+    q = tl.where(tl.where(fast, outside, True), unknown, q)
+    return tl.where((divisor != 0.0) & (divisor != 1.0), q, bounds)
 
 
 @triton.jit

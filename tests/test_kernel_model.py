@@ -498,7 +498,7 @@ def test_launches_tell_later_ones_the_temperatures_survivors_and_filters(
 def test_deferred_rows_are_read_from_the_source_and_divided_where_they_scale() -> None:
     """A reader of deferred rows (DEFER): its logits reads split between the buffer and the
     source by the rows processing deferred, and its divisions
-    (`processed_rows.processed`, `processed_tile`, `processed_bounds`) taken by every row
+    (`processed_rows.processed`, `processed_tile`) taken by every row
     that scales, deferred or written (the temperature is the readers'), the walk's IEEE
     fallback in one of a chunk's tiles."""
     from graphsafe_sampler.kernels import processed_rows as on_read
@@ -516,7 +516,7 @@ def test_deferred_rows_are_read_from_the_source_and_divided_where_they_scale() -
     done = work(args, {"DEFER": True, "BLOCK_SIZE": 1024})
     assert done.reads["logits_ptr"].tolist() == [0.0, 0.0, 0.5, 0.0]
     assert done.reads["source_ptr"].tolist() == [0.5, 0.5, 0.0, 0.5]
-    for fn in (on_read.processed, on_read.processed_tile, on_read.processed_bounds):
+    for fn in (on_read.processed, on_read.processed_tile):
         assert done.taken[access.source_line(fn, "if (divisor != 0.0)")].tolist() == [1, 0, 1, 0]
     fallback = done.taken[access.source_line(on_read.processed_tile, "if ~fast")]
     assert fallback.tolist() == [0.25, 0, 0.25, 0]

@@ -22,23 +22,23 @@ def _gen() -> torch.Generator:
 
 @triton.jit
 def _bounds_kernel(t_ptr, divisors_ptr, out_ptr, n, BLOCK: tl.constexpr, FORM: tl.constexpr):
-    """Program r divides the entries t[0:n] by divisors[r]: FORM 0 `processed_bounds` by
-    selects, 1 by its branch, 2 `processed_upper_bound` (a scalar at a time, as a walk's)."""
+    """Program r divides the entries t[0:n] by divisors[r]: FORM 0 `processed_bounds`, 1
+    `processed_upper_bound` (a scalar at a time, as a walk's)."""
     r = tl.program_id(0)
     divisor = tl.load(divisors_ptr + r)
     reciprocal, fast = hoisted_reciprocal(divisor)
     cols = tl.arange(0, BLOCK)
     t = tl.load(t_ptr + cols, mask=cols < n, other=0.0)
-    if FORM == 2:
+    if FORM == 1:
         for i in range(0, n):
             top = processed_upper_bound(tl.load(t_ptr + i), divisor, reciprocal, fast)
             tl.store(out_ptr + r * n + i, top)
     else:
-        bounds = processed_bounds(t, divisor, reciprocal, fast, BRANCH=FORM == 1)
+        bounds = processed_bounds(t, divisor, reciprocal, fast)
         tl.store(out_ptr + r * n + cols, bounds, mask=cols < n)
 
 
-@pytest.mark.parametrize("form", [0, 1, 2], ids=["selects", "branch", "upper"])
+@pytest.mark.parametrize("form", [0, 1], ids=["bounds", "upper"])
 def test_pre_temperature_maxima_divided_as_bounds(form: int, kernel_device: torch.device) -> None:
     """The readers' division of processing's pre-temperature tile maxima (the temperature
     on read), against float32 IEEE division: `processed_bounds` is the quotient exactly
@@ -67,7 +67,7 @@ def test_pre_temperature_maxima_divided_as_bounds(form: int, kernel_device: torc
         assert bool((got[r] >= want).all()), d  # every entry an upper bound
         assert torch.equal(got[r][t.isinf()], want[t.isinf()]), d  # ±inf stay
         finite = torch.isfinite(got[r]) & torch.isfinite(want)
-        if form == 2:
+        if form == 1:
             # (finite, but for a quotient at float32's edge, whose bound may round to inf)
             assert not in_range or bool(finite[want.abs() < 1e38].all()), d
             assert in_range or bool((got[r][t != float("-inf")] == float("inf")).all()), d

@@ -454,9 +454,9 @@ Model = Callable[[dict[str, Any], dict[str, Any]], Work]
 def _reading_deferred(model: Model) -> Model:
     """A reader of the processed logits whose deferred rows (DEFER) it reads from the source
     instead: its reads of `logits_ptr` split by the rows' `DEFERRED` share, and the
-    division of what it reads and of its tile maxima (`processed_rows.processed`,
-    `processed_tile`, `processed_bounds`) taken where a row scales: with DEFER every row's
-    temperature is the reader's, written or not."""
+    division of what it reads and of its walk's tile maxima (`processed_rows.processed`,
+    `processed_tile`) taken where a row scales: with DEFER every row's temperature is the
+    reader's, written or not."""
 
     def work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         from graphsafe_sampler.kernels import processed_rows as on_read
@@ -471,7 +471,7 @@ def _reading_deferred(model: Model) -> Model:
         dividing = scales * float(bool(c.get("DEFER")))
         divides = {
             source_line(fn, "if (divisor != 0.0)"): dividing
-            for fn in (on_read.processed, on_read.processed_tile, on_read.processed_bounds)
+            for fn in (on_read.processed, on_read.processed_tile)
         }
         # a walk's IEEE division again: in a chunk's partial last tile (its masked columns
         # read -inf), one of the chunk's tiles; never for a logit of an LLM's row
