@@ -150,7 +150,7 @@ def _candidates_kernel(
     await_prior_grids(PDL)
     row = tl.program_id(0)
     divisor, from_source = load_deferred(deferred_ptr, row, DEFER)  # with the first loads
-    reciprocal, fast = hoisted_reciprocal(divisor)  # the walk's divisions (processed_tile)
+    reciprocal, fast = hoisted_reciprocal(divisor)  # the bounds' and the walk's divisions
     part = tl.program_id(1)
     begin = part * chunk
     end = tl.minimum(begin + chunk, vocab_size)
@@ -202,9 +202,7 @@ def _candidates_kernel(
         bounded = tl.zeros((), tl.int1)
         skip_below = tl.full((), float("-inf"), tl.float32)
         if HAS_TILE_MAX:
-            # the pre-temperature maxima where the temperature is this kernel's, divided
-            # here, past the row's loads (a branch on the divisor waits for it, and a load
-            # after it would wait a round more)
+            # the maxima before the temperature where it is this kernel's (processed_rows)
             row_bounds = processed_bounds(row_bounds, divisor, reciprocal, fast)
             bounds = processed_bounds(bounds, divisor, reciprocal, fast)
             if use_buffer & k_on:

@@ -40,7 +40,7 @@ def load_deferred(deferred_ptr, row, DEFER: tl.constexpr):
     With DEFER processing applies no temperature itself (docs/kernels.md, the temperature
     on read): its entry is the divisor, negative where it wrote the row (pre-temperature)
     and positive where it left it. Without DEFER: (0.0, False), the buffer as it is. For
-    `row_logits`, `processed` and `processed_tile`. Loaded at a reader's start, with the
+    `row_logits` and the divisions below. Loaded at a reader's start, with the
     row's first loads, since a warp issues in order and the loads of the row wait for it
     (loaded where the row's pointer is first needed, after the slot's parameters, it took
     a round of its own)."""
@@ -98,7 +98,7 @@ def processed_bounds(bounds, divisor, reciprocal, fast):
 @triton.jit
 def processed_upper_bound(top, divisor, reciprocal, fast):
     """An upper bound of `processed(top, divisor)` for one tile's entry, where only a bound
-    is needed (sampling's "can this tile win" test), in four instructions and no branch:
+    is needed (sampling's "can this tile win" test), in a few instructions, no branch:
     q = top * RN(1/d) lies within 2**-23 of top / d (two roundings), so the larger of q
     moved 2**-20 either way is at least the quotient rounded, ±inf stay ±inf, and a
     divisor outside the reciprocal's range (`fast` false) gives +inf but for -inf

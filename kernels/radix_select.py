@@ -45,7 +45,7 @@ def _largest_key_reaching(
     shift,  # float32: masses are exp(x - shift) (MASS)
     given,  # float32: the target, or < 0 for top_p times the first pass's mass (MASS)
     cap,  # int32: stop once at most this many logits lie at or above the bin (0: never)
-    divisor,  # float32: `processed_rows.processed`'s, for a deferred row's source (0: none)
+    divisor,  # float32: the row's `processed_rows.processed` divisor (0: none)
     MASS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
@@ -121,7 +121,7 @@ def gather_at_or_above(
     floor,  # float32: the logits >= floor (never NaN), at most `cap` of them
     scratch_ptr,  # [cap] float32, the row's own, overwritten
     cap,
-    divisor,  # float32: `processed_rows.processed`'s, for a deferred row's source (0: none)
+    divisor,  # float32: the row's `processed_rows.processed` divisor (0: none)
     BLOCK_SIZE: tl.constexpr,
 ):
     """One pass over the row: its logits >= floor stored to scratch in column order, then
