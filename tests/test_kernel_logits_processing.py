@@ -21,6 +21,7 @@ from graphsafe_sampler.bitmask import BitmaskUnpacker, num_words, pack_token_ids
 from graphsafe_sampler.config import SamplerConfig
 from graphsafe_sampler.kernels.library import divide_by, hoisted_reciprocal
 from graphsafe_sampler.kernels.logits_processing import launch_process_logits, process_logits
+from graphsafe_sampler.kernels.token_steps import divide
 from graphsafe_sampler.params import GREEDY_TEMPERATURE, SamplingParams
 from graphsafe_sampler.stages.penalties import SATURATED, PenaltyState
 
@@ -408,6 +409,41 @@ def test_divisions_outside_the_fast_range_match_torch_backend(
     args = (*state.kernel_args(), grammar, *state.penalty_args())
     process_logits(logits, got, slots, *args, tile_max=tile_max)
     assert _same_bits(got, want)
+
+
+@triton.jit
+def _positive_divide_kernel(x_ptr, q_ptr, d, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets, mask=offsets < n)
+    d_inv, _ = hoisted_reciprocal(d)
+    tl.store(q_ptr + offsets, divide(x, (d, d_inv), False, POSITIVE=True), mask=offsets < n)
+
+
+def test_the_repetition_quotients_range_test_marks_what_divide_by_cannot_vouch_for(
+    kernel_device: torch.device,
+) -> None:
+    """`token_steps.divide` with POSITIVE (the repetition penalty's, kept only where x > 0):
+    its one unsigned compare of x's bits marks (NaN) every positive x outside [2**-100,
+    2**104], the fast range's, and no positive x inside it, whose quotient is torch's
+    float32 x / d bit for bit; zero and negatives come out marked (the caller drops them).
+    Random bit patterns over every float, the range's edges and their neighbours."""
+    gen = _gen()
+    patterns = torch.randint(-(2**31), 2**31, (2**18,), generator=gen, dtype=torch.int64)
+    edges = torch.tensor([2.0**-100, 2.0**104, 1e-44, 1e-40, 1e36, 3e38, float("inf")])
+    neighbours = torch.cat([edges, torch.nextafter(edges, torch.zeros(())),
+                            torch.nextafter(edges, torch.full((), float("inf")))])  # fmt: skip
+    x = torch.cat([patterns.to(torch.int32).view(torch.float32), neighbours, -neighbours])
+    x = torch.cat([x, torch.tensor([0.0, -0.0, float("nan")])])
+    for d in (1.3, 0.7, 2.0**-20, 2.0**20):
+        d32 = float(torch.tensor(d, dtype=torch.float32))
+        q = torch.empty_like(x).to(kernel_device)
+        _positive_divide_kernel[(triton.cdiv(x.numel(), 2**16),)](
+            x.to(kernel_device), q, d32, x.numel(), BLOCK=2**16
+        )  # fmt: skip
+        q = q.cpu()
+        inside = (x >= 2.0**-100) & (x <= 2.0**104)
+        assert bool(q[~inside].isnan().all()), d
+        assert _same_bits(q[inside], x[inside] / torch.tensor(d32)), d
 
 
 @pytest.mark.parametrize("splits", [2, 5])
