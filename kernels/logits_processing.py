@@ -185,6 +185,7 @@ def _process_logits_kernel(
         if tl.program_id(1) == 0:  # (load_deferred: negative where the row is written)
             divisor = tl.where(scale_on, temperature, 1.0)
             tl.store(deferred_ptr + row, tl.where(plain, divisor, -divisor))
+        scale_on = tl.zeros((), tl.int1)  # no row's temperature here: every step's off
     if RESOLVE:  # for the kernels after this one, which load them by row (row_params.py)
         first = tl.program_id(1) == 0
         store_row_params(filters_ptr, keys_ptr, row, resolved, temperature, generated, first)
@@ -215,9 +216,7 @@ def _process_logits_kernel(
     # its loads are all issued at once, as the main loop's are (straight-line code issued
     # them in program order: three rounds of loads for the tile, not one)
     full_end = begin + (pass_end - begin) // BLOCK_SIZE * BLOCK_SIZE
-    redo = penalties_on & ~repetition_in_range
-    if not DEFER:  # (with DEFER the temperature is the readers')
-        redo |= scale_on & ~temperature_in_range
+    redo = (penalties_on & ~repetition_in_range) | (scale_on & ~temperature_in_range)
     # what every tile of the row takes besides its start and its constexprs
     row_args = (
         end, num_words, source_row, row_ptr, tile_row, raw_row, row, allowed_row, grammar_row,
@@ -271,7 +270,7 @@ def _process_logits_kernel(
             tile_row, begin, end, row, allowed_row, grammar_row, prompt_row, counts_row,
             drafts_ptr, preceding, num_drafts, penalties_on, repetition_divisor, frequency,
             presence, fix_excess, scale_on, temperature_divisor, SATURATED, HAS_GRAMMAR,
-            HAS_DRAFTS, HAS_TILE_MAX, not DEFER, SPARSE_BLOCK, BLOCK_SIZE,
+            HAS_DRAFTS, HAS_TILE_MAX, SPARSE_BLOCK, BLOCK_SIZE,
         )  # fmt: skip
         # step 7 reads what other threads of this program stored above
         tl.debug_barrier()
@@ -281,7 +280,7 @@ def _process_logits_kernel(
             apply_excess(
                 *excess_head, overflow_token_ptr, overflow_excess_ptr, num_overflow, row_ptr,
                 tile_row, counts_row, begin, end, frequency, scale_on, temperature, SATURATED,
-                HAS_TILE_MAX, not DEFER, BLOCK_SIZE,
+                HAS_TILE_MAX, BLOCK_SIZE,
             )  # fmt: skip
         # a stop id or a banned token may be stored above by another thread: -inf lands last
         tl.debug_barrier()

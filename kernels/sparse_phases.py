@@ -38,7 +38,7 @@ def _bias_block(
     allowed_row, grammar_row, prompt_row, counts_row, drafts_ptr, preceding, num_drafts,
     penalties_on, repetition, frequency, presence, fix_excess, scale_on, temperature,
     SATURATED: tl.constexpr, HAS_GRAMMAR: tl.constexpr, HAS_DRAFTS: tl.constexpr,
-    HAS_TILE_MAX: tl.constexpr, SCALE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HAS_TILE_MAX: tl.constexpr, BLOCK_SIZE: tl.constexpr,
 ):  # fmt: skip
     """One block of `apply_bias`: its tokens' loads in one round, then the stores."""
     used = (entry < num_bias) & (value != 0.0) & (token >= begin) & (token < end)
@@ -50,7 +50,7 @@ def _bias_block(
         x, value, token, token // 32, token % 32, used, row, allowed_row, grammar_row,
         prompt_row, counts_row, drafts_ptr, preceding, num_drafts, penalties_on, repetition,
         frequency, presence, fix_excess, scale_on, temperature, True, SATURATED, HAS_GRAMMAR,
-        HAS_DRAFTS, True, False, SCALE,
+        HAS_DRAFTS, True, False,
     )  # fmt: skip
     tl.store(row_ptr + token, x, mask=used)
     if HAS_TILE_MAX:
@@ -81,8 +81,7 @@ def apply_bias(
     num_drafts, penalties_on, repetition, frequency, presence, fix_excess, scale_on,
     temperature,
     SATURATED: tl.constexpr, HAS_GRAMMAR: tl.constexpr, HAS_DRAFTS: tl.constexpr,
-    HAS_TILE_MAX: tl.constexpr, SCALE: tl.constexpr, BLOCK: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
+    HAS_TILE_MAX: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SIZE: tl.constexpr,
 ):  # fmt: skip
     """Step 1, then steps 3-6 again (IEEE division) on the biased tokens of [begin, end):
     each made from its source value plus the bias, over the dense pass's value. The table
@@ -90,14 +89,13 @@ def apply_bias(
     +0.0 or repeating the first, so lanes that share a token store one value, and the
     block holding the first key again past entry 0 is the last with a used entry (a table
     of C = 1,024 entries biasing a few tokens: one block, not eight). The first block is
-    the caller's, made before the loop over the rest. SCALE False: without step 6, as the
-    dense pass's tokens (`token_steps.penalise_and_scale`)."""
+    the caller's, made before the loop over the rest."""
     first_key = _first_key(entry, token)
     _bias_block(
         entry, token, value, num_bias, source_row, row_ptr, tile_row, begin, end, row,
         allowed_row, grammar_row, prompt_row, counts_row, drafts_ptr, preceding, num_drafts,
         penalties_on, repetition, frequency, presence, fix_excess, scale_on, temperature,
-        SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX, SCALE, BLOCK_SIZE,
+        SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX, BLOCK_SIZE,
     )  # fmt: skip
     start = BLOCK
     more = _walk_goes_on(entry, token, first_key, num_bias, start)
@@ -109,7 +107,7 @@ def apply_bias(
             entry, token, value, num_bias, source_row, row_ptr, tile_row, begin, end, row,
             allowed_row, grammar_row, prompt_row, counts_row, drafts_ptr, preceding,
             num_drafts, penalties_on, repetition, frequency, presence, fix_excess, scale_on,
-            temperature, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX, SCALE, BLOCK_SIZE,
+            temperature, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX, BLOCK_SIZE,
         )  # fmt: skip
         start += BLOCK
         more = _walk_goes_on(entry, token, first_key, num_bias, start)
@@ -131,16 +129,15 @@ def apply_excess(
     table_row, full, listed, excess,  # from load_excess_head
     overflow_token_ptr, overflow_excess_ptr, num_overflow, row_ptr, tile_row, counts_row,
     begin, end, frequency, scale_on, temperature,
-    SATURATED: tl.constexpr, HAS_TILE_MAX: tl.constexpr, SCALE: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
+    SATURATED: tl.constexpr, HAS_TILE_MAX: tl.constexpr, BLOCK_SIZE: tl.constexpr,
 ):  # fmt: skip
     """Step 7 on [begin, end): each listed saturated token's excess (count - 255) times
     the frequency penalty, then its temperature, which the dense pass left out for a byte
     of 255; its tile's entry becomes unknown. The next entry is loaded with each token's
     logit, a round of loads an entry. A full table may leave tokens at 255 without an entry:
     every byte of 255 then still lacks its temperature, listed or not, and a pass over the
-    chunk gives it (never, unless E tokens of one request pass 255 outputs). SCALE False:
-    no temperature here, nor that pass (the readers divide every logit of the row)."""
+    chunk gives it (never, unless E tokens of one request pass 255 outputs). With
+    `scale_on` false (processing's DEFER: the readers divide), neither."""
     scale_here = scale_on & ~full
     index = 0
     while listed >= 0:
@@ -151,26 +148,24 @@ def apply_excess(
         next_excess = tl.load(overflow_excess_ptr + table_row + index + 1, mask=following)
         if mine:
             value = value - frequency * excess.to(tl.float32)
-            if SCALE:  # noqa: SIM102 (a constexpr guard)
-                if scale_here:
-                    value = tl.math.div_rn(value, temperature)
+            if scale_here:
+                value = tl.math.div_rn(value, temperature)
             tl.store(row_ptr + listed, value)
             if HAS_TILE_MAX:
                 forget_tiles(tile_row, listed, listed >= begin, BLOCK_SIZE)
         index += 1
         listed, excess = next_listed, next_excess
-    if SCALE:  # noqa: SIM102 (a constexpr guard)
-        if scale_on & full:
-            tl.debug_barrier()
-            for start in range(begin, end, BLOCK_SIZE):
-                cols = start + tl.arange(0, BLOCK_SIZE)
-                in_row = cols < end
-                count = tl.load(counts_row + cols, mask=in_row, other=0).to(tl.int32)
-                at_255 = in_row & (count == SATURATED)
-                x = tl.load(row_ptr + cols, mask=at_255, other=0.0)
-                tl.store(row_ptr + cols, tl.math.div_rn(x, temperature), mask=at_255)
-                if HAS_TILE_MAX:
-                    forget_tiles(tile_row, start, start >= begin, BLOCK_SIZE)
+    if scale_on & full:
+        tl.debug_barrier()
+        for start in range(begin, end, BLOCK_SIZE):
+            cols = start + tl.arange(0, BLOCK_SIZE)
+            in_row = cols < end
+            count = tl.load(counts_row + cols, mask=in_row, other=0).to(tl.int32)
+            at_255 = in_row & (count == SATURATED)
+            x = tl.load(row_ptr + cols, mask=at_255, other=0.0)
+            tl.store(row_ptr + cols, tl.math.div_rn(x, temperature), mask=at_255)
+            if HAS_TILE_MAX:
+                forget_tiles(tile_row, start, start >= begin, BLOCK_SIZE)
 
 
 @triton.jit

@@ -55,9 +55,6 @@ def penalise_and_scale(
     # the dense pass's, with the row flags: a row with no allowed list and no grammar
     # (`masks_on` False, whose words are all ones) loads no word and tests no bit
     GATE_MASKS: tl.constexpr,
-    # step 6 here; False: the temperature left to the kernels that read the logits
-    # (processing's DEFER, docs/kernels.md: the temperature on read)
-    SCALE: tl.constexpr = True,
 ):
     """Steps 3-6 on the tokens `cols` -> logits: a saturated token (byte 255, frequency on)
     is left without its temperature, which step 7 applies after its excess. A token whose
@@ -123,9 +120,8 @@ def penalise_and_scale(
         # tl.where, not &: the interpreter cannot & a scalar bool with a block of them
         saturated = tl.where(fix_excess, byte == SATURATED, False)
     # 6. temperature, except where step 7 still subtracts the excess first
-    if SCALE:  # noqa: SIM102 (a constexpr guard)
-        if scale_on:
-            x = tl.where(saturated, x, divide(x, temperature, EXACT))
+    if scale_on:
+        x = tl.where(saturated, x, divide(x, temperature, EXACT))
     # the masks last, so that no -inf of theirs reaches a fast division (outside its
     # range): a masked token is -inf either way, since -inf stays -inf through every step
     # (penalties > 0), so its mark is dropped with it
@@ -213,7 +209,7 @@ def dense_tile(
         x, None, cols, word, bit, in_row, row, allowed_row, grammar_row, prompt_row, counts_row,
         drafts_ptr, preceding, num_drafts, penalties_on, repetition, frequency, presence,
         fix_excess, scale_on, temperature, masks_on, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, EXACT,
-        GATE_MASKS=DEFER, SCALE=not DEFER,
+        GATE_MASKS=DEFER,
     )  # fmt: skip
     if STORE_LOGITS:
         if DEFER:
