@@ -303,8 +303,8 @@ def test_raw_tiles_give_the_full_pass_outputs(
     if subtract_lse:  # lse can be an ulp from the full pass's: 1.5e-5 at row 7's -187
         _logprobs_follow_lse(got, raw, lse)
         _logprobs_follow_lse(full, raw, full_lse)
-    else:
-        assert torch.equal(got.logprobs, full.logprobs)
+    else:  # NaN where the sampled token is row 2's NaN (1 draw in 9,000)
+        torch.testing.assert_close(got.logprobs, full.logprobs, rtol=0, atol=0, equal_nan=True)
     finite = [0, 1, 4, 7, 8]  # the rows torch's reference takes without NaN or inf
     want = _torch_logprobs(mode, 5, raw[finite], raw[finite], tokens[finite])
     _check(
