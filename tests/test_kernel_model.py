@@ -837,6 +837,27 @@ def test_straight_line_takes_the_longest_path_and_leaves_out_what_never_runs(
     assert chain.straight_line(text, [loop]).load_rounds == 1
     # ... and a program that never runs the loop counts none of its instructions
     assert chain.straight_line(text, [loop], unwalked).instructions == 5
+    # the only block around an unwalked loop ends the program (an `if` whose else-block
+    # lies after it): no `if` guarding the loop, which is left out alone, not the path
+    # through the program's end (left out, the else-block's 1 round was the longest)
+    ending = """
+        00: LDG.E R2, desc[UR4][R10.64]
+        10: @P1 BRA `(.L_x_2)
+        20: LDG.E R4, desc[UR4][R2.64]
+        .L_x_0:
+        30: LDG.E R6, desc[UR4][R4.64]
+        40: @P3 BRA `(.L_x_0)
+        50: STG.E desc[UR4][R10.64], R4
+        60: EXIT
+        .L_x_2:
+        70: FADD R8, R2, R2
+        80: EXIT
+    """
+    text = _sass(ending).format(src=src)
+    (loop,) = sass.find_loops(text, 4, 1024)
+    assert loop.tile_loop and (loop.head, loop.end) == (0x30, 0x40)
+    unwalked = {(loop.file, loop.line)}
+    assert chain.straight_line(text, [loop], unwalked) == chain.StraightLine(2, 5)
 
 
 def test_a_counted_loop_is_left_to_its_iterations(tmp_path: Path) -> None:

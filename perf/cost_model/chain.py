@@ -95,7 +95,11 @@ def _never_run(
     `unwalked`, the innermost forward branch's block around the outermost loop holding it
     (a search's passes: the `while` around the walk), or that loop alone. That block is the
     `if` guarding the loop, or the loop's own zero-trip guard, which leaves the code before
-    the loop in: what runs only with the loop, a few setup instructions, may be counted."""
+    the loop in: what runs only with the loop, a few setup instructions, may be counted.
+    A block holding an EXIT is no such `if`: it ends the program, and leaving it out would
+    leave out the path to the program's end (seen where processing's sparse phases were the
+    then-block of an if/else: ptxas had placed their step-7 walk inside it, unguarded)."""
+    exits = [offset for offset, text in code if re.search(r"\bEXIT\b", text)]
     forward = []
     for offset, text in code:
         branch = _BRANCH.search(text)
@@ -108,7 +112,11 @@ def _never_run(
                 ((o.head, o.end) for o in loops if o.head <= loop.head and loop.end <= o.end),
                 key=lambda r: r[0],
             )
-            around = [(a, b) for a, b in forward if a <= first and last <= b]
+            around = [
+                (a, b)
+                for a, b in forward
+                if a <= first and last <= b and not any(a <= e <= b for e in exits)
+            ]
             blocks.append(min(around, key=lambda r: r[1] - r[0], default=(first, last)))
     return blocks
 
