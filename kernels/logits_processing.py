@@ -47,7 +47,7 @@ from .sparse_phases import (
     load_stop_block,
     load_stop_olds,
 )
-from .token_steps import dense_tile, mark_unknown
+from .token_steps import dense_tile, mark_unknown, raw_pass
 
 
 @triton.jit
@@ -199,22 +199,21 @@ def _process_logits_kernel(
         pass_end = tl.where(unread, begin, end)
         if unread:
             mark_unknown(tile_row, begin, end, BLOCK_SIZE)
-
+    elif DEFER and HAS_RAW_TILES:  # a deferred row's pass: `raw_pass`, after the loops
+        pass_end = tl.where(store, end, begin)
     # the divisors with their reciprocals, for the dense pass's divisions (token_steps'
-    # `divide`); a divisor outside divide_by's range has the chunk made with IEEE division
+    # `divide`); outside divide_by's range, the chunk is made again with IEEE division
     repetition_inv, repetition_in_range = hoisted_reciprocal(repetition)
     temperature_inv, temperature_in_range = hoisted_reciprocal(temperature)
     repetition_divisor = (repetition, repetition_inv)
     temperature_divisor = (temperature, temperature_inv)
 
-    # 3-6. the dense pass: every token read once, written once. If a tile held a quotient
+    # 3-6. the dense pass: every token read once, written once. A tile holding a quotient
     # the hoisted reciprocals may round apart from IEEE division (or a NaN; with the tile
-    # maxima, a +inf), the program makes its chunk again with IEEE division: never, for an
-    # LLM's logits. The row's last tile, when V is no multiple of BLOCK_SIZE, is made alone
-    # and first, so that the main loop's tiles are whole and unmasked (about 14 SASS
-    # instructions a tile a thread fewer); a pipelined loop of at most one tile, so that
-    # its loads are all issued at once, as the main loop's are (straight-line code issued
-    # them in program order: three rounds of loads for the tile, not one)
+    # maxima, a +inf) has the chunk made again with IEEE division: never, for an LLM's
+    # logits. The row's partial last tile goes first, alone, so that the main loop's tiles
+    # are whole and unmasked (about 14 SASS instructions a tile a thread fewer), in a
+    # pipelined loop of at most one tile: its loads issued at once, not in three rounds
     full_end = begin + (pass_end - begin) // BLOCK_SIZE * BLOCK_SIZE
     redo = (penalties_on & ~repetition_in_range) | (scale_on & ~temperature_in_range)
     # what every tile of the row takes besides its start and its constexprs
@@ -244,6 +243,9 @@ def _process_logits_kernel(
                 HAS_RAW_TILES, BLOCK_SIZE, EXACT=True, FULL=False, STORE_LOGITS=STORE_LOGITS,
                 DEFER=DEFER,
             )  # fmt: skip
+    if DEFER and HAS_RAW_TILES:  # the deferred rows' pass: the loops above left them none
+        raw_pass(begin, tl.where(store, begin, end), source_row, tile_row, raw_row,
+                 HAS_TILE_MAX, BLOCK_SIZE)  # fmt: skip
     # A deferred row (DEFER) has nothing for the phases below to do (no bias, stop ids in
     # force, bad words nor excess): it skips them, their tables' loads and their barriers;
     # without DEFER `store` is a constant and the branch folds away
@@ -251,9 +253,7 @@ def _process_logits_kernel(
         # The sparse phases' tables (their first blocks) depend on the slot alone: loaded here,
         # in one round, and the bad words' ring in the next, beside the bias phase's loads
         # (sparse_phases.py: loaded phase by phase, each table waited behind the phase before)
-        bias_block = load_bias_block(
-            bias_ids_ptr, bias_values_ptr, slot, num_bias, 0, SPARSE_BLOCK
-        )  # fmt: skip
+        bias_block = load_bias_block(bias_ids_ptr, bias_values_ptr, slot, num_bias, 0, SPARSE_BLOCK)
         excess_head = load_excess_head(overflow_token_ptr, overflow_excess_ptr, slot, num_overflow)
         stop_block = load_stop_block(stop_ids_ptr, slot, num_stop, 0, SPARSE_BLOCK)
         if HAS_BAD_WORDS:

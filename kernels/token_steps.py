@@ -3,14 +3,15 @@ bitmasks, the repetition, frequency and presence penalties, and the temperature,
 rounded as the PyTorch stage rounds (docs/kernels.md, logits processing). Shared by the
 dense pass over every tile (`dense_tile`, which kernels/logits_processing.py runs, with the
 tile's statistics) and the bias phase, which makes the biased tokens again
-(kernels/sparse_phases.py)."""
+(kernels/sparse_phases.py); and a deferred row's pass, which takes no step but makes the
+raw tiles (`raw_pass`)."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .library import divide_by, max_or_nan, raw_tile_stats
+from .library import PIPELINE_STAGES, divide_by, max_or_nan, raw_tile_stats
 
 
 @triton.jit
@@ -237,3 +238,39 @@ def mark_unknown(tile_row, begin, end, BLOCK_SIZE: tl.constexpr):
     for first in range(begin // BLOCK_SIZE, last, 128):
         tiles = first + tl.arange(0, 128)
         tl.store(tile_row + tiles, float("inf"), mask=tiles < last)
+
+
+@triton.jit
+def raw_pass(
+    begin, end, source_row, tile_row, raw_row, HAS_TILE_MAX: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):  # fmt: skip
+    """A deferred row's dense pass where the raw tiles are made (DEFER, HAS_RAW_TILES): the
+    row is its source (no step here: the readers divide), so its tile max before the
+    temperature is the raw max, and each tile takes one reduction of max fewer, no bitmask
+    or penalty branch and no store (docs/kernels.md, deferred rows). The partial last tile
+    first, alone, so that the main loop's tiles are whole, as `dense_tile`'s are."""
+    full_end = begin + (end - begin) // BLOCK_SIZE * BLOCK_SIZE
+    for start in tl.range(full_end, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
+        _raw_tile(start, end, source_row, tile_row, raw_row, HAS_TILE_MAX, BLOCK_SIZE, False)
+    for start in tl.range(begin, full_end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
+        _raw_tile(start, end, source_row, tile_row, raw_row, HAS_TILE_MAX, BLOCK_SIZE, True)
+
+
+@triton.jit
+def _raw_tile(
+    start, end, source_row, tile_row, raw_row, HAS_TILE_MAX: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, FULL: tl.constexpr,
+):  # fmt: skip
+    """`raw_pass`'s tile at `start`: its raw max and sum of exp, and that max as its entry.
+    A block of [BLOCK_SIZE]: `dense_tile`'s [BLOCK_SIZE / 32, 32], the loop pipelined 3
+    deep, spilled the grammar variant of the kernel (a sum may then round apart from a
+    written row's, its reduction tree another: float32 rounding either way)."""
+    cols = start + tl.arange(0, BLOCK_SIZE)
+    in_row = tl.full([BLOCK_SIZE], True, tl.int1) if FULL else cols < end  # FULL: masks fold
+    x = tl.load(source_row + cols, mask=in_row, other=0.0).to(tl.float32)
+    raw_max, raw_sum = raw_tile_stats(x, in_row)
+    tl.store(raw_row + (start // BLOCK_SIZE) * 2, raw_max)
+    tl.store(raw_row + (start // BLOCK_SIZE) * 2 + 1, raw_sum)
+    if HAS_TILE_MAX:
+        tl.store(tile_row + start // BLOCK_SIZE, raw_max)

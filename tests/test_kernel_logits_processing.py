@@ -872,6 +872,66 @@ def test_unfiltered_random_rows_are_left_unread(kernel_device: torch.device) -> 
     assert torch.equal(with_raw, exact)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf - inf
+@pytest.mark.parametrize("splits", [1, 3])
+def test_deferred_rows_take_their_tile_maxima_from_the_raw_tiles(
+    splits: int, kernel_device: torch.device
+) -> None:
+    """With the defer tables and the raw tiles, a deferred row's dense pass is its raw tiles
+    alone (`token_steps.raw_pass`): its tile maxima are the raw maxima, which are its maxima
+    before the temperature, and both tables equal the launch without the defer tables (the
+    tile maxima over the divisor), bit for bit, beside written rows whose pass is the
+    usual one; a NaN tile's entries +inf, a +inf's and a -inf row's as the usual pass
+    makes them; a last tile of 5,000 - 4 x 1,024 columns. The sums of exp within float32
+    rounding of float64's (on a GPU a deferred row's reduction tree is not a written
+    row's). Nothing of a deferred row is written."""
+    from tile_maxima import raw_tiles
+
+    gen = _gen()
+    rows, vocab, tiles = 6, 5000, 5
+    state = _random_state(rows, vocab, gen, device=kernel_device)
+    p = state.penalties
+    for s in range(2, rows):  # rows 0 and 1 keep every feature: written
+        p.repetition.device[s], p.frequency.device[s], p.presence.device[s] = 1.0, 0.0, 0.0
+        state.bias_values[s] = 0.0
+        state.min_tokens[s] = 0
+        state.allowed[s] = -1
+    state.temperature[:rows] = torch.tensor([0.8, 1.0, 1.0, 0.7, 0.0, 1.3])
+    logits = torch.randn(rows, vocab, generator=gen) * 4
+    logits[2, 1500], logits[3, 4999] = float("nan"), float("inf")
+    logits[4] = float("-inf")
+    logits = logits.to(kernel_device)
+    slots = torch.arange(rows, device=kernel_device)
+    flags = dict(
+        restricted=(state.allowed != -1).any(1).to(torch.int32),
+        biased=(state.bias_values != 0.0).any(1).to(torch.int32),
+        grammar_on=torch.zeros(rows, dtype=torch.bool, device=kernel_device),
+    )
+    args = (*state.kernel_args(), None, *state.penalty_args())
+    runs = []
+    for defer in (False, True):
+        got = torch.full_like(logits, float("nan"))
+        tile_max = torch.full((rows, tiles), -7.0, device=kernel_device)
+        raw = torch.full((rows, tiles, 2), -7.0, device=kernel_device)
+        deferred = torch.full((rows,), 7.0, device=kernel_device)
+        process_logits(
+            logits, got, slots, *args, None, None, splits=splits, tile_max=tile_max,
+            raw_tiles=raw, **(dict(flags, deferred=deferred) if defer else {}),
+        )  # fmt: skip
+        runs.append((got.cpu(), tile_max.cpu(), raw.cpu(), deferred.cpu()))
+    (_, full_max, full_raw, _), (got, got_max, got_raw, deferred) = runs
+    assert torch.equal(deferred, torch.tensor([-0.8, -1.0, 1.0, 0.7, 1.0, 1.3]))
+    assert torch.equal(got_raw[..., 0], full_raw[..., 0])
+    assert torch.equal(got_max / deferred.abs()[:, None], full_max)
+    want = raw_tiles(logits.cpu())
+    assert torch.equal(got_raw[..., 0], want[..., 0])
+    torch.testing.assert_close(got_raw[..., 1], want[..., 1], rtol=1e-5, atol=0, equal_nan=True)
+    assert torch.equal(got_max[2:], got_raw[2:, :, 0])
+    assert bool(torch.isposinf(got_max[2, 1])) and bool(torch.isposinf(got_max[3, 4]))
+    assert bool(torch.isneginf(got_max[4]).all())
+    assert bool(got[2:].isnan().all()) and not bool(got[:2].isnan().any())
+
+
 def test_padding_slot_changes_nothing(kernel_device: torch.device) -> None:
     gen = _gen()
     state = _random_state(2, 333, gen, device=kernel_device)

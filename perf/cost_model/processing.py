@@ -114,6 +114,8 @@ def process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     stopping, penalties = sparse_tokens["stopping"], sparse_tokens["penalties"]
     kept = 1 - deferred_rows(a, c)  # the rows it writes, and whose later phases run
     passed = 1 - unread_rows(a, c)  # the rows its dense pass reads
+    # with the raw tiles, a deferred row's pass is token_steps.raw_pass, not the dense loop
+    raw_pass = passed * (1 - kept) if c.get("DEFER") and c["HAS_RAW_TILES"] else zeros
     # bad words: a block read where its first entry is used, else that one; the ring gathered
     bad_rows, ring = zeros, zeros
     if c["HAS_BAD_WORDS"]:
@@ -163,7 +165,9 @@ def process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             # the row's partial last tile, alone: in a row's last program, whose main loop
             # walks a tile fewer (split_chunks), so no program is slower than a whole chunk
             tile_loop(k._process_logits_kernel, 0): 0 * ones,
-            tile_loop(k._process_logits_kernel, 1): passed,
+            tile_loop(k._process_logits_kernel, 1): passed - raw_pass,
+            tile_loop(token_steps.raw_pass, 0): 0 * ones,  # its partial tile, as above
+            tile_loop(token_steps.raw_pass, 1): raw_pass,
             # the pass again with IEEE division (a quotient outside the fast range): never
             tile_loop(k._process_logits_kernel, 2): 0 * ones,
             tile_loop(sparse_phases.apply_excess, 0): full,
