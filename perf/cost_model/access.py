@@ -159,6 +159,9 @@ def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         # of the chunk's: the branch fractions below are of those
         walks={tile_loop(k._candidates_kernel, 0): rows["filtered"] * visited},
         taken={
+            # the rows with a filter on, and of those the top-k rows the maxima bound
+            source_line(k._candidates_kernel, "if k_on | p_on | (min_p != 0.0):"): rows["filtered"],
+            source_line(k._candidates_kernel, "if use_buffer & k_on:"): _f(skipping),
             source_line(
                 k._candidates_kernel, "if (tile_max > floor) & (tile_max >= skip_below):"
             ): rows["buffered"] * record_tiles(floor_rank, read_tiles),
