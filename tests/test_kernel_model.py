@@ -495,24 +495,32 @@ def test_launches_tell_later_ones_the_temperatures_survivors_and_filters(
     assert alone[access.SURVIVORS].tolist() == [50.0, 20.0] and bench_rows.FILTERS not in alone
 
 
-def test_stage_one_runs_its_filtered_block_for_filtered_rows_only() -> None:
+def test_stage_one_runs_its_filtered_block_and_its_sort_where_its_rows_do() -> None:
     """Stage 1's access table: a row with no filter on skips the whole filtered block (it
     writes nothing but its filters), and only a top-k row within the buffer takes the tile
-    maxima's floor; the model's longest path counted both for every row before."""
+    maxima's floor (the model's longest path counted both for every row before); of
+    those, the sort for the k-th tile max is taken where k maxima of the bench rows reach
+    min_p's floor (top-k 50 and min_p 0.05: none do) or min_p is off, and the rows without
+    it reduce their chunk's min in the walk."""
     from graphsafe_sampler.kernels import candidates as k
 
-    vocab, rows = 151_936, 3
+    vocab, rows = 151_936, 4
     args = {
         "slots_ptr": torch.arange(rows), "vocab_size": vocab, "buffer_size": 128,
-        "chunk": 16 * 1024, "top_k_ptr": torch.tensor([-1, 50, -1]),
-        "top_p_ptr": torch.tensor([1.0, 0.9, 0.9]), "min_p_ptr": torch.tensor([0.0, 0.05, 0.0]),
-        bench_rows.TEMPERATURES: torch.tensor([1.0, 0.8, 1.0], dtype=torch.float64),
+        "chunk": 16 * 1024, "top_k_ptr": torch.tensor([-1, 50, -1, 20]),
+        "top_p_ptr": torch.tensor([1.0, 0.9, 0.9, 1.0]),
+        "min_p_ptr": torch.tensor([0.0, 0.05, 0.0, 0.0]),
+        bench_rows.TEMPERATURES: torch.tensor([1.0, 0.8, 1.0, 1.0], dtype=torch.float64),
     }  # fmt: skip
     constexprs = {"HAS_MIN_P": True, "HAS_TILE_MAX": True, "BLOCK_SIZE": 1024, "PARTIAL": 32}
     work = access.WORK["_candidates_kernel"](args, constexprs)
     taken = {line: fraction.tolist() for line, fraction in work.taken.items()}
-    assert taken[access.source_line(k._candidates_kernel, "if k_on | p_on |")] == [0, 1, 1]
-    assert taken[access.source_line(k._candidates_kernel, "if use_buffer & k_on:")] == [0, 1, 0]
+    assert taken[access.source_line(k._candidates_kernel, "if k_on | p_on |")] == [0, 1, 1, 1]
+    assert taken[access.source_line(k._candidates_kernel, "if use_buffer & k_on:")] == [
+        0, 1, 0, 1,
+    ]  # fmt: skip
+    assert taken[access.source_line(k._tile_floor, "if tl.sum(")] == [0, 0, 0, 1]
+    assert taken[access.source_line(k._candidates_kernel, "if not bounded:")] == [1, 1, 1, 0]
 
 
 def test_deferred_rows_are_read_from_the_source_and_divided_where_they_scale() -> None:

@@ -121,6 +121,7 @@ def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     # largest tile max and the unknown ones; every other row reads its whole row
     visited = ones
     skipping = torch.zeros_like(k_on)
+    sorting = ones  # the rows whose floor takes the k-th tile max (`_tile_floor`'s sort)
     if c["HAS_TILE_MAX"]:
         skipping = (rows["buffered"] > 0) & k_on
         # the tiles at or above the floor, counted on the benchmark's rows; or top-k's k
@@ -128,6 +129,8 @@ def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         block = c["BLOCK_SIZE"]
         above = top_k if filters is None else row_counts(filters, vocab, block, "candidate_tiles")
         visited = torch.where(skipping, visited_share(above, tiles, a.get(UNKNOWN_TILES)), 1.0)
+        if filters is not None:
+            sorting = row_counts(filters, vocab, block, "kth_sorted")
     # the mass is weighed by top-p rows that read every tile
     weigh = _f((a["top_p_ptr"][slots] < 1.0) & ~skipping)
     # a read tile merges when it holds a new one of the list's floor-rank largest (k, or the
@@ -167,10 +170,13 @@ def _candidates_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             ): rows["buffered"] * record_tiles(floor_rank, read_tiles),
             source_line(k._candidates_kernel, "if hits > 1:"): multi,
             source_line(k._candidates_kernel, "if weigh:"): weigh,
+            # the k-th tile max sorted for, where it can raise the floor above min_p's
+            source_line(k._tile_floor, "if tl.sum((known >= floor)"): _f(skipping) * sorting,
             # the chunk's min (an unknown tile's, a known one's), reduced by the rows the
-            # tile maxima bound not (every skipping row has its k known tiles in the model)
-            source_line(k._candidates_kernel, "if not bounded:"): _f(~skipping),
-            source_line(k._candidates_kernel, "elif not bounded:"): _f(~skipping),
+            # k-th tile max bounds not (every skipping row that sorts has its k known tiles
+            # in the model)
+            source_line(k._candidates_kernel, "if not bounded:"): 1 - _f(skipping) * sorting,
+            source_line(k._candidates_kernel, "elif not bounded:"): 1 - _f(skipping) * sorting,
             # the reductions of a tile the table does not know (+inf), among those read
             source_line(k._candidates_kernel, 'if tile_max == float("inf"):'): unknown_read,
         },

@@ -39,6 +39,7 @@ class RowCounts:
 
     survivors: float  # tokens the filters keep (min_p, then top-k, then top-p)
     candidate_tiles: float  # tiles at or above stage 1's floor (top-k rows: `_tile_floor`)
+    kth_sorted: float  # rows whose k known tile maxima reach min_p's floor: `_tile_floor` sorts
     logprobs_tiles: float  # tiles logprobs reads with the raw tiles, over the sampled token
 
 
@@ -91,10 +92,12 @@ def bench_row_counts(
     raw_max = tile_max(raw)
     # stage 1's floor for a top-k row: the k-th largest tile max, raised to max + ln(min_p)
     floor = torch.full((ROWS, 1), float("-inf"))
-    if k_on and top_k <= tiles:  # fewer tiles than k: no floor (`kth_known`: -inf)
-        floor = processed_max.topk(top_k, dim=-1).values[:, -1:]
     if min_p > 0.0:
-        floor = torch.maximum(floor, processed_max.amax(-1, keepdim=True) + math.log(min_p))
+        floor = processed_max.amax(-1, keepdim=True) + math.log(min_p)
+    # the k-th tile max is sorted for where k maxima reach min_p's floor (-inf: always)
+    sorted_rows = ((processed_max >= floor).sum(-1) >= top_k) | (floor[:, 0] == float("-inf"))
+    if k_on and top_k <= tiles:  # fewer tiles than k: no floor (`kth_known`: -inf)
+        floor = torch.maximum(floor, processed_max.topk(top_k, dim=-1).values[:, -1:])
     candidate = (processed_max >= floor).sum(-1).double()
     # logprobs: E over the sampled token t of the tiles reaching min(raw[t], K-th raw max)
     probs = torch.softmax(torch.where(kept, scaled, float("-inf")).double(), dim=-1)  # [R, V]
@@ -110,6 +113,7 @@ def bench_row_counts(
     return RowCounts(
         survivors=float(kept.sum(-1).double().mean()),
         candidate_tiles=float(candidate.mean()),
+        kth_sorted=float(sorted_rows.double().mean()),
         logprobs_tiles=float(reads.mean()),
     )
 
