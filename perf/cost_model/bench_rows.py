@@ -39,7 +39,7 @@ class RowCounts:
 
     survivors: float  # tokens the filters keep (min_p, then top-k, then top-p)
     candidate_tiles: float  # tiles at or above stage 1's floor (top-k rows: `_tile_floor`)
-    kth_sorted: float  # rows whose k known tile maxima reach min_p's floor: `_tile_floor` sorts
+    kth_sorted: float  # rows `_tile_floor` sorts for: k maxima reach min_p's floor, or no min_p
     logprobs_tiles: float  # tiles logprobs reads with the raw tiles, over the sampled token
 
 
