@@ -8,10 +8,35 @@ processing).
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from .library import load_old, update_tiles
+from .library import check_table, load_old, together, update_tiles
+
+
+def check_bad_words(
+    bad_tokens: torch.Tensor | None,  # [num_slots, T] int32
+    bad_back: torch.Tensor | None,  # [num_slots, T] int32
+    bad_word: torch.Tensor | None,  # [num_slots, T] int32
+    window: torch.Tensor | None,  # [num_slots, L] int32
+    num_slots: int,
+) -> None:
+    """A launch's bad-words tables (the stage's layout), all four or none."""
+    tables = together(
+        "bad_tokens, bad_back, bad_word and window", bad_tokens, bad_back, bad_word, window
+    )
+    if tables is None:
+        return
+    num_bad = tables[0].shape[-1]
+    for name, table, shape in zip(
+        ("bad_tokens", "bad_back", "bad_word", "window"), tables,
+        ((num_slots, None), (num_slots, num_bad), (num_slots, num_bad), (num_slots, None)),
+        strict=True,
+    ):  # fmt: skip
+        check_table(name, table, torch.int32, shape)
+    if num_bad == 0 or tables[3].shape[1] == 0:
+        raise ValueError("the bad-words tables need T >= 1 entries and a window of L >= 1")
 
 
 @triton.jit

@@ -499,7 +499,7 @@ def together(names: str, *tables: torch.Tensor | None) -> tuple[torch.Tensor, ..
         return None
     if any(t is None for t in tables):
         every = {2: "both", 3: "all three"}.get(len(tables), f"all {len(tables)}")
-        raise ValueError(f"{names} go together: {every} or none")
+        raise ValueError(f"{names} come together: {every} or none")
     return tuple(t for t in tables if t is not None)
 
 

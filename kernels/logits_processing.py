@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .bad_words import ban_bad_words, load_bad_block
+from .bad_words import ban_bad_words, check_bad_words, load_bad_block
 from .constants import GREEDY_TEMPERATURE, SATURATED
 from .dependent_launch import await_prior_grids, pdl_launch
 from .library import (
@@ -36,8 +36,10 @@ from .library import (
     hoisted_reciprocal,
     inplace_op,
     split_chunks,
+    together,
 )
-from .row_params import FILTERS, KEYS, load_slot_params, store_row_params
+from .processed_rows import check_defer
+from .row_params import check_row_params, load_slot_params, store_row_params
 from .sparse_phases import (
     apply_bias,
     apply_excess,
@@ -347,7 +349,7 @@ def launch_process_logits(
     # (restricted [num_slots] int32, biased [num_slots] int32, grammar_on [num_rows] bool,
     # deferred [num_rows] float32 written): leave the rows that only a temperature changes
     # (or none) unwritten
-    defer: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    defer: tuple[torch.Tensor, ...] | None = None,
     # (top_k, top_p, min_p, seeds, prompt_len [num_slots]; filters, keys [num_rows, ...]
     # written): the rows' records for the kernels after this one (`row_params`)
     resolve: tuple[torch.Tensor, ...] | None = None,
@@ -528,68 +530,29 @@ def process_logits(
         raise ValueError(
             f"overflow_token must have E + 1 >= 2 columns, got {overflow_token.shape[1]}"
         )
-    if (drafts is None) != (num_preceding is None):
-        raise ValueError("drafts and num_preceding come together")
-    if drafts is not None and num_preceding is not None:
-        if drafts.dtype != torch.int64:
-            raise TypeError(f"drafts must be torch.int64, got {drafts.dtype}")
-        if drafts.dim() != 2 or drafts.shape[0] != num_rows or not drafts.is_contiguous():
+    spec = together("drafts and num_preceding", drafts, num_preceding)
+    if spec is not None:
+        if spec[0].dtype != torch.int64:
+            raise TypeError(f"drafts must be torch.int64, got {spec[0].dtype}")
+        if spec[0].dim() != 2 or spec[0].shape[0] != num_rows or not spec[0].is_contiguous():
             raise ValueError(
                 f"drafts must be a contiguous [{num_rows}, D] tensor, got shape "
-                f"{tuple(drafts.shape)}"
+                f"{tuple(spec[0].shape)}"
             )
-        check_rows("num_preceding", num_preceding, torch.int64, num_rows)
-        if drafts.shape[1] == 0:
+        check_rows("num_preceding", spec[1], torch.int64, num_rows)
+        if spec[0].shape[1] == 0:
             raise ValueError("drafts must have at least one column (D >= 1)")
-    bad_words = (bad_tokens, bad_back, bad_word, window)
-    if any(t is not None for t in bad_words):
-        if bad_tokens is None or bad_back is None or bad_word is None or window is None:
-            raise ValueError("bad_tokens, bad_back, bad_word and window come together")
-        num_bad = bad_tokens.shape[-1]
-        for name, t, shape in (
-            ("bad_tokens", bad_tokens, (num_slots, None)),
-            ("bad_back", bad_back, (num_slots, num_bad)),
-            ("bad_word", bad_word, (num_slots, num_bad)),
-            ("window", window, (num_slots, None)),
-        ):
-            check_table(name, t, torch.int32, shape)
-        if num_bad == 0 or window.shape[1] == 0:
-            raise ValueError("the bad-words tables need T >= 1 entries and a window of L >= 1")
+    check_bad_words(bad_tokens, bad_back, bad_word, window, num_slots)
     if splits < 1:
         raise ValueError(f"splits must be >= 1, got {splits}")
     if tile_max is not None:
         check_tile_max(tile_max, num_rows, vocab_size)
     if raw_tiles is not None:
         check_raw_tiles(raw_tiles, num_rows, vocab_size)
-    defer = None
-    if any(t is not None for t in (restricted, biased, grammar_on, deferred)):
-        if restricted is None or biased is None or grammar_on is None or deferred is None:
-            raise ValueError("restricted, biased, grammar_on and deferred come together")
-        if drafts is not None:
-            raise ValueError("deferred rows take no drafts (a draft changes the penalties)")
-        check_table("restricted", restricted, torch.int32, (num_slots,))
-        check_table("biased", biased, torch.int32, (num_slots,))
-        check_rows("grammar_on", grammar_on, torch.bool, num_rows)
-        check_rows("deferred", deferred, torch.float32, num_rows)
-        defer = (restricted, biased, grammar_on, deferred)
-    resolve = None
-    if any(t is not None for t in (top_k, top_p, min_p, seeds, prompt_len, filters, keys)):
-        if (
-            top_k is None or top_p is None or min_p is None or seeds is None
-            or prompt_len is None or filters is None or keys is None
-        ):  # fmt: skip
-            raise ValueError("top_k, top_p, min_p, seeds, prompt_len, filters, keys come together")
-        resolve = (top_k, top_p, min_p, seeds, prompt_len, filters, keys)
-        for name, table, dtype, shape in (
-            ("top_k", top_k, torch.int32, (num_slots,)),
-            ("top_p", top_p, torch.float32, (num_slots,)),
-            ("min_p", min_p, torch.float32, (num_slots,)),
-            ("seeds", seeds, torch.int64, (num_slots,)),
-            ("prompt_len", prompt_len, torch.int64, (num_slots,)),
-            ("filters", filters, torch.float32, (num_rows, FILTERS.value)),
-            ("keys", keys, torch.int64, (num_rows, KEYS.value)),
-        ):
-            check_table(name, table, dtype, shape)
+    defer = check_defer(restricted, biased, grammar_on, deferred, num_slots, num_rows, drafts)
+    resolve = check_row_params(
+        top_k, top_p, min_p, seeds, prompt_len, filters, keys, num_slots, num_rows
+    )  # fmt: skip
     launch_process_logits(
         source, logits, slots, bias_ids, bias_values, min_tokens, num_generated, stop_ids,
         allowed,

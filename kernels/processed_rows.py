@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .library import check_logits, check_rows, divide_by
+from .library import check_logits, check_rows, check_table, divide_by, together
 
 
 def check_deferred(
@@ -30,6 +30,29 @@ def check_deferred(
                 f"{tuple(source.shape)}"
             )
         check_rows("deferred", deferred, torch.float32, logits.shape[0])
+
+
+def check_defer(
+    restricted: torch.Tensor | None,  # [num_slots] int32
+    biased: torch.Tensor | None,  # [num_slots] int32
+    grammar_on: torch.Tensor | None,  # [num_rows] bool
+    deferred: torch.Tensor | None,  # [num_rows] float32, written
+    num_slots: int,
+    num_rows: int,
+    drafts: torch.Tensor | None,
+) -> tuple[torch.Tensor, ...] | None:
+    """`process_logits`' DEFER tables, all four or none (and then no drafts) -> the tuple."""
+    defer = together(
+        "restricted, biased, grammar_on and deferred", restricted, biased, grammar_on, deferred
+    )
+    if defer is not None:
+        if drafts is not None:
+            raise ValueError("deferred rows take no drafts (a draft changes the penalties)")
+        check_table("restricted", defer[0], torch.int32, (num_slots,))
+        check_table("biased", defer[1], torch.int32, (num_slots,))
+        check_rows("grammar_on", defer[2], torch.bool, num_rows)
+        check_rows("deferred", defer[3], torch.float32, num_rows)
+    return defer
 
 
 @triton.jit

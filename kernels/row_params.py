@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .library import check_rows
+from .library import check_rows, check_table, together
 
 FILTERS = tl.constexpr(4)
 """Columns of a row's filters record: k (float32, exact: k < V < 2**24), top_p, min_p,
@@ -51,6 +51,33 @@ def check_positions(
             )
         if prompt_len.shape != num_generated.shape or prompt_len.dim() != 1:
             raise ValueError("prompt_len and num_generated must be [num_slots] vectors")
+
+
+def check_row_params(
+    top_k: torch.Tensor | None,  # [num_slots] int32
+    top_p: torch.Tensor | None,  # [num_slots] float32
+    min_p: torch.Tensor | None,  # [num_slots] float32
+    seeds: torch.Tensor | None,  # [num_slots] int64
+    prompt_len: torch.Tensor | None,  # [num_slots] int64
+    filters: torch.Tensor | None,  # [num_rows, FILTERS] float32, written
+    keys: torch.Tensor | None,  # [num_rows, KEYS] int64, written
+    num_slots: int,
+    num_rows: int,
+) -> tuple[torch.Tensor, ...] | None:
+    """The slot tables processing resolves and the records it writes, all seven or none
+    -> the tuple."""
+    names = ("top_k", "top_p", "min_p", "seeds", "prompt_len", "filters", "keys")
+    tables = together(", ".join(names), top_k, top_p, min_p, seeds, prompt_len, filters, keys)
+    if tables is not None:
+        for name, table, dtype, shape in zip(
+            names, tables,
+            (torch.int32, torch.float32, torch.float32, torch.int64, torch.int64, torch.float32,
+             torch.int64),
+            ((num_slots,),) * 5 + ((num_rows, FILTERS.value), (num_rows, KEYS.value)),
+            strict=True,
+        ):  # fmt: skip
+            check_table(name, table, dtype, shape)
+    return tables
 
 
 @triton.jit

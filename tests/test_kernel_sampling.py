@@ -332,7 +332,7 @@ def test_rows_keyed_by_their_records_sample_as_by_slot(
     assert torch.equal(runs[0], runs[1])
     want = raw.gather(1, runs[1][:, None].long().to(kernel_device))[:, 0].to(torch.float32)
     assert torch.equal(values, want)
-    with pytest.raises(ValueError, match="go together"):
+    with pytest.raises(ValueError, match="come together"):
         sample_tokens(
             logits, slots, temperature, seeds, None, cut, tokens, SALT_SAMPLE, prompt_len,
             generated, splits, filters=filters,
