@@ -96,8 +96,8 @@ def _sample_kernel(
     chunk,  # columns a program scans, a multiple of BLOCK_SIZE (the row when not SPLIT)
     # COMMIT: keep, the history tables and their sizes, as `history.commit_row` takes them
     # (num_generated_ptr above is the same table); unread without COMMIT
-    keep_ptr, counts_ptr, overflow_token_ptr, overflow_excess_ptr, window_ptr,
-    counts_stride, num_overflow, window_len, padding_slot,
+    keep_ptr, counts_ptr, output_mask_ptr, overflow_token_ptr, overflow_excess_ptr, window_ptr,
+    counts_stride, num_words, num_overflow, window_len, padding_slot,
     SALT: tl.constexpr,
     GREEDY_BELOW: tl.constexpr,
     HAS_THRESHOLD: tl.constexpr,
@@ -209,7 +209,8 @@ def _sample_kernel(
     # strictly greater. An all -inf row never replaces index 0 (its first chunk's start),
     # which is torch's answer.
     best = tl.full((), float("-inf"), tl.float32)
-    best_index = begin
+    # a covered row: its raced token, which no walk changes (held apart, it spilled)
+    best_index = tl.where(covered, raced, begin)
     first_nan = tl.full((), 2147483647, tl.int32)
     for visit in tl.range(0, visits, num_stages=LISTED_STAGES):
         start = listed_tile(visits_ptr, listed, first, visit, HAS_TILE_MAX, BLOCK_SIZE)
@@ -248,8 +249,7 @@ def _sample_kernel(
     if covered:  # (never without HAS_BUFFER)
         # the row's first program raced over the lists; the others neither write their
         # chunk's answer nor arrive
-        finish = split == 0
-        token = raced
+        finish = split == 0  # (its token: `best_index`, the raced one)
     elif SPLIT:
         splits = tl.num_programs(1)
         at = row.to(tl.int64) * splits + split
@@ -270,9 +270,9 @@ def _sample_kernel(
             # position, at the start) before the store that advances it; the row's other
             # programs read theirs before they arrived
             commit_row(
-                row, slot, token, keep_ptr, num_generated_ptr, counts_ptr, overflow_token_ptr,
-                overflow_excess_ptr, window_ptr, counts_stride, num_overflow, window_len,
-                padding_slot, SATURATED, HAS_KEEP, OVERFLOW_BLOCK,
+                row, slot, token, keep_ptr, num_generated_ptr, counts_ptr, output_mask_ptr,
+                overflow_token_ptr, overflow_excess_ptr, window_ptr, counts_stride, num_words,
+                num_overflow, window_len, padding_slot, SATURATED, HAS_KEEP, OVERFLOW_BLOCK,
             )  # fmt: skip
         if HAND_VALUE:
             tl.store(values_ptr + row, value.to(tl.float32))
@@ -337,9 +337,9 @@ def launch_sample_tokens(
         if visits is None:
             raise ValueError("the tile maxima need the visits scratch")
         check_table("visits", visits, torch.int32, (num_rows, tile_count(vocab_size, block_size)))
-    # commit_row's arguments after the slot and token: (keep, num_generated, the four
-    # tables, V, E, L, padding slot), placeholders without a commit
-    unused: tuple[Any, ...] = (tokens,) * 6 + (1, 1, 1, -1)
+    # commit_row's arguments after the slot and token: (keep, num_generated, the five
+    # tables, V, W, E, L, padding slot), placeholders without a commit
+    unused: tuple[Any, ...] = (tokens,) * 7 + (1, 1, 1, 1, -1)
     history, committing = unused, dict[str, Any]()
     if commit is not None:
         if num_generated is not None and num_generated is not commit.num_generated:
@@ -487,8 +487,8 @@ def sample_tokens(
 
 @inplace_op(
     "sample_and_commit",
-    mutates_args=("tokens", "num_generated", "counts", "overflow_token", "overflow_excess",
-                  "window", "arrivals", "values"),
+    mutates_args=("tokens", "num_generated", "counts", "output_mask", "overflow_token",
+                  "overflow_excess", "window", "arrivals", "values"),
 )  # fmt: skip
 def sample_and_commit(
     logits: torch.Tensor,
@@ -505,6 +505,7 @@ def sample_and_commit(
     tile_max: torch.Tensor | None,
     keep: torch.Tensor | None,
     counts: torch.Tensor,
+    output_mask: torch.Tensor,
     overflow_token: torch.Tensor,
     overflow_excess: torch.Tensor,
     window: torch.Tensor,
@@ -526,7 +527,7 @@ def sample_and_commit(
     is always given, since the commit advances it, and with positions None it also gives
     the positions, read before the commit."""
     commit = CommitTables(
-        num_generated, counts, overflow_token, overflow_excess, window, padding_slot
+        num_generated, counts, output_mask, overflow_token, overflow_excess, window, padding_slot
     )
     commit.check(logits.shape[0], keep, logits.shape[1])
     _sample(

@@ -38,6 +38,7 @@ def penalise_and_scale(
     grammar_row,  # the row's grammar bitmask (HAS_GRAMMAR)
     prompt_row,  # the slot's prompt bitmask
     counts_row,  # the slot's count bytes
+    output_row,  # the slot's output bitmask (HAS_OUTPUT_MASK: a word's bytes read where set)
     drafts_ptr,
     preceding,
     num_drafts,
@@ -56,6 +57,7 @@ def penalise_and_scale(
     # the dense pass's, with the row flags: a row with no allowed list and no grammar
     # (`masks_on` False, whose words are all ones) loads no word and tests no bit
     GATE_MASKS: tl.constexpr,
+    HAS_OUTPUT_MASK: tl.constexpr = False,
 ):
     """Steps 3-6 on the tokens `cols` -> logits: a saturated token (byte 255, frequency on)
     is left without its temperature, which step 7 applies after its excess. A token whose
@@ -95,7 +97,12 @@ def penalise_and_scale(
         # ahead (hoisted out of the `if`, masked, it did: 295 -> 315 SASS instructions a
         # tile a thread, for one load latency less at a one-tile program, B = 1)
         if bias is None:
-            byte = tl.load(counts_row + cols, mask=in_row, other=0).to(tl.int32)
+            counted = in_row
+            if HAS_OUTPUT_MASK:
+                # only the bytes of the 32-token words holding an output: the rest are 0,
+                # and a word's 32 share one mask, so a thread's loads stay one vector load
+                counted = counted & (tl.load(output_row + word) != 0)
+            byte = tl.load(counts_row + cols, mask=counted, other=0).to(tl.int32)
             prompt_words = tl.load(prompt_row + word)
         count = byte
         if HAS_DRAFTS:
@@ -171,11 +178,13 @@ def divide(x, divisor, EXACT: tl.constexpr, POSITIVE: tl.constexpr = False):
 @triton.jit
 def dense_tile(
     start, end, num_words, source_row, row_ptr, tile_row, raw_row, row, allowed_row,
-    grammar_row, prompt_row, counts_row, drafts_ptr, preceding, num_drafts, penalties_on,
-    repetition, frequency, presence, fix_excess, scale_on, temperature, store, masks_on,
+    grammar_row, prompt_row, counts_row, output_row, drafts_ptr, preceding, num_drafts,
+    penalties_on, repetition, frequency, presence, fix_excess, scale_on, temperature, store,
+    masks_on,
     SATURATED: tl.constexpr, HAS_GRAMMAR: tl.constexpr, HAS_DRAFTS: tl.constexpr,
     HAS_TILE_MAX: tl.constexpr, HAS_RAW_TILES: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     EXACT: tl.constexpr, FULL: tl.constexpr, STORE_LOGITS: tl.constexpr, DEFER: tl.constexpr,
+    HAS_OUTPUT_MASK: tl.constexpr = False,
 ):  # fmt: skip
     """Steps 3-6 on the tile at `start`, read once and written once, with its raw and
     processed statistics -> whether the tile must be made again with EXACT: it holds NaN
@@ -208,9 +217,9 @@ def dense_tile(
         tl.store(raw_row + (start // BLOCK_SIZE) * 2 + 1, raw_sum)
     x = penalise_and_scale(
         x, None, cols, word, bit, in_row, row, allowed_row, grammar_row, prompt_row, counts_row,
-        drafts_ptr, preceding, num_drafts, penalties_on, repetition, frequency, presence,
-        fix_excess, scale_on, temperature, masks_on, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, EXACT,
-        GATE_MASKS=DEFER,
+        output_row, drafts_ptr, preceding, num_drafts, penalties_on, repetition, frequency,
+        presence, fix_excess, scale_on, temperature, masks_on, SATURATED, HAS_GRAMMAR,
+        HAS_DRAFTS, EXACT, GATE_MASKS=DEFER, HAS_OUTPUT_MASK=HAS_OUTPUT_MASK,
     )  # fmt: skip
     if STORE_LOGITS:
         if DEFER:

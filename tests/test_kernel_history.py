@@ -49,8 +49,9 @@ class History:
         p = self.penalties
         commit_history(
             self.batch.slots(token_ids.shape[0]), token_ids, keep,
-            self.batch.num_generated.device, p.counts, p.overflow_token.device,
-            p.overflow_excess.device, self.bad_words.window.device, self.batch.padding_slot,
+            self.batch.num_generated.device, p.counts, p.output_mask,
+            p.overflow_token.device, p.overflow_excess.device, self.bad_words.window.device,
+            self.batch.padding_slot,
         )  # fmt: skip
 
 
@@ -159,8 +160,8 @@ def test_rejects_bad_input(kernel_device: torch.device) -> None:
         commit_history(
             torch.tensor([0], device=kernel_device), torch.tensor([3], device=kernel_device),
             torch.tensor([True], device=kernel_device),
-            history.batch.num_generated.device, p.counts, p.overflow_token.device,
-            p.overflow_excess.device, history.bad_words.window.device, 3,
+            history.batch.num_generated.device, p.counts, p.output_mask,
+            p.overflow_token.device, p.overflow_excess.device, history.bad_words.window.device, 3,
         )  # fmt: skip
 
 
@@ -176,8 +177,9 @@ def test_opcheck(kernel_device: torch.device) -> None:
             history.batch.slots(4), torch.tensor([5, 9, 5, 1], device=kernel_device),
             torch.tensor([True, False, True, True], device=kernel_device),
             history.batch.num_generated.device.clone(),
-            p.counts.clone(), p.overflow_token.device.clone(), p.overflow_excess.device.clone(),
-            history.bad_words.window.device.clone(), history.batch.padding_slot,
+            p.counts.clone(), p.output_mask.clone(), p.overflow_token.device.clone(),
+            p.overflow_excess.device.clone(), history.bad_words.window.device.clone(),
+            history.batch.padding_slot,
         ),
     )  # fmt: skip
 
@@ -236,8 +238,8 @@ def test_sample_and_commit_equals_sample_then_commit(
         tokens = torch.empty_like(want_tokens)
         sample_and_commit(
             *common, tokens, 0, per_slot[0], generated, splits, None, keep, p.counts,
-            p.overflow_token.device, p.overflow_excess.device, history.bad_words.window.device,
-            history.batch.padding_slot, arrivals,
+            p.output_mask, p.overflow_token.device, p.overflow_excess.device,
+            history.bad_words.window.device, history.batch.padding_slot, arrivals,
         )  # fmt: skip
         assert not arrivals.any(), (step, arrivals.tolist())  # left 0 for the next step
         assert torch.equal(tokens, want_tokens), step
@@ -265,8 +267,9 @@ def test_sample_and_commit_opcheck_and_bad_input(kernel_device: torch.device) ->
     tables = (
         history.batch.num_generated.device.clone(), 1, None,
         torch.tensor([True, False, True, True], device=device), p.counts.clone(),
-        p.overflow_token.device.clone(), p.overflow_excess.device.clone(),
-        history.bad_words.window.device.clone(), history.batch.padding_slot,
+        p.output_mask.clone(), p.overflow_token.device.clone(),
+        p.overflow_excess.device.clone(), history.bad_words.window.device.clone(),
+        history.batch.padding_slot,
     )  # fmt: skip
     torch.library.opcheck(sample_and_commit, (*args, *tables))
     with pytest.raises(TypeError, match=r"keep must be torch\.bool, got torch\.int64"):

@@ -249,11 +249,40 @@ def _kernel(
 ) -> torch.Tensor:
     got = torch.full_like(logits, float("nan"))  # every element must be written
     args = (*state.kernel_args(), grammar, *state.penalty_args())
+    # the output bitmask, as the pipeline passes it: count bytes read where it marks a word
+    mask = state.penalties.output_mask
     if block_size is None:
-        process_logits(logits, got, slots, *args, splits=splits)
+        process_logits(logits, got, slots, *args, splits=splits, output_mask=mask)
     else:  # the launcher: the op takes the library's tile
-        launch_process_logits(logits, got, slots, *args, splits=splits, block_size=block_size)
+        launch_process_logits(
+            logits, got, slots, *args, splits=splits, block_size=block_size, output_mask=mask
+        )  # fmt: skip
     return got
+
+
+def test_the_output_bitmask_gates_the_count_bytes(kernel_device: torch.device) -> None:
+    """With the penalties' output bitmask, the dense pass reads a word's count bytes only
+    where the word holds an output: the same logits as without it (every penalised,
+    saturated and output token of a real state's commits), and with row 0's words cleared
+    from the mask its outputs lose their frequency and presence penalties (the bytes are
+    not read), the other rows unchanged."""
+    gen = _gen()
+    rows, vocab = 3, 3000
+    state = _random_state(rows, vocab, gen, device=kernel_device)
+    slots = torch.arange(rows, device=kernel_device)
+    logits = (torch.randn(rows, vocab, generator=gen) * 4).to(kernel_device)
+    args = (*state.kernel_args(), None, *state.penalty_args())
+    runs = []
+    mask = state.penalties.output_mask
+    cleared = mask.clone()
+    cleared[0] = 0  # slot 0 always has a frequency penalty
+    for output_mask in (None, mask, cleared):
+        got = torch.full_like(logits, float("nan"))
+        process_logits(logits, got, slots, *args, output_mask=output_mask)
+        runs.append(got.cpu())
+    assert torch.equal(runs[1], runs[0])
+    assert bool(mask[0].any()) and not torch.equal(runs[2][0], runs[0][0])
+    assert torch.equal(runs[2][1:], runs[0][1:])
 
 
 def _random_grammar(

@@ -22,8 +22,12 @@ def _state(num_reqs: int, vocab: int, max_model_len: int = 4096) -> tuple[BatchS
 
 
 def _full_counts(state: PenaltyState, slot: int) -> np.ndarray:
-    """[V] int64 exact counts rebuilt from the byte counts and the overflow table."""
+    """[V] int64 exact counts rebuilt from the byte counts and the overflow table; the
+    output bitmask holds exactly the tokens counted."""
     counts = state.counts[slot].long().numpy().copy()
+    words = state.output_mask[slot].numpy().view(np.uint32)
+    outputs = ((words[:, None] >> np.arange(32, dtype=np.uint32)) & 1).reshape(-1)
+    np.testing.assert_array_equal(outputs[: counts.shape[0]], counts > 0)
     tokens = state.overflow_token.device[slot, : state.capacity].numpy()
     excess = state.overflow_excess.device[slot, : state.capacity].numpy()
     used = tokens >= 0

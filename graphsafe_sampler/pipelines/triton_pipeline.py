@@ -180,6 +180,8 @@ class TritonPipeline:
             raw,
             **defer,
             **resolve,
+            # (not with drafts: with their counts, its loads spilled the kernel's registers)
+            output_mask=s.penalties.output_mask if drafts is None else None,
         )
         if s.thinking_budget is not None:
             # a sparse decision, a dense mask: one more pass over x, only where the config
@@ -266,8 +268,9 @@ class TritonPipeline:
             return tokens
         sample_and_commit(
             *args, generated, splits, processed.tile_max, keep, s.penalties.counts,
-            s.penalties.overflow_token.device, s.penalties.overflow_excess.device,
-            s.bad_words.window.device, s.batch_state.config.padding_slot,
+            s.penalties.output_mask, s.penalties.overflow_token.device,
+            s.penalties.overflow_excess.device, s.bad_words.window.device,
+            s.batch_state.config.padding_slot,
             self._arrivals(num_rows, splits), *buffer, *read, *records, *hand,
         )  # fmt: skip
         return tokens

@@ -397,25 +397,29 @@ def _logprobs_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
 
 
 def _commit_access(a: dict[str, Any], c: dict[str, Any], vocab_size: int) -> Work:
-    """`history.commit_row` on each row: a byte of the counts row and an overflow entry read
-    and written, the window entry and num_generated written (rows that commit)."""
+    """`history.commit_row` on each row: a byte of the counts row, a word of the output
+    bitmask and an overflow entry read and written, the window entry and num_generated
+    written (rows that commit)."""
     slots = a["slots_ptr"]
     keep = a["keep_ptr"] != 0 if c["HAS_KEEP"] else True
     commit = _f(keep & (slots != a["padding_slot"]))
     from graphsafe_sampler.kernels import history
 
     count = commit / vocab_size  # one byte of the counts row
+    word = torch.ones_like(commit) / a["num_words"]  # one word of the output bitmask
     spare = torch.ones_like(commit) / (a["num_overflow"] + 1)  # one overflow entry
     return Work(
         reads={
             "keep_ptr": torch.ones_like(commit) * float(c["HAS_KEEP"]),
             "counts_ptr": count,
+            "output_mask_ptr": word,
             "overflow_token_ptr": 0 * spare,
             "overflow_excess_ptr": 0 * spare,
             "window_ptr": 0 * spare,
         },
         writes={
             "counts_ptr": count,
+            "output_mask_ptr": commit * word,
             "overflow_token_ptr": spare,
             "num_generated_ptr": commit,
             "window_ptr": commit / a["window_len"],

@@ -97,6 +97,15 @@ def unread_rows(a: dict[str, Any], c: dict[str, Any]) -> torch.Tensor:
     return deferred_rows(a, c) * _f(uncut & random)
 
 
+def _counted_words(a: dict[str, Any], c: dict[str, Any]) -> torch.Tensor:
+    """[rows] float64: the share of a row's count bytes the dense pass reads, those of the
+    32-token words its slot's output bitmask marks (HAS_OUTPUT_MASK), else all."""
+    slots = a["slots_ptr"]
+    if not c.get("HAS_OUTPUT_MASK"):
+        return torch.ones(slots.shape[0], dtype=torch.float64)
+    return (a["output_mask_ptr"][slots] != 0).to(torch.float64).mean(-1)
+
+
 def process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     from graphsafe_sampler.kernels import bad_words, sparse_phases, token_steps
     from graphsafe_sampler.kernels import logits_processing as k
@@ -145,7 +154,9 @@ def process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             "bad_back_ptr": bad_rows,
             "bad_word_ptr": bad_rows,
             "window_ptr": ring,
-            "counts_ptr": torch.maximum(penalties, full),
+            "counts_ptr": torch.maximum(penalties * _counted_words(a, c), full),
+            # the bitmask's words, read where the count bytes are (HAS_OUTPUT_MASK)
+            "output_mask_ptr": penalties * float(c.get("HAS_OUTPUT_MASK", False)),
             "prompt_mask_ptr": penalties,
             "allowed_ptr": masks,
             "grammar_ptr": masks if c["HAS_GRAMMAR"] else zeros,
