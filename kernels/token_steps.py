@@ -77,6 +77,11 @@ def penalise_and_scale(
             grammar_words = tl.load(grammar_row + word, mask=gate, other=0)
         else:
             grammar_words = tl.load(grammar_row + word)
+    if HAS_OUTPUT_MASK:
+        # the output bitmask's words, out of the penalties' branch, so that the pipeline
+        # copies them ahead: the count bytes then wait for their own load alone
+        counting = tl.where(penalties_on, tl.full(word.shape, True, tl.int1), False)
+        output_words = tl.load(output_row + word, mask=counting, other=0)
     if bias is not None:
         # the bias phase's tokens, a few, their loads unpipelined: the penalties' issued
         # with the words, and the bias added after them all, since the add waits for x
@@ -101,7 +106,7 @@ def penalise_and_scale(
             if HAS_OUTPUT_MASK:
                 # only the bytes of the 32-token words holding an output: the rest are 0,
                 # and a word's 32 share one mask, so a thread's loads stay one vector load
-                counted = counted & (tl.load(output_row + word) != 0)
+                counted = counted & (output_words != 0)
             byte = tl.load(counts_row + cols, mask=counted, other=0).to(tl.int32)
             prompt_words = tl.load(prompt_row + word)
         count = byte

@@ -436,7 +436,10 @@ def test_padded_rows_touch_no_request_state(backend: str) -> None:
     sampler(torch.randn(6, V).to(device))  # 2 requests, 4 padded rows
     after = sampler.state_tensors()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
-    assert changed == {"num_generated.device", "penalties.counts", "bad_words.recent_tokens.device"}
+    assert changed == {
+        "num_generated.device", "penalties.counts", "penalties.output_mask",
+        "bad_words.recent_tokens.device",
+    }  # fmt: skip
     live = [sampler.batch_state.slot_of_row(r) for r in range(2)]
     others = [s for s in range(config.num_slots) if s not in live]
     for key in changed:
