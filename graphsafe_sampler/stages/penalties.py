@@ -149,19 +149,6 @@ class PenaltyState(SlotTables):
             reset = index_to_device(slots, device, pin=pin)
             self.counts.index_fill_(0, reset, 0)
             self.output_mask.index_fill_(0, reset, 0)
-        # the resumed outputs' bits: each slot's words that hold one
-        packed = {
-            s: pack_token_ids(list(counts), self.shard.size) for s, counts in self._pending.items()
-        }
-        word_rows = [s for s, words in packed.items() for _ in np.flatnonzero(words)]
-        word_cols = [int(w) for words in packed.values() for w in np.flatnonzero(words)]
-        if word_cols:
-            at = (
-                index_to_device(word_rows, device, pin=pin),
-                index_to_device(word_cols, device, pin=pin),
-            )
-            words = [int(w[i]) for w in packed.values() for i in np.flatnonzero(w)]
-            self.output_mask.index_put_(at, host_to_device(words, torch.int32, device, pin=pin))
         rows = [s for s, counts in self._pending.items() for _ in counts]
         cols = [t for counts in self._pending.values() for t in counts]
         if cols:
@@ -171,6 +158,10 @@ class PenaltyState(SlotTables):
             index = (index_to_device(rows, device, pin=pin), index_to_device(cols, device, pin=pin))
             new_counts = host_to_device(values, torch.uint8, device, pin=pin)  # [len(cols)]
             self.counts.index_put_(index, new_counts)
+            # the same tokens' bits, each added once to its word of a cleared row: the sum is
+            # their or (bit 31 is int32's sign: made in int64, wrapped)
+            bits = (torch.ones_like(index[1]) << (index[1] % 32)).to(torch.int32)
+            self.output_mask.index_put_((index[0], index[1] // 32), bits, accumulate=True)
         self._pending.clear()
 
     def commit(self, slots: torch.Tensor, token_ids: torch.Tensor, keep: torch.Tensor) -> None:
