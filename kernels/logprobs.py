@@ -75,8 +75,8 @@ def _from_tiles(
     pass would end with them (up to the float32 order of the sum); the lowest max a tile
     must reach to be read, the floor of the row's top K (`kth_known`: every one of the K
     largest lies in a tile whose max reaches it; +inf at K = 0) or the sampled value if
-    lower; and the largest max below the sampled value among the tiles left unread (each
-    one's value nearest below it)."""
+    lower; the largest max below the sampled value among the tiles left unread (each
+    one's value nearest below it); and that floor itself."""
     tiles = tl.arange(0, TILES_BLOCK)
     bounds = tl.load(tile_row + tiles * 2, mask=tiles < num_tiles, other=float("-inf"))
     mine = (tiles >= first) & (tiles < last)
@@ -96,7 +96,7 @@ def _from_tiles(
     lowest = tl.where(sampled < floor, sampled, floor)
     unread = mine & (bounds < lowest) & (bounds < sampled)
     below = tl.max(tl.where(unread, bounds, float("-inf")), axis=0)
-    return run_max, run_sum, lowest, below
+    return run_max, run_sum, lowest, below, floor
 
 
 @triton.jit
@@ -188,10 +188,11 @@ def _logprobs_kernel(
       0 where it is not finite (a row with every token at -inf), the shift the reference
       applies;
     - the top K values in descending order: a running top-K (K_BLOCK registers) merged with
-      a tile only when the tile can change it (its max beats the K-th value), by K
-      selections of the largest value left, lowest index first among equal values
-      (`_top_k_update`), or, for a tile with one value above the K-th of a full top K, by
-      inserting it at its rank (K <= 16); NaN is never picked;
+      a tile only when the tile can change it (its max beats the K-th value and, with the
+      raw tiles, reaches the row's floor), by K selections of the largest value left,
+      lowest index first among equal values (`_top_k_update`), or, for a tile with one
+      value that can enter (above the K-th of a full top K, at or above the floor of one
+      not yet full), by inserting it at its rank (K <= 16); NaN is never picked;
     - the rank: the reference counts tokens with `x - lse >= x[t] - lse` in float32
       (logprobs modes; the shift can merge neighbours) or `x >= x[t]` (logits modes).
       Rounding is monotone, so every token with x >= x[t] counts either way, and the pass
@@ -234,6 +235,10 @@ def _logprobs_kernel(
     run_sum = tl.zeros((), tl.float32)
     count_ge = tl.zeros((), tl.int32)
     below = tl.full((), float("-inf"), tl.float32)  # the largest value under `sampled`
+    # (HAS_TILES) the K-th largest finite tile max: K tiles hold a value at or above it, so
+    # no value below it is one of the row's K largest, and the top K takes none (at -inf,
+    # no floor: fewer than K finite maxima, or no table)
+    floor = tl.full((), float("-inf"), tl.float32)
     begin = part * chunk
     end = tl.minimum(begin + chunk, vocab_size)
     num_tiles = tl.cdiv(vocab_size, BLOCK_SIZE)
@@ -249,7 +254,7 @@ def _logprobs_kernel(
             # ptxas issued them after (waiting on the tables a round), and moves no load
             # across a barrier
             tl.debug_barrier()
-        run_max, run_sum, lowest, below = _from_tiles(
+        run_max, run_sum, lowest, below, floor = _from_tiles(
             tile_row, num_tiles, first, first + visits, sampled, K, TILES_BLOCK
         )
         visits = tiles_to_visit(
@@ -271,19 +276,26 @@ def _logprobs_kernel(
         count_ge += tl.sum((in_row & (x >= sampled)).to(tl.int32), axis=0)
         below = tl.maximum(below, tl.max(tl.where(x < sampled, x, float("-inf")), axis=0))
         # top K: a tile changes it only with a value above the K-th, or one equal to an
-        # empty K-th slot's -inf (earlier tiles' ids are lower, so they win equal values)
-        if (tile_max > kth_v) | ((tile_max == kth_v) & (kth_i == NO_TOKEN)):
+        # empty K-th slot's -inf (earlier tiles' ids are lower, so they win equal values),
+        # and with a finite floor only with one at or above it: the top K holds no other
+        full = kth_i != NO_TOKEN
+        if ((tile_max > kth_v) | ((tile_max == kth_v) & ~full)) & (tile_max >= floor):
             if K_BLOCK <= 16:
-                above = tl.sum((x > kth_v).to(tl.int32), axis=0)
-                # (a top K not yet full takes a tile's -inf values too: the K selections)
-                if (above != 1) | (kth_i == NO_TOKEN):
-                    top_v, top_i = _top_k_update(top_v, top_i, x, cols, in_row, lanes, K, NO_TOKEN)
+                entering = (x > kth_v) & (x >= floor)
+                above = tl.sum(entering.to(tl.int32), axis=0)
+                # (a top K not yet full under a floor of -inf takes a tile's -inf values
+                # too: the K selections)
+                if (above != 1) | ~(full | (floor > float("-inf"))):
+                    top_v, top_i = _top_k_update(
+                        top_v, top_i, x, cols, in_row & (x >= floor), lanes, K, NO_TOKEN
+                    )
                 else:
-                    # one value above the K-th of a full top K (the usual tile): the
-                    # tile's max goes in at its rank, after the earlier tiles' equal values
-                    # (lower ids), the smaller ones one lane down; the K selections would
-                    # give the same
-                    col = tl.min(tl.where(x > kth_v, cols, NO_TOKEN), axis=0)
+                    # one value enters (the usual tile): above the K-th of a full top K, or
+                    # at or above the floor of one not yet full (whose empty lanes hold
+                    # -inf). The tile's max goes in at its rank, after the earlier tiles'
+                    # equal values (lower ids), the smaller ones one lane down; the K
+                    # selections would give the same
+                    col = tl.min(tl.where(entering, cols, NO_TOKEN), axis=0)
                     rank = tl.sum(((lanes < K) & (top_v >= tile_max)).to(tl.int32), axis=0)
                     down = tl.maximum(lanes - 1, 0)
                     shifted = (lanes > rank) & (lanes < K)
@@ -293,7 +305,9 @@ def _logprobs_kernel(
                     top_i = tl.where(lanes == rank, col, below_i)
             else:
                 # K > 16: the insertion's gathers spilled at K = 20 (tests/cuda_compile.py)
-                top_v, top_i = _top_k_update(top_v, top_i, x, cols, in_row, lanes, K, NO_TOKEN)
+                top_v, top_i = _top_k_update(
+                    top_v, top_i, x, cols, in_row & (x >= floor), lanes, K, NO_TOKEN
+                )
             kth_v = tl.max(tl.where(lanes == K - 1, top_v, float("-inf")), axis=0)
             kth_i = tl.min(tl.where(lanes == K - 1, top_i, NO_TOKEN), axis=0)
     if SPLIT:

@@ -218,6 +218,39 @@ def test_a_tile_with_one_new_value_inserts_it_after_earlier_ties(
     assert torch.equal(got.logprobs[:, 1:], raw.gather(1, order))
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("with_tiles", [False, True], ids=["full-pass", "raw-tiles"])
+def test_rows_of_few_values_take_them_as_a_stable_sort_does(
+    splits: int, with_tiles: bool, kernel_device: torch.device
+) -> None:
+    """Rows of -inf but for a few values in tiles of their own, K = 5, each row's top K as
+    a stable descending sort gives it (equal values, -inf included, lowest id first). With
+    1 to 4 values the tiles give no floor (fewer than K finite maxima) and a tile holds one
+    finite value: the top K is those values, then the lowest ids' -inf. With 5 (quantised:
+    ties) the floor is the least of them, and each goes in at its rank; with a tile of ties
+    besides, that tile's values reach the floor too. Last, a first tile holding the row's
+    max and a value equal to the floor (the fifth tile's max, at a higher id): both go in."""
+    gen = _gen()
+    rows, vocab, k = 7, 9000, 5
+    raw = torch.full((rows, vocab), float("-inf"))
+    for r, finite in enumerate((1, 2, 3, 4, 4, 5)):
+        # each in a tile of its own (the last tile holds 808 columns)
+        cols = torch.randperm(9, generator=gen)[:finite] * 1024
+        cols += torch.randint(0, 808, (finite,), generator=gen)
+        raw[r, cols] = (torch.randn(finite, generator=gen) * 3).round()
+    raw[4, 1024:2048] = 0.5  # (over a value of the row's, where one is there)
+    offsets = torch.randint(0, 512, (6,), generator=gen)
+    raw[6, offsets[:5] + torch.arange(5) * 1024] = torch.tensor([9.0, 8.0, 7.0, 6.0, 5.0])
+    raw[6, 512 + offsets[5]] = 5.0
+    raw = raw.to(kernel_device)
+    tokens = raw.argmax(-1)
+    tiles = _raw_tiles(raw) if with_tiles else None
+    got, _ = _kernel(raw, tokens, k, False, splits, tiles)
+    order = torch.sort(raw, dim=-1, descending=True, stable=True).indices[:, :k]
+    assert torch.equal(got.logprob_token_ids[:, 1:].long(), order)
+    assert torch.equal(got.logprobs[:, 1:], raw.gather(1, order))
+
+
 @pytest.mark.parametrize(
     ("mode", "k"), [("raw_logprobs", 20), ("processed_logits", 20), ("raw_logprobs", 65)]
 )

@@ -458,6 +458,27 @@ def test_logprobs_reads_the_tiles_counted_on_the_bench_rows() -> None:
     assert old.reads["source_ptr"].tolist() == pytest.approx([25 / 32 + 1 / vocab] * rows)
 
 
+def test_logprobs_floor_makes_the_first_merge_an_insertion() -> None:
+    """With the raw tiles' floor a read tile's values enter the top K only at or above it
+    (about the K largest, at random columns): the K selections run on the tiles holding
+    two of those; without the floor, on the first merge of each program as well."""
+    from graphsafe_sampler.kernels import logprobs as k
+
+    vocab, block, rows = 151936, 1024, 2
+    filters = torch.tensor([[0.8, 50.0, 0.9, 0.05]] * rows, dtype=torch.float64)
+    args: dict[str, Any] = {"source_ptr": torch.empty(rows, vocab), "chunk": 50 * block}
+    general = access.source_line(k._logprobs_kernel, "if (above != 1) | ~(full | (floor > ")
+    shares = {}
+    for tiles in (True, False):
+        constexprs = {"K": 5, "HAS_TILES": tiles, "BLOCK_SIZE": block, "SPLIT": True}
+        work = access.WORK["_logprobs_kernel"]({**args, access.FILTERS: filters}, constexprs)
+        shares[tiles] = work.taken[general]
+    floored = shares[True].tolist()
+    assert floored == pytest.approx([0.0164] * rows, abs=1e-3)  # P(n >= 2 | n >= 1), 5 / 149
+    # the first merge of the 50 tiles walked, and the many holding two new values
+    assert bool((shares[False] > 20 * shares[True]).all())
+
+
 def test_launches_tell_later_ones_the_temperatures_survivors_and_filters(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

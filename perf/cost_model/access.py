@@ -363,18 +363,25 @@ def _logprobs_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         reached = row_counts(a[FILTERS], vocab, c["BLOCK_SIZE"], "logprobs_tiles", c["K"])
     if c["HAS_TILES"] and reached is not None:
         visited = visited_share(reached, tiles, None)
-    merge = source_line(k._logprobs_kernel, "if (tile_max > kth_v) |")
+    merge = source_line(k._logprobs_kernel, "if ((tile_max > kth_v) |")
     # the running top K is merged with a tile holding a new one of the K largest, among the
     # tiles the program reads
     read_tiles = torch.clamp(visited * chunk_tiles, min=1.0)
     walked = [math.ceil(float(t)) for t in read_tiles]
     records = torch.stack([record_tiles(c["K"], t) for t in walked])
     # of those merges, the K selections run on the first (it fills the top K) and on those
-    # holding two or more new ones; the rest insert their one value
-    multi = torch.stack([multi_record_share(c["K"], t) for t in walked])
-    first = 1.0 / torch.clamp(records * torch.tensor(walked, dtype=torch.float64), min=1.0)
-    general = source_line(k._logprobs_kernel, "if (above != 1) | (kth_i == NO_TOKEN):")
-    taken = {merge: records, general: multi + (1.0 - multi) * first}
+    # holding two or more new ones; the rest insert their one value. With the raw tiles'
+    # floor, a value enters only at or above it, and those are about the K largest, at
+    # random columns: the first merge inserts too, and the selections run on a tile
+    # holding two of them
+    general = source_line(k._logprobs_kernel, "if (above != 1) | ~(full | (floor > ")
+    if c["HAS_TILES"]:
+        selections = shared_tile_share(torch.full_like(ones, float(c["K"])), tiles)
+    else:
+        multi = torch.stack([multi_record_share(c["K"], t) for t in walked])
+        first = 1.0 / torch.clamp(records * torch.tensor(walked, dtype=torch.float64), min=1.0)
+        selections = multi + (1.0 - multi) * first
+    taken = {merge: records, general: selections}
     return Work(
         reads={
             "source_ptr": visited + 1 / vocab,
