@@ -29,12 +29,12 @@ def _commit_history_kernel(
     keep_ptr,  # [num_rows] bool: the row commits (HAS_KEEP; else every row)
     num_generated_ptr,  # [num_slots] int32, advanced
     counts_ptr,  # [num_slots, V] uint8, advanced (255 = saturated)
-    output_mask_ptr,  # [num_slots, W] int32 bitmask of the tokens output, advanced
+    output_words_ptr,  # [num_slots, ceil(W / 32)] int32: the words holding an output, advanced
     overflow_token_ptr,  # [num_slots, E + 1] int32 (-1 = unused; column E the spare)
     overflow_excess_ptr,  # [num_slots, E + 1] int32
     window_ptr,  # [num_slots, L] int32 ring of recent output tokens
     vocab_size,
-    num_words,  # W = ceil(V / 32)
+    num_words,  # ceil(W / 32), W = ceil(V / 32): output_words' int32s a slot
     num_overflow,  # E
     window_len,  # L
     padding_slot,
@@ -51,7 +51,8 @@ def _commit_history_kernel(
        takes it from 254 to 255 writes t into the next free overflow entry (the number of
        used entries, so column E, the spare, when the table is full), and a commit at 255
        adds 1 to the excess of t's first entry (none found: nothing, the spare again);
-       and bit t of output_mask[s] is set (it is where the count was above 0 already);
+       and bit w = t // 32 of output_words[s] (the token's 32-token word) is set (it is
+       where a count of the word was above 0 already);
     2. bad words (graphsafe_sampler/stages/bad_words.py, `BadWordsState.commit`, the flat
        layout with the ring `recent_tokens` [num_slots, L]): t goes to
        window[s, num_generated[s] % L], the position read before step 3;
@@ -65,7 +66,7 @@ def _commit_history_kernel(
     row = tl.program_id(0)
     commit_row(
         row, tl.load(slots_ptr + row), tl.load(token_ids_ptr + row), keep_ptr,
-        num_generated_ptr, counts_ptr, output_mask_ptr, overflow_token_ptr, overflow_excess_ptr,
+        num_generated_ptr, counts_ptr, output_words_ptr, overflow_token_ptr, overflow_excess_ptr,
         window_ptr, vocab_size, num_words, num_overflow, window_len, padding_slot, SATURATED,
         HAS_KEEP, OVERFLOW_BLOCK,
     )  # fmt: skip
@@ -73,7 +74,7 @@ def _commit_history_kernel(
 
 @triton.jit
 def commit_row(
-    row, slot, token, keep_ptr, num_generated_ptr, counts_ptr, output_mask_ptr,
+    row, slot, token, keep_ptr, num_generated_ptr, counts_ptr, output_words_ptr,
     overflow_token_ptr, overflow_excess_ptr, window_ptr, vocab_size, num_words, num_overflow,
     window_len, padding_slot,
     SATURATED: tl.constexpr, HAS_KEEP: tl.constexpr, OVERFLOW_BLOCK: tl.constexpr,
@@ -129,10 +130,11 @@ def commit_row(
         tl.store(window_ptr + slot * window_len + generated % window_len, token.to(tl.int32))
         # 3. the generated-token count
         tl.store(num_generated_ptr + slot, generated + 1)
-        # its bit in the output bitmask (set already past its first output): an atomic or,
-        # which holds no loaded word
-        word = output_mask_ptr + slot * num_words + token // 32
-        tl.atomic_or(word, 1 << (token % 32).to(tl.int32), sem="relaxed")
+        # its word's bit in the output words (set already past the word's first output):
+        # an atomic or, which holds no loaded int32
+        word = token // 32
+        held = output_words_ptr + slot * num_words + word // 32
+        tl.atomic_or(held, 1 << (word % 32).to(tl.int32), sem="relaxed")
 
 
 class CommitTables(NamedTuple):
@@ -141,7 +143,7 @@ class CommitTables(NamedTuple):
 
     num_generated: torch.Tensor  # [num_slots] int32
     counts: torch.Tensor  # [num_slots, V] uint8 (255 = saturated)
-    output_mask: torch.Tensor  # [num_slots, ceil(V / 32)] int32: the tokens output
+    output_words: torch.Tensor  # [num_slots, ceil(ceil(V / 32) / 32)] int32: the words output
     overflow_token: torch.Tensor  # [num_slots, E + 1] int32
     overflow_excess: torch.Tensor  # [num_slots, E + 1] int32
     window: torch.Tensor  # [num_slots, L] int32
@@ -159,7 +161,7 @@ class CommitTables(NamedTuple):
         for name, t, dtype, shape in (
             ("num_generated", self.num_generated, torch.int32, (num_slots,)),
             ("counts", self.counts, torch.uint8, (num_slots, None)),
-            ("output_mask", self.output_mask, torch.int32, (num_slots, self.num_words())),
+            ("output_words", self.output_words, torch.int32, (num_slots, self.num_words())),
             ("overflow_token", self.overflow_token, torch.int32, (num_slots, None)),
             ("overflow_excess", self.overflow_excess, torch.int32, excess_shape),
             ("window", self.window, torch.int32, (num_slots, None)),
@@ -180,8 +182,9 @@ class CommitTables(NamedTuple):
             )
 
     def num_words(self) -> int:
-        """W = ceil(V / 32), the output bitmask's words a slot (V: the counts' width)."""
-        return (self.counts.shape[1] + 31) // 32
+        """ceil(W / 32) for W = ceil(V / 32): the int32s of a slot's output words, one bit a
+        32-token word (V: the counts' width)."""
+        return ((self.counts.shape[1] + 31) // 32 + 31) // 32
 
     def launch_args(
         self, keep: torch.Tensor | None, overflow_block: int = 128
@@ -191,8 +194,8 @@ class CommitTables(NamedTuple):
         num_overflow = self.overflow_token.shape[1] - 1
         args = (
             keep if keep is not None else self.num_generated,  # unread without HAS_KEEP
-            self.num_generated, self.counts, self.output_mask, self.overflow_token,
-            self.overflow_excess, self.window, self.counts.shape[1], self.output_mask.shape[1],
+            self.num_generated, self.counts, self.output_words, self.overflow_token,
+            self.overflow_excess, self.window, self.counts.shape[1], self.output_words.shape[1],
             num_overflow, self.window.shape[1], self.padding_slot,
         )  # fmt: skip
         block = min(overflow_block, max(triton.next_power_of_2(num_overflow), 2))
@@ -206,7 +209,7 @@ def launch_commit_history(
     keep: torch.Tensor | None,  # [num_rows] bool, or None: every row
     num_generated: torch.Tensor,  # [num_slots] int32, advanced in place
     counts: torch.Tensor,  # [num_slots, V] uint8, advanced in place
-    output_mask: torch.Tensor,  # [num_slots, ceil(V / 32)] int32, in place
+    output_words: torch.Tensor,  # [num_slots, ceil(ceil(V / 32) / 32)] int32, in place
     overflow_token: torch.Tensor,  # [num_slots, E + 1] int32, in place
     overflow_excess: torch.Tensor,  # [num_slots, E + 1] int32, in place
     window: torch.Tensor,  # [num_slots, L] int32, in place
@@ -216,7 +219,7 @@ def launch_commit_history(
     """Launch `_commit_history_kernel` over the rows; tables must be contiguous. Allocates
     nothing, returns None."""
     tables = CommitTables(
-        num_generated, counts, output_mask, overflow_token, overflow_excess, window, padding_slot
+        num_generated, counts, output_words, overflow_token, overflow_excess, window, padding_slot
     )
     args, constexprs = tables.launch_args(keep, overflow_block)
     _commit_history_kernel[(slots.shape[0],)](
@@ -226,7 +229,7 @@ def launch_commit_history(
 
 @inplace_op(
     "commit_history",
-    mutates_args=("num_generated", "counts", "output_mask", "overflow_token", "overflow_excess",
+    mutates_args=("num_generated", "counts", "output_words", "overflow_token", "overflow_excess",
                   "window"),
 )  # fmt: skip
 def commit_history(
@@ -235,7 +238,7 @@ def commit_history(
     keep: torch.Tensor | None,
     num_generated: torch.Tensor,
     counts: torch.Tensor,
-    output_mask: torch.Tensor,
+    output_words: torch.Tensor,
     overflow_token: torch.Tensor,
     overflow_excess: torch.Tensor,
     window: torch.Tensor,
@@ -246,15 +249,15 @@ def commit_history(
 
     slots [num_rows] int64; token_ids [num_rows] int32 or int64; keep [num_rows] bool or
     None. Per slot, all written:
-    num_generated int32; counts uint8 [V]; output_mask int32 [ceil(V / 32)] (bit t: count
-    of t above 0); overflow_token / overflow_excess int32 [E + 1] (the penalties' layout);
-    window int32 [L] (the bad-words ring of recent outputs).
+    num_generated int32; counts uint8 [V]; output_words int32 [ceil(ceil(V / 32) / 32)] (bit
+    w: a count of the word w = t // 32 above 0); overflow_token / overflow_excess int32
+    [E + 1] (the penalties' layout); window int32 [L] (the bad-words ring of recent outputs).
     """
     num_rows = slots.shape[0]
     check_rows("slots", slots, torch.int64, num_rows)
     check_rows("token_ids", token_ids, (torch.int32, torch.int64), num_rows)
     tables = CommitTables(
-        num_generated, counts, output_mask, overflow_token, overflow_excess, window, padding_slot
+        num_generated, counts, output_words, overflow_token, overflow_excess, window, padding_slot
     )
     tables.check(num_rows, keep)
     launch_commit_history(slots, token_ids, keep, *tables)

@@ -70,7 +70,7 @@ def _process_logits_kernel(
     overflow_token_ptr,  # [num_slots, E + 1] int32 (-1 = unused; column E never read)
     overflow_excess_ptr,  # [num_slots, E + 1] int32: count - 255 of a saturated token
     prompt_mask_ptr,  # [num_slots, W] int32 bitmask
-    output_mask_ptr,  # [num_slots, W] int32 bitmask of the tokens output (HAS_OUTPUT_MASK)
+    output_words_ptr,  # [num_slots, ceil(W / 32)] int32: bit w, word w holds an output
     repetition_ptr,  # [num_slots] float32
     frequency_ptr,  # [num_slots] float32
     presence_ptr,  # [num_slots] float32
@@ -124,8 +124,8 @@ def _process_logits_kernel(
     # row takes its temperature (`load_deferred`: the readers divide)
     DEFER: tl.constexpr,
     RESOLVE: tl.constexpr = False,
-    # the count bytes read only in the words the output bitmask marks (`token_steps`)
-    HAS_OUTPUT_MASK: tl.constexpr = False,
+    # the count bytes read only in the words the output words mark (`token_steps`)
+    HAS_OUTPUT_WORDS: tl.constexpr = False,
 ):
     """Steps 1-7 of docs/kernels.md, logits processing (the comments carry their numbers),
     from `source` into `logits`, with a barrier after each phase whose stores the next one
@@ -168,7 +168,7 @@ def _process_logits_kernel(
     prompt_row = prompt_mask_ptr + slot * num_words
     grammar_row = grammar_ptr + row.to(tl.int64) * num_words
     counts_row = counts_ptr + slot.to(tl.int64) * vocab_size
-    output_row = output_mask_ptr + slot * num_words
+    output_row = output_words_ptr + slot * tl.cdiv(num_words, 32)
     tile_row = tile_max_ptr + row.to(tl.int64) * tl.cdiv(vocab_size, BLOCK_SIZE)
     raw_row = raw_tiles_ptr + row.to(tl.int64) * tl.cdiv(vocab_size, BLOCK_SIZE) * 2
     # DEFER: a row no step but its temperature changes (no penalty, allowed list, grammar,
@@ -233,13 +233,13 @@ def _process_logits_kernel(
         redo |= dense_tile(
             start, *row_args, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX, HAS_RAW_TILES,
             BLOCK_SIZE, EXACT=HAS_DRAFTS, FULL=False, STORE_LOGITS=STORE_LOGITS, DEFER=DEFER,
-            HAS_OUTPUT_MASK=HAS_OUTPUT_MASK,
+            HAS_OUTPUT_WORDS=HAS_OUTPUT_WORDS,
         )  # fmt: skip
     for start in tl.range(begin, full_end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):
         redo |= dense_tile(
             start, *row_args, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX, HAS_RAW_TILES,
             BLOCK_SIZE, EXACT=HAS_DRAFTS, FULL=True, STORE_LOGITS=STORE_LOGITS, DEFER=DEFER,
-            HAS_OUTPUT_MASK=HAS_OUTPUT_MASK,
+            HAS_OUTPUT_WORDS=HAS_OUTPUT_WORDS,
         )  # fmt: skip
     # with drafts (the rejection sampler's rows) the first pass is already IEEE division:
     # the drafts' counts and the range checks together spilled under the register cap
@@ -249,7 +249,7 @@ def _process_logits_kernel(
             dense_tile(
                 start, *row_args, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX,
                 HAS_RAW_TILES, BLOCK_SIZE, EXACT=True, FULL=False, STORE_LOGITS=STORE_LOGITS,
-                DEFER=DEFER, HAS_OUTPUT_MASK=HAS_OUTPUT_MASK,
+                DEFER=DEFER, HAS_OUTPUT_WORDS=HAS_OUTPUT_WORDS,
             )  # fmt: skip
     if DEFER and HAS_RAW_TILES:  # the deferred rows' pass: the loops above left them none
         raw_pass(begin, tl.where(store, begin, end), source_row, tile_row, raw_row,
@@ -359,7 +359,7 @@ def launch_process_logits(
     # (top_k, top_p, min_p, seeds, prompt_len [num_slots]; filters, keys [num_rows, ...]
     # written): the rows' records for the kernels after this one (`row_params`)
     resolve: tuple[torch.Tensor, ...] | None = None,
-    output_mask: torch.Tensor | None = None,  # [num_slots, W] int32: the tokens output
+    output_words: torch.Tensor | None = None,  # [num_slots, ceil(W / 32)] int32: words output
 ) -> None:
     """Launch `_process_logits_kernel` over rows x splits; tables must be contiguous.
     Allocates nothing, returns None. store_logits False leaves out the dense pass's store
@@ -373,7 +373,7 @@ def launch_process_logits(
         min_tokens, num_generated, stop_ids, allowed,
         grammar if grammar is not None else allowed,  # unread without HAS_GRAMMAR
         counts, overflow_token, overflow_excess, prompt_mask,
-        output_mask if output_mask is not None else prompt_mask,  # unread without the mask
+        output_words if output_words is not None else prompt_mask,  # unread without the mask
         repetition, frequency, presence, temperature,
         drafts if drafts is not None else slots,  # unread without HAS_DRAFTS
         num_preceding if num_preceding is not None else slots,
@@ -407,7 +407,7 @@ def launch_process_logits(
         STORE_LOGITS=store_logits,
         DEFER=defer is not None,
         RESOLVE=resolve is not None,
-        HAS_OUTPUT_MASK=output_mask is not None,
+        HAS_OUTPUT_WORDS=output_words is not None,
         # why: x - f * count must round twice, as torch's separate multiply and subtract do
         enable_fp_fusion=False,
         **pdl_launch(source.device),
@@ -461,7 +461,7 @@ def process_logits(
     prompt_len: torch.Tensor | None = None,
     filters: torch.Tensor | None = None,
     keys: torch.Tensor | None = None,
-    output_mask: torch.Tensor | None = None,
+    output_words: torch.Tensor | None = None,
 ) -> None:
     """Bad words, logit bias, min_tokens, allowed and grammar bitmasks, penalties and
     temperature: `source` [num_rows, V] float32, float16 or bfloat16 (read only, its rows
@@ -505,9 +505,9 @@ def process_logits(
     float32, seeds, prompt_len int64 [num_slots] with filters float32 [num_rows, 4] and keys
     int64 [num_rows, 2] (written), all seven or none: the rows' records of the kernels after
     this one, resolved from the slots (kernels/row_params.py), which they then read by row.
-    output_mask int32 [num_slots, ceil(V/32)] (the penalties stage's: bit t set where the
-    count of t is above 0), or None: where given, the dense pass reads the count bytes of
-    the 32-token words holding an output only (the rest are 0 by it).
+    output_words int32 [num_slots, ceil(ceil(V/32)/32)] (the penalties stage's: bit w set
+    where a token of the 32-token word w has a count above 0), or None: where given, the
+    dense pass reads the count bytes of the words holding an output only (the rest are 0).
     """
     check_logits(logits)
     num_rows, vocab_size = logits.shape
@@ -566,12 +566,12 @@ def process_logits(
     resolve = check_row_params(
         top_k, top_p, min_p, seeds, prompt_len, filters, keys, num_slots, num_rows
     )  # fmt: skip
-    if output_mask is not None:
-        check_table("output_mask", output_mask, torch.int32, (num_slots, words))
+    if output_words is not None:
+        check_table("output_words", output_words, torch.int32, (num_slots, (words + 31) // 32))
     launch_process_logits(
         source, logits, slots, bias_ids, bias_values, min_tokens, num_generated, stop_ids,
         allowed,
         grammar, counts, overflow_token, overflow_excess, prompt_mask, repetition, frequency,
         presence, temperature, drafts, num_preceding, bad_tokens, bad_back, bad_word, window,
-        tile_max, raw_tiles, splits=splits, defer=defer, resolve=resolve, output_mask=output_mask,
+        tile_max, raw_tiles, splits=splits, defer=defer, resolve=resolve, output_words=output_words,
     )  # fmt: skip

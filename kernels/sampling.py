@@ -96,7 +96,7 @@ def _sample_kernel(
     chunk,  # columns a program scans, a multiple of BLOCK_SIZE (the row when not SPLIT)
     # COMMIT: keep, the history tables and their sizes, as `history.commit_row` takes them
     # (num_generated_ptr above is the same table); unread without COMMIT
-    keep_ptr, counts_ptr, output_mask_ptr, overflow_token_ptr, overflow_excess_ptr, window_ptr,
+    keep_ptr, counts_ptr, output_words_ptr, overflow_token_ptr, overflow_excess_ptr, window_ptr,
     counts_stride, num_words, num_overflow, window_len, padding_slot,
     SALT: tl.constexpr,
     GREEDY_BELOW: tl.constexpr,
@@ -270,7 +270,7 @@ def _sample_kernel(
             # position, at the start) before the store that advances it; the row's other
             # programs read theirs before they arrived
             commit_row(
-                row, slot, token, keep_ptr, num_generated_ptr, counts_ptr, output_mask_ptr,
+                row, slot, token, keep_ptr, num_generated_ptr, counts_ptr, output_words_ptr,
                 overflow_token_ptr, overflow_excess_ptr, window_ptr, counts_stride, num_words,
                 num_overflow, window_len, padding_slot, SATURATED, HAS_KEEP, OVERFLOW_BLOCK,
             )  # fmt: skip
@@ -487,7 +487,7 @@ def sample_tokens(
 
 @inplace_op(
     "sample_and_commit",
-    mutates_args=("tokens", "num_generated", "counts", "output_mask", "overflow_token",
+    mutates_args=("tokens", "num_generated", "counts", "output_words", "overflow_token",
                   "overflow_excess", "window", "arrivals", "values"),
 )  # fmt: skip
 def sample_and_commit(
@@ -505,7 +505,7 @@ def sample_and_commit(
     tile_max: torch.Tensor | None,
     keep: torch.Tensor | None,
     counts: torch.Tensor,
-    output_mask: torch.Tensor,
+    output_words: torch.Tensor,
     overflow_token: torch.Tensor,
     overflow_excess: torch.Tensor,
     window: torch.Tensor,
@@ -527,7 +527,7 @@ def sample_and_commit(
     is always given, since the commit advances it, and with positions None it also gives
     the positions, read before the commit."""
     commit = CommitTables(
-        num_generated, counts, output_mask, overflow_token, overflow_excess, window, padding_slot
+        num_generated, counts, output_words, overflow_token, overflow_excess, window, padding_slot
     )
     commit.check(logits.shape[0], keep, logits.shape[1])
     _sample(

@@ -48,7 +48,7 @@ def _bias_block(
     old, tile = load_old(row_ptr, tile_row, token, used, HAS_TILE_MAX, BLOCK_SIZE)
     x = penalise_and_scale(
         x, value, token, token // 32, token % 32, used, row, allowed_row, grammar_row,
-        prompt_row, counts_row, counts_row, drafts_ptr, preceding, num_drafts, penalties_on,
+        prompt_row, counts_row, counts_row, token, drafts_ptr, preceding, num_drafts, penalties_on,
         repetition, frequency, presence, fix_excess, scale_on, temperature, True, SATURATED,
         HAS_GRAMMAR, HAS_DRAFTS, True, False,
     )  # fmt: skip

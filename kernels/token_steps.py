@@ -38,7 +38,8 @@ def penalise_and_scale(
     grammar_row,  # the row's grammar bitmask (HAS_GRAMMAR)
     prompt_row,  # the slot's prompt bitmask
     counts_row,  # the slot's count bytes
-    output_row,  # the slot's output bitmask (HAS_OUTPUT_MASK: a word's bytes read where set)
+    output_at,  # (HAS_OUTPUT_WORDS) pointers to the output words' int32 of each token's word
+    output_bit,  # (HAS_OUTPUT_WORDS) that word's bit there: its bytes are read where it is set
     drafts_ptr,
     preceding,
     num_drafts,
@@ -57,7 +58,7 @@ def penalise_and_scale(
     # the dense pass's, with the row flags: a row with no allowed list and no grammar
     # (`masks_on` False, whose words are all ones) loads no word and tests no bit
     GATE_MASKS: tl.constexpr,
-    HAS_OUTPUT_MASK: tl.constexpr = False,
+    HAS_OUTPUT_WORDS: tl.constexpr = False,
 ):
     """Steps 3-6 on the tokens `cols` -> logits: a saturated token (byte 255, frequency on)
     is left without its temperature, which step 7 applies after its excess. A token whose
@@ -77,11 +78,12 @@ def penalise_and_scale(
             grammar_words = tl.load(grammar_row + word, mask=gate, other=0)
         else:
             grammar_words = tl.load(grammar_row + word)
-    if HAS_OUTPUT_MASK:
-        # the output bitmask's words, out of the penalties' branch, so that the pipeline
-        # copies them ahead: the count bytes then wait for their own load alone
+    if HAS_OUTPUT_WORDS:
+        # the output words' bits (one a 32-token word: a whole tile's in one int32), out
+        # of the penalties' branch, so that the pipeline copies them ahead: the count
+        # bytes then wait for their own load alone
         counting = tl.where(penalties_on, tl.full(word.shape, True, tl.int1), False)
-        output_words = tl.load(output_row + word, mask=counting, other=0)
+        output_held = tl.load(output_at, mask=counting, other=0)
     if bias is not None:
         # the bias phase's tokens, a few, their loads unpipelined: the penalties' issued
         # with the words, and the bias added after them all, since the add waits for x
@@ -103,10 +105,10 @@ def penalise_and_scale(
         # tile a thread, for one load latency less at a one-tile program, B = 1)
         if bias is None:
             counted = in_row
-            if HAS_OUTPUT_MASK:
+            if HAS_OUTPUT_WORDS:
                 # only the bytes of the 32-token words holding an output: the rest are 0,
                 # and a word's 32 share one mask, so a thread's loads stay one vector load
-                counted = counted & (output_words != 0)
+                counted = counted & bit_is_set(output_held, output_bit)
             byte = tl.load(counts_row + cols, mask=counted, other=0).to(tl.int32)
             prompt_words = tl.load(prompt_row + word)
         count = byte
@@ -189,7 +191,7 @@ def dense_tile(
     SATURATED: tl.constexpr, HAS_GRAMMAR: tl.constexpr, HAS_DRAFTS: tl.constexpr,
     HAS_TILE_MAX: tl.constexpr, HAS_RAW_TILES: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     EXACT: tl.constexpr, FULL: tl.constexpr, STORE_LOGITS: tl.constexpr, DEFER: tl.constexpr,
-    HAS_OUTPUT_MASK: tl.constexpr = False,
+    HAS_OUTPUT_WORDS: tl.constexpr = False,
 ):  # fmt: skip
     """Steps 3-6 on the tile at `start`, read once and written once, with its raw and
     processed statistics -> whether the tile must be made again with EXACT: it holds NaN
@@ -215,6 +217,11 @@ def dense_tile(
     bit = tile_col_ids  # [1, 32]
     if BLOCK_SIZE < 32:
         bit += start % 32
+    # each word's bit in the output words, w % 32 of int32 w // 32 (the same int32 for a
+    # whole 1,024-token tile: one address; as a scalar load it left the pipeline, and the
+    # tile row as the bit took 3 SASS instructions more than this)
+    output_at = output_row + word // 32
+    output_bit = word % 32
     x = tl.load(source_row + cols, mask=in_row, other=0.0).to(tl.float32)
     if HAS_RAW_TILES:
         raw_max, raw_sum = raw_tile_stats(x, in_row)
@@ -222,9 +229,9 @@ def dense_tile(
         tl.store(raw_row + (start // BLOCK_SIZE) * 2 + 1, raw_sum)
     x = penalise_and_scale(
         x, None, cols, word, bit, in_row, row, allowed_row, grammar_row, prompt_row, counts_row,
-        output_row, drafts_ptr, preceding, num_drafts, penalties_on, repetition, frequency,
-        presence, fix_excess, scale_on, temperature, masks_on, SATURATED, HAS_GRAMMAR,
-        HAS_DRAFTS, EXACT, GATE_MASKS=DEFER, HAS_OUTPUT_MASK=HAS_OUTPUT_MASK,
+        output_at, output_bit, drafts_ptr, preceding, num_drafts, penalties_on, repetition,
+        frequency, presence, fix_excess, scale_on, temperature, masks_on, SATURATED,
+        HAS_GRAMMAR, HAS_DRAFTS, EXACT, GATE_MASKS=DEFER, HAS_OUTPUT_WORDS=HAS_OUTPUT_WORDS,
     )  # fmt: skip
     if STORE_LOGITS:
         if DEFER:

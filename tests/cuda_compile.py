@@ -235,7 +235,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
                      _t(rows, 4), _i64(rows, 2))
                     if defer is not False else None
                 ),
-                output_mask=None if drafts else _i32(slots_n, words),  # the pipeline's
+                output_words=None if drafts else _i32(slots_n, (words + 31) // 32),  # pipeline's
             )  # fmt: skip
 
         label = (
@@ -357,7 +357,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
                 (_t(rows, splits), _i32(rows, splits), _i32(rows, splits)),
                 tile_max=_t(rows, 4), visits=_i32(rows, 4),
                 commit=history.CommitTables(
-                    generated, _t(slots_n, 4096, dtype=torch.uint8), _i32(slots_n, 128),
+                    generated, _t(slots_n, 4096, dtype=torch.uint8), _i32(slots_n, 4),
                     _i32(slots_n, 3), _i32(slots_n, 3), _i32(slots_n, 8), slots_n - 1,
                 ),
                 keep=_t(rows, dtype=torch.bool) if keep else None, arrivals=_i32(rows),
@@ -421,7 +421,8 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
     def commit() -> None:
         history.launch_commit_history(
             slots, _i64(rows), _t(rows, dtype=torch.bool), _i32(slots_n),
-            _t(slots_n, vocab, dtype=torch.uint8), _i32(slots_n, words), _i32(slots_n, 3),
+            _t(slots_n, vocab, dtype=torch.uint8), _i32(slots_n, (words + 31) // 32),
+            _i32(slots_n, 3),
             _i32(slots_n, 3), _i32(slots_n, 8), slots_n - 1,
         )  # fmt: skip
 

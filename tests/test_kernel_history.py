@@ -49,7 +49,7 @@ class History:
         p = self.penalties
         commit_history(
             self.batch.slots(token_ids.shape[0]), token_ids, keep,
-            self.batch.num_generated.device, p.counts, p.output_mask,
+            self.batch.num_generated.device, p.counts, p.output_words,
             p.overflow_token.device, p.overflow_excess.device, self.bad_words.window.device,
             self.batch.padding_slot,
         )  # fmt: skip
@@ -160,7 +160,7 @@ def test_rejects_bad_input(kernel_device: torch.device) -> None:
         commit_history(
             torch.tensor([0], device=kernel_device), torch.tensor([3], device=kernel_device),
             torch.tensor([True], device=kernel_device),
-            history.batch.num_generated.device, p.counts, p.output_mask,
+            history.batch.num_generated.device, p.counts, p.output_words,
             p.overflow_token.device, p.overflow_excess.device, history.bad_words.window.device, 3,
         )  # fmt: skip
 
@@ -177,7 +177,7 @@ def test_opcheck(kernel_device: torch.device) -> None:
             history.batch.slots(4), torch.tensor([5, 9, 5, 1], device=kernel_device),
             torch.tensor([True, False, True, True], device=kernel_device),
             history.batch.num_generated.device.clone(),
-            p.counts.clone(), p.output_mask.clone(), p.overflow_token.device.clone(),
+            p.counts.clone(), p.output_words.clone(), p.overflow_token.device.clone(),
             p.overflow_excess.device.clone(), history.bad_words.window.device.clone(),
             history.batch.padding_slot,
         ),
@@ -238,7 +238,7 @@ def test_sample_and_commit_equals_sample_then_commit(
         tokens = torch.empty_like(want_tokens)
         sample_and_commit(
             *common, tokens, 0, per_slot[0], generated, splits, None, keep, p.counts,
-            p.output_mask, p.overflow_token.device, p.overflow_excess.device,
+            p.output_words, p.overflow_token.device, p.overflow_excess.device,
             history.bad_words.window.device, history.batch.padding_slot, arrivals,
         )  # fmt: skip
         assert not arrivals.any(), (step, arrivals.tolist())  # left 0 for the next step
@@ -267,7 +267,7 @@ def test_sample_and_commit_opcheck_and_bad_input(kernel_device: torch.device) ->
     tables = (
         history.batch.num_generated.device.clone(), 1, None,
         torch.tensor([True, False, True, True], device=device), p.counts.clone(),
-        p.output_mask.clone(), p.overflow_token.device.clone(),
+        p.output_words.clone(), p.overflow_token.device.clone(),
         p.overflow_excess.device.clone(), history.bad_words.window.device.clone(),
         history.batch.padding_slot,
     )  # fmt: skip

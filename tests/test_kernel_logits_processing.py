@@ -250,39 +250,50 @@ def _kernel(
     got = torch.full_like(logits, float("nan"))  # every element must be written
     args = (*state.kernel_args(), grammar, *state.penalty_args())
     # the output bitmask, as the pipeline passes it: count bytes read where it marks a word
-    mask = state.penalties.output_mask
+    mask = state.penalties.output_words
     if block_size is None:
-        process_logits(logits, got, slots, *args, splits=splits, output_mask=mask)
+        process_logits(logits, got, slots, *args, splits=splits, output_words=mask)
     else:  # the launcher: the op takes the library's tile
         launch_process_logits(
-            logits, got, slots, *args, splits=splits, block_size=block_size, output_mask=mask
+            logits, got, slots, *args, splits=splits, block_size=block_size, output_words=mask
         )  # fmt: skip
     return got
 
 
-def test_the_output_bitmask_gates_the_count_bytes(kernel_device: torch.device) -> None:
-    """With the penalties' output bitmask, the dense pass reads a word's count bytes only
-    where the word holds an output: the same logits as without it (every penalised,
-    saturated and output token of a real state's commits), and with row 0's words cleared
-    from the mask its outputs lose their frequency and presence penalties (the bytes are
-    not read), the other rows unchanged."""
+def test_the_output_words_gate_the_count_bytes(kernel_device: torch.device) -> None:
+    """With the penalties' output words (a bit a 32-token word), the dense pass reads a
+    word's count bytes only where its bit is set: the same logits as without them (every
+    penalised, saturated and output token of a real state's commits); with row 0's bits
+    cleared its outputs lose their frequency and presence penalties (the bytes are not
+    read), the other rows unchanged; and with one marked word's bit of row 0 cleared, only
+    that word's 32 tokens change."""
     gen = _gen()
     rows, vocab = 3, 3000
     state = _random_state(rows, vocab, gen, device=kernel_device)
     slots = torch.arange(rows, device=kernel_device)
     logits = (torch.randn(rows, vocab, generator=gen) * 4).to(kernel_device)
     args = (*state.kernel_args(), None, *state.penalty_args())
-    runs = []
-    mask = state.penalties.output_mask
+    mask = state.penalties.output_words
     cleared = mask.clone()
     cleared[0] = 0  # slot 0 always has a frequency penalty
-    for output_mask in (None, mask, cleared):
+
+    def run(output_words: torch.Tensor | None) -> torch.Tensor:
         got = torch.full_like(logits, float("nan"))
-        process_logits(logits, got, slots, *args, output_mask=output_mask)
-        runs.append(got.cpu())
+        process_logits(logits, got, slots, *args, output_words=output_words)
+        return got.cpu()
+
+    runs = [run(None), run(mask), run(cleared)]
     assert torch.equal(runs[1], runs[0])
     assert bool(mask[0].any()) and not torch.equal(runs[2][0], runs[0][0])
     assert torch.equal(runs[2][1:], runs[0][1:])
+    # a word of row 0 that those bits changed (not one whose outputs the sparse phases
+    # make, biased or banned), its one bit cleared: only its own tokens change
+    words = ((runs[2][0] != runs[0][0]).nonzero()[:, 0] // 32).unique()
+    word = int(words[int(torch.randint(0, len(words), (1,), generator=gen))])
+    one = mask.clone()
+    one[0, word // 32] &= ~(1 << (word % 32)) if word % 32 < 31 else 2**31 - 1
+    changed = (run(one) != runs[0]).nonzero().tolist()
+    assert changed and all(r == 0 and c // 32 == word for r, c in changed), (word, changed)
 
 
 def _random_grammar(

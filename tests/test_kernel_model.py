@@ -575,15 +575,15 @@ def test_deferred_rows_are_read_from_the_source_and_divided_where_they_scale() -
     assert all(float(f.sum()) == 0.0 for f in plain.taken.values())
 
 
-def test_processing_reads_the_count_bytes_of_the_words_the_output_bitmask_marks() -> None:
-    """With the output bitmask (HAS_OUTPUT_MASK), processing's dense pass reads a row's
-    count bytes in the 32-token words its slot's bitmask marks only: their share of the
-    slot's words, and one row of the bitmask; without it, every count byte. A row without a
-    penalty reads neither."""
+def test_processing_reads_the_count_bytes_of_the_words_the_output_words_mark() -> None:
+    """With the output words (HAS_OUTPUT_WORDS, a bit a 32-token word), processing's dense
+    pass reads a row's count bytes in the words its slot's bits mark only: their share of
+    the slot's words, and one row of the output words; without them, every count byte. A
+    row without a penalty reads neither."""
     slots, vocab, words = torch.tensor([0, 1, 2]), 4096, 128
-    mask = torch.zeros(3, words, dtype=torch.int32)
-    mask[0, :32] = 1  # a quarter of slot 0's words hold an output
-    mask[1, 5] = -(2**31)  # one word (its bit 31) of slot 1's
+    mask = torch.zeros(3, words // 32, dtype=torch.int32)
+    mask[0, 0] = -1  # a quarter of slot 0's words hold an output (the first int32's 32)
+    mask[1, 3] = -(2**31)  # one word (bit 31 of the last int32) of slot 1's
     args = {
         "slots_ptr": slots, "vocab_size": vocab, "repetition_ptr": torch.tensor([1.2, 1.0, 1.0]),
         "frequency_ptr": torch.tensor([0.0, 0.5, 0.0]), "presence_ptr": torch.zeros(3),
@@ -592,7 +592,7 @@ def test_processing_reads_the_count_bytes_of_the_words_the_output_bitmask_marks(
         "stop_ids_ptr": torch.zeros(3, 4, dtype=torch.int32),
         "bias_ids_ptr": torch.zeros(3, 8, dtype=torch.int32), "bias_values_ptr": torch.zeros(3, 8),
         "overflow_token_ptr": torch.full((3, 3), -1, dtype=torch.int32), "num_overflow": 2,
-        "output_mask_ptr": mask,
+        "output_words_ptr": mask,
     }  # fmt: skip
     constexprs = {
         "HAS_GRAMMAR": False, "HAS_DRAFTS": False, "HAS_BAD_WORDS": False, "HAS_TILE_MAX": False,
@@ -600,12 +600,12 @@ def test_processing_reads_the_count_bytes_of_the_words_the_output_bitmask_marks(
         "BAD_BLOCK": 128,
     }  # fmt: skip
     work = access.WORK["_process_logits_kernel"]
-    masked = work(args, {**constexprs, "HAS_OUTPUT_MASK": True})
+    masked = work(args, {**constexprs, "HAS_OUTPUT_WORDS": True})
     assert masked.reads["counts_ptr"].tolist() == [0.25, 1 / words, 0.0]
-    assert masked.reads["output_mask_ptr"].tolist() == [1.0, 1.0, 0.0]
+    assert masked.reads["output_words_ptr"].tolist() == [1.0, 1.0, 0.0]
     plain = work(args, constexprs)
     assert plain.reads["counts_ptr"].tolist() == [1.0, 1.0, 0.0]
-    assert plain.reads["output_mask_ptr"].tolist() == [0.0, 0.0, 0.0]
+    assert plain.reads["output_words_ptr"].tolist() == [0.0, 0.0, 0.0]
 
 
 def test_a_top_k_past_the_chunks_lists_is_searched() -> None:

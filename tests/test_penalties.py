@@ -23,11 +23,16 @@ def _state(num_reqs: int, vocab: int, max_model_len: int = 4096) -> tuple[BatchS
 
 def _full_counts(state: PenaltyState, slot: int) -> np.ndarray:
     """[V] int64 exact counts rebuilt from the byte counts and the overflow table; the
-    output bitmask holds exactly the tokens counted."""
+    output words mark exactly the 32-token words holding a token counted, and no bit past
+    the last word."""
     counts = state.counts[slot].long().numpy().copy()
-    words = state.output_mask[slot].numpy().view(np.uint32)
-    outputs = ((words[:, None] >> np.arange(32, dtype=np.uint32)) & 1).reshape(-1)
-    np.testing.assert_array_equal(outputs[: counts.shape[0]], counts > 0)
+    held = state.output_words[slot].numpy().view(np.uint32)
+    marked = ((held[:, None] >> np.arange(32, dtype=np.uint32)) & 1).reshape(-1)
+    words = -(-counts.shape[0] // 32)
+    padded = np.zeros(words * 32, dtype=bool)
+    padded[: counts.shape[0]] = counts > 0
+    np.testing.assert_array_equal(marked[:words], padded.reshape(words, 32).any(-1))
+    assert not marked[words:].any()
     tokens = state.overflow_token.device[slot, : state.capacity].numpy()
     excess = state.overflow_excess.device[slot, : state.capacity].numpy()
     used = tokens >= 0
@@ -138,6 +143,24 @@ def test_resumed_request_replaces_the_slot_history() -> None:
     expected = np.zeros(vocab, dtype=np.int64)
     expected[9], expected[3] = 300, 12
     np.testing.assert_array_equal(_full_counts(state, int(batch.slots(1)[0])), expected)
+
+
+def test_resumed_and_committed_outputs_mark_their_words() -> None:
+    """At a vocabulary of several int32s of output words (5,000 tokens: 157 words), resumed
+    outputs in many words, several to a word and some in the last, and commits of new
+    tokens: the words' bits are exactly the words holding a count (`_full_counts`), and a
+    slot's resume clears the last request's."""
+    vocab, rng = 5000, np.random.default_rng()
+    batch, state = _state(2, vocab)
+    resumed = [*rng.choice(vocab, size=300, replace=False).tolist(), 4999, 4990, 4991]
+    batch.update(BatchUpdate(2, [], [(0, SP(), None, resumed * 2), (1, SP(), None, [7])], []))
+    for _ in range(5):
+        batch.commit(torch.from_numpy(rng.integers(0, vocab, size=2)))
+    for slot in batch.slots(2).tolist():
+        _full_counts(state, int(slot))
+    batch.update(BatchUpdate(2, [0], [(0, SP(), None, [33, 34, 1030])], []))
+    counts = _full_counts(state, int(batch.slots(2)[0]))
+    assert counts.nonzero()[0].tolist() == [33, 34, 1030]
 
 
 def test_state_is_under_half_of_int32_counts() -> None:

@@ -437,7 +437,7 @@ def test_padded_rows_touch_no_request_state(backend: str) -> None:
     after = sampler.state_tensors()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed == {
-        "num_generated.device", "penalties.counts", "penalties.output_mask",
+        "num_generated.device", "penalties.counts", "penalties.output_words",
         "bad_words.recent_tokens.device",
     }  # fmt: skip
     live = [sampler.batch_state.slot_of_row(r) for r in range(2)]

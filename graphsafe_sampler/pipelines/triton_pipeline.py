@@ -181,7 +181,7 @@ class TritonPipeline:
             **defer,
             **resolve,
             # (not with drafts: with their counts, its loads spilled the kernel's registers)
-            output_mask=s.penalties.output_mask if drafts is None else None,
+            output_words=s.penalties.output_words if drafts is None else None,
         )
         if s.thinking_budget is not None:
             # a sparse decision, a dense mask: one more pass over x, only where the config
@@ -268,7 +268,7 @@ class TritonPipeline:
             return tokens
         sample_and_commit(
             *args, generated, splits, processed.tile_max, keep, s.penalties.counts,
-            s.penalties.output_mask, s.penalties.overflow_token.device,
+            s.penalties.output_words, s.penalties.overflow_token.device,
             s.penalties.overflow_excess.device, s.bad_words.window.device,
             s.batch_state.config.padding_slot,
             self._arrivals(num_rows, splits), *buffer, *read, *records, *hand,

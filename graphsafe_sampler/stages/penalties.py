@@ -10,18 +10,19 @@ State per slot:
   time (1 bit a token);
 - the output counts, `[num_slots, V]` uint8 on the device: the count while it is below
   `SATURATED` = 255, and 255 for a token output 255 times or more (1 byte a token);
-- the output tokens' set, a bitmask `[num_slots, ceil(V/32)]` int32 on the device: bit t
-  set where the count of t is above 0, kept with the counts (the resumed outputs' bits
-  written at add time, a token's bit set by every commit of it), so that the Triton dense
-  pass reads the count bytes of the 32-token words holding an output only (1 bit a
-  token; docs/kernels.md, logits processing);
+- the output's words, a bitmask `output_words` `[num_slots, ceil(ceil(V/32)/32)]` int32 on
+  the device, one bit per 32-token word: bit w (of int32 w // 32, at w % 32) set where a
+  token of [32w, 32w + 32) has a count above 0, kept with the counts (the resumed outputs'
+  words written at add time, a token's word marked by every commit of it), so that the
+  Triton dense pass reads the count bytes of the words holding an output only (1 bit per
+  32 tokens; docs/kernels.md, logits processing);
 - the saturated tokens' excess, an overflow table of `E = ceil(max_model_len / 255)` entries
   per slot: `overflow_token` int32 (-1 = unused) and `overflow_excess` int32, with
   count = 255 + excess. A token enters the table on the commit that takes it to 255; since
   each entry stands for 255 outputs, a request within `max_model_len` never fills it.
 
-So the counts are exact for any output length up to `max_model_len`, at 1 byte + 2 bits a token
-instead of vLLM's 4 bytes (at vocab 151,936: ~194 KB a slot against ~608 KB; see
+So the counts are exact for any output length up to `max_model_len`, at about 1 byte + 1 bit
+a token instead of vLLM's 4 bytes (at vocab 151,936: ~176 KB a slot against ~608 KB; see
 `perf/state_bytes.py`). Presence and repetition only ask `count > 0`, which the byte answers;
 the frequency penalty of a saturated token is corrected by a scatter of E values a row.
 
@@ -90,8 +91,8 @@ class PenaltyState(SlotTables):
         self.shard = batch_state.shard
         self.prompt_mask = self.staged("prompt_mask", (num_words(self.shard.size),), torch.int32)
         self.counts = self.device_only("counts", (self.shard.size,), torch.uint8)
-        self.output_mask = self.device_only(
-            "output_mask", (num_words(self.shard.size),), torch.int32
+        self.output_words = self.device_only(
+            "output_words", (num_words(num_words(self.shard.size)),), torch.int32
         )
         # One column past the capacity: commits that saturate nothing write there (a fixed
         # target keeps the commit branch-free); apply never reads it.
@@ -144,11 +145,11 @@ class PenaltyState(SlotTables):
             # (measured 265 us for 2 rows of 32,000, against 7 us)
             for slot in slots:
                 self.counts[slot].zero_()
-                self.output_mask[slot].zero_()
+                self.output_words[slot].zero_()
         else:  # one kernel a table, whatever the number of rows
             reset = index_to_device(slots, device, pin=pin)
             self.counts.index_fill_(0, reset, 0)
-            self.output_mask.index_fill_(0, reset, 0)
+            self.output_words.index_fill_(0, reset, 0)
         rows = [s for s, counts in self._pending.items() for _ in counts]
         cols = [t for counts in self._pending.values() for t in counts]
         if cols:
@@ -158,10 +159,16 @@ class PenaltyState(SlotTables):
             index = (index_to_device(rows, device, pin=pin), index_to_device(cols, device, pin=pin))
             new_counts = host_to_device(values, torch.uint8, device, pin=pin)  # [len(cols)]
             self.counts.index_put_(index, new_counts)
-            # the same tokens' bits, each added once to its word of a cleared row: the sum is
-            # their or (bit 31 is int32's sign: made in int64, wrapped)
-            bits = (torch.ones_like(index[1]) << (index[1] % 32)).to(torch.int32)
-            self.output_mask.index_put_((index[0], index[1] // 32), bits, accumulate=True)
+            # the words holding those tokens, each a slot's once (made on the host), their
+            # bits added to the cleared rows: the sum is their or (bit 31 is int32's sign:
+            # made in int64, wrapped)
+            marked = sorted({(s, t // 32) for s, counts in self._pending.items() for t in counts})
+            at = (
+                index_to_device([s for s, _ in marked], device, pin=pin),
+                index_to_device([w for _, w in marked], device, pin=pin),
+            )
+            bits = (torch.ones_like(at[1]) << (at[1] % 32)).to(torch.int32)
+            self.output_words.index_put_((at[0], at[1] // 32), bits, accumulate=True)
         self._pending.clear()
 
     def commit(self, slots: torch.Tensor, token_ids: torch.Tensor, keep: torch.Tensor) -> None:
@@ -174,11 +181,12 @@ class PenaltyState(SlotTables):
         count = self.counts[slots, token_ids].to(torch.int32)  # [num_rows]
         bumped = torch.where(keep, torch.clamp(count + 1, max=SATURATED), count)
         self.counts.index_put_((slots, token_ids), bumped.to(torch.uint8))
-        # the token's bit set (again, past its first output), as the counts: a read and a
-        # write back of each row's word (bit 31 is int32's sign: made in int64, wrapped)
-        word = self.output_mask[slots, token_ids // 32]  # [num_rows] int32
-        bit = (torch.ones_like(token_ids) << (token_ids % 32)).to(torch.int32)
-        self.output_mask.index_put_((slots, token_ids // 32), torch.where(keep, word | bit, word))
+        # the token's word marked (again, past its first output), as the counts: a read and
+        # a write back of each row's int32 (bit 31 is int32's sign: made in int64, wrapped)
+        words = token_ids // 32
+        held = self.output_words[slots, words // 32]  # [num_rows] int32
+        bit = (torch.ones_like(words) << (words % 32)).to(torch.int32)
+        self.output_words.index_put_((slots, words // 32), torch.where(keep, held | bit, held))
         table = self.overflow_token.device[slots, : self.capacity]  # [num_rows, E]
         saturates = keep & (count == SATURATED - 1)  # takes a new entry
         grows = keep & (count == SATURATED)  # adds to its entry

@@ -413,20 +413,20 @@ def _commit_access(a: dict[str, Any], c: dict[str, Any], vocab_size: int) -> Wor
     from graphsafe_sampler.kernels import history
 
     count = commit / vocab_size  # one byte of the counts row
-    word = torch.ones_like(commit) / a["num_words"]  # one word of the output bitmask
+    word = torch.ones_like(commit) / a["num_words"]  # one int32 of the output words
     spare = torch.ones_like(commit) / (a["num_overflow"] + 1)  # one overflow entry
     return Work(
         reads={
             "keep_ptr": torch.ones_like(commit) * float(c["HAS_KEEP"]),
             "counts_ptr": count,
-            "output_mask_ptr": word,
+            "output_words_ptr": word,
             "overflow_token_ptr": 0 * spare,
             "overflow_excess_ptr": 0 * spare,
             "window_ptr": 0 * spare,
         },
         writes={
             "counts_ptr": count,
-            "output_mask_ptr": commit * word,
+            "output_words_ptr": commit * word,
             "overflow_token_ptr": spare,
             "num_generated_ptr": commit,
             "window_ptr": commit / a["window_len"],

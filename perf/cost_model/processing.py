@@ -99,11 +99,15 @@ def unread_rows(a: dict[str, Any], c: dict[str, Any]) -> torch.Tensor:
 
 def _counted_words(a: dict[str, Any], c: dict[str, Any]) -> torch.Tensor:
     """[rows] float64: the share of a row's count bytes the dense pass reads, those of the
-    32-token words its slot's output bitmask marks (HAS_OUTPUT_MASK), else all."""
+    32-token words its slot's output words mark (HAS_OUTPUT_WORDS: a bit a word, 32 an
+    int32), else all."""
     slots = a["slots_ptr"]
-    if not c.get("HAS_OUTPUT_MASK"):
+    if not c.get("HAS_OUTPUT_WORDS"):
         return torch.ones(slots.shape[0], dtype=torch.float64)
-    return (a["output_mask_ptr"][slots] != 0).to(torch.float64).mean(-1)
+    held = a["output_words_ptr"][slots].to(torch.int64) & 0xFFFFFFFF  # [rows, ceil(W / 32)]
+    bits = (held[..., None] >> torch.arange(32)) & 1
+    words = math.ceil(int(a["vocab_size"]) / 32)
+    return bits.flatten(1)[:, :words].to(torch.float64).mean(-1)
 
 
 def process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
@@ -155,8 +159,8 @@ def process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             "bad_word_ptr": bad_rows,
             "window_ptr": ring,
             "counts_ptr": torch.maximum(penalties * _counted_words(a, c), full),
-            # the bitmask's words, read where the count bytes are (HAS_OUTPUT_MASK)
-            "output_mask_ptr": penalties * float(c.get("HAS_OUTPUT_MASK", False)),
+            # the bitmask's words, read where the count bytes are (HAS_OUTPUT_WORDS)
+            "output_words_ptr": penalties * float(c.get("HAS_OUTPUT_WORDS", False)),
             "prompt_mask_ptr": penalties,
             "allowed_ptr": masks,
             "grammar_ptr": masks if c["HAS_GRAMMAR"] else zeros,
