@@ -178,6 +178,11 @@ def _sample_kernel(
             row, buffer_values_ptr, buffer_ids_ptr, buffer_len, list_len, split == 0,
             CHUNK_BLOCK, RANK_BLOCK,
         )  # fmt: skip
+        # a covered row's other programs stop once their first loads are in (the barrier:
+        # ptxas moves no load across one; after the flag's test, they waited a round)
+        tl.debug_barrier()
+        if covered & (split != 0):
+            return
 
     # a tile wholly below the cut is all -inf: it changes neither the best nor the NaN, so
     # the walk reads only the others, listed in column order (the list's comparison is the
@@ -205,12 +210,10 @@ def _sample_kernel(
                 ONE_BLOCK,
             )  # fmt: skip
 
-    # Running argmax with the lowest index on ties: a later tile replaces the best only when
-    # strictly greater. An all -inf row never replaces index 0 (its first chunk's start),
-    # which is torch's answer.
+    # Running argmax, the lowest index on ties: a later tile replaces the best only when
+    # strictly greater; an all -inf row keeps index 0 (its first chunk's start), torch's.
     best = tl.full((), float("-inf"), tl.float32)
-    # a covered row: its raced token, which no walk changes (held apart, it spilled)
-    best_index = tl.where(covered, raced, begin)
+    best_index = tl.where(covered, raced, begin)  # (a covered row's: held apart, it spilled)
     first_nan = tl.full((), 2147483647, tl.int32)
     for visit in tl.range(0, visits, num_stages=LISTED_STAGES):
         start = listed_tile(visits_ptr, listed, first, visit, HAS_TILE_MAX, BLOCK_SIZE)
@@ -221,8 +224,7 @@ def _sample_kernel(
         # x < threshold is False for NaN: a NaN stays, as under masked_fill
         x = tl.where(x < threshold, float("-inf"), x)
         # a finite entry of the table bounds the tile's logits, and the tile holds no NaN:
-        # only an unknown tile (+inf), or every tile without the table, looks for NaN and
-        # takes its max
+        # only an unknown tile (+inf), or any without the table, seeks NaN and takes its max
         top = tl.full((), float("inf"), tl.float32)
         if HAS_TILE_MAX:
             top = tl.load(tile_row + start // BLOCK_SIZE)
@@ -247,8 +249,7 @@ def _sample_kernel(
     token = tl.where(first_nan < 2147483647, first_nan, best_index)
     finish = True
     if covered:  # (never without HAS_BUFFER)
-        # the row's first program raced over the lists; the others neither write their
-        # chunk's answer nor arrive
+        # its first program, which raced over the lists (the others stopped above)
         finish = split == 0  # (its token: `best_index`, the raced one)
     elif SPLIT:
         splits = tl.num_programs(1)
@@ -297,9 +298,8 @@ def launch_sample_tokens(
     tile_max: torch.Tensor | None = None,
     # [num_rows, ceil(V / block_size)] int32 scratch, needed with tile_max and threshold
     visits: torch.Tensor | None = None,
-    # the history each row's token is committed to, by the program that makes the token
-    # (a split row's last to finish); its num_generated must be `num_generated` where that
-    # is given
+    # the history each row's token is committed to, by the program that makes it (a split
+    # row's last to finish); its num_generated must be `num_generated` where that is given
     commit: CommitTables | None = None,
     keep: torch.Tensor | None = None,  # [num_rows] bool: the rows that commit (None: all)
     # [>= num_rows] int32, all 0 (left so): each split row's count of finished programs

@@ -35,7 +35,8 @@ Per launch (µs), the formula:
     tiles   = ceil(V / BLOCK_SIZE), or ceil(chunk / BLOCK_SIZE) for a kernel that splits its
               rows over programs; I = the loop body's SASS instructions (per thread per
               iteration); share = min(warps, issue rate / CTAs resident on an SM), in warp-
-              instructions per clock; resident = min(CTAs per SM, ceil(programs / SMs))
+              instructions per clock; resident = min(CTAs per SM, ceil(issuing / SMs)),
+              issuing = the programs but those that stop at once (`Work.idle`)
     CTAs per SM = min(32, 64 // warps, 65,536 // (warps × ceil(32 × regs / 256) × 256),
                       228 KB // (shared + 1 KB))
 
@@ -366,8 +367,7 @@ def _launch_entry(
         if (e.tile_loop and not e.walks_per_row)
         or ((e.file, e.line) in work.walks and not float(work.walks[e.file, e.line].max()))
     }
-    # and the `if`s the access table takes no row through (a rare path), whichever loop
-    # holds them
+    # and the `if`s the access table takes no row through (a rare path), in any loop
     untaken = {where for where, fraction in work.taken.items() if not float(fraction.max())}
     # and the else-blocks of those it takes every row through (a covered row's race: the
     # uncovered rows' arrival and merge)
@@ -375,7 +375,7 @@ def _launch_entry(
     path = variant.straight_line(unwalked, untaken, set(counted), always)
     timing = launch_time(
         read + written, programs, ctas, variant.num_warps, serial, gpu, path.load_rounds,
-        path.instructions, list(counted.values()),
+        path.instructions, list(counted.values()), work.issuing(programs),
     )  # fmt: skip
     return {
         "kind": "triton",

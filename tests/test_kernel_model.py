@@ -199,6 +199,36 @@ def test_launch_time_hand_computed() -> None:
     t = machine.launch_time(0, 300, 1, 4, [], gpu, counted_loops=[(0.25, 100, 3)])
     assert t.serial_us == pytest.approx(0.3)
     assert machine.launch_time(0, 300, 1, 4, [(0.25, 100, 3)], gpu).serial_us == pytest.approx(0.9)
+    # 264 programs of which 132 stop at once (`issuing`): one issuing program an SM, at the
+    # full 4 a clock, though both still take their place in the wave
+    t = machine.launch_time(0, 264, 2, 4, [(10, 100, 1)], gpu, issuing=132)
+    assert t.waves == 1 and t.serial_us == pytest.approx(8.5)
+
+
+def test_a_covered_rows_other_sampling_programs_are_idle() -> None:
+    """With stage 1's lists, a covered row's programs but its first stop at once: the
+    access table gives that share of the row's programs as idle (2 of 3 here), none of an
+    uncovered row's; without the lists, no idle share."""
+    from graphsafe_sampler.kernels import sampling
+
+    rows, vocab, block = 2, 3 * 1024, 1024
+    args: dict[str, Any] = {
+        "slots_ptr": torch.tensor([0, 1]), "temperature_ptr": torch.ones(2),
+        "vocab_size": vocab, "chunk": block, "list_len": 32, "buffer_len": 96,
+        access.COVERED: torch.tensor([1.0, 0.0], dtype=torch.float64),
+        # the commit's tables (COMMIT off: unread)
+        "counts_stride": vocab, "keep_ptr": torch.ones(2, dtype=torch.bool), "num_words": 3,
+        "num_overflow": 2, "window_len": 4, "padding_slot": 9,
+    }  # fmt: skip
+    constexprs = {
+        "GREEDY_BELOW": 1e-5, "BY_SLOT": True, "SPLIT": True, "HAS_THRESHOLD": True,
+        "HAS_TILE_MAX": False, "BLOCK_SIZE": block, "HAS_BUFFER": True, "RANK_BLOCK": 32,
+        "COMMIT": False, "HAS_KEEP": False,
+    }  # fmt: skip
+    work = access.WORK[sampling._sample_kernel.__name__](args, constexprs)
+    assert work.idle is not None and work.idle.tolist() == pytest.approx([2 / 3, 0.0])
+    plain = access.WORK[sampling._sample_kernel.__name__](args, {**constexprs, "HAS_BUFFER": False})
+    assert plain.idle is None and work.idle.shape == (rows,)
 
 
 def test_crowded_list_share_is_the_chance_some_list_holds_a_block() -> None:

@@ -276,10 +276,16 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     # the tokens raced alone: a cut's (of a tile it leaves any) and a screen's that can win
     taken[source_line(noise._race_few, "if count > 0:")] = few + (1.0 - few) * records
     # a covered row (HAS_BUFFER) reads none of its row: its first program races over the
-    # lists, its others stop at once; every program reads its flag
+    # lists, its others stop at once (the kernel's `return`, named here so that a kernel
+    # without it fails this table); every program reads its flag
     covered = torch.zeros_like(ones)
-    if c["HAS_BUFFER"] and a.get(COVERED) is not None:
-        covered = a[COVERED]
+    idle = None
+    if c["HAS_BUFFER"]:
+        source_line(k._sample_kernel, "if covered & (split != 0):")
+        if a.get(COVERED) is not None:
+            covered = a[COVERED]
+            splits = math.ceil(a["vocab_size"] / a["chunk"])
+            idle = covered * (1.0 - 1.0 / splits)
     walked = 1.0 - covered
     read, visited = read * walked, visited * walked
     split = split * walked
@@ -339,6 +345,7 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         # the rest of the ranks only where some list keeps that many (`crowded_list_share`
         # of the row's survivors; without them, every row)
         trips={source_line(list_race.race_lists, "for first in"): covered * crowded * later},
+        idle=idle,
     )
     return _with_commit(work, a, c)
 

@@ -95,12 +95,17 @@ def launch_time(
     # (expected iterations, loop instructions, stages) of loops counted by their trips
     # (work.Work.trips), which some programs may not enter at all
     counted_loops: Sequence[tuple[float, float, int]] = (),
+    issuing: float | None = None,  # programs that issue the path (None: all of them)
 ) -> Timing:
     """The module docstring's formula for one Triton launch. A counted loop is charged as a
     tile loop of `trips` tiles, except that one of fewer expected trips than one (entered by
-    that share of the programs, for one trip) pays that share of its first wait."""
+    that share of the programs, for one trip) pays that share of its first wait. The SM's
+    issue is shared among the programs resident on it that issue: `issuing` leaves out those
+    that stop once their first loads are in (`work.Work.idle`), which still take their
+    place in the waves."""
     waves = math.ceil(programs / (gpu.sms * ctas))
-    resident = min(ctas, math.ceil(programs / gpu.sms))
+    active = programs if issuing is None else max(1.0, issuing)
+    resident = min(ctas, math.ceil(active / gpu.sms))
     share = min(num_warps, gpu.issue_per_clock / resident)  # warp-instructions a clock
     serial_ns = load_rounds * gpu.memory_latency_ns + instructions * num_warps / share / (
         gpu.clock_ghz

@@ -30,6 +30,17 @@ class Work:
     # but runs many times (sampling's race over the lists): charged as a tile loop is,
     # where the straight-line path (cost_model.chain) would count it once
     trips: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
+    # per row, the share of its programs that stop once their first loads are in, issuing
+    # next to nothing (a covered row's other sampling programs): they leave the SM's issue
+    # to the others (machine.launch_time's `issuing`); None: none do
+    idle: torch.Tensor | None = None
+
+    def issuing(self, programs: int) -> float | None:
+        """The launch's programs that issue, `programs` over the rows less each row's idle
+        share (None: all of them)."""
+        if self.idle is None:
+            return None
+        return float((1.0 - self.idle).sum()) * programs / max(1, self.idle.shape[0])
 
 
 @cache
