@@ -203,7 +203,7 @@ def _sample_kernel(
         offset, mult = row_key(seed, position, SALT)
     raced = 0
     if HAS_BUFFER:  # noqa: SIM102 (a constexpr guard)
-        if covered & (split == 0):
+        if covered & (split == 0):  # (`covered` alone, the same here, spilled 8 bytes)
             raced = race_lists(
                 row, first_values, first_ids, buffer_values_ptr, buffer_ids_ptr, buffer_len,
                 list_len, threshold, is_random, offset, mult, CHUNK_BLOCK, RANK_BLOCK,

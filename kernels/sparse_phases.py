@@ -46,6 +46,7 @@ def _bias_block(
     token = tl.where(used, token, 0)
     x = tl.load(source_row + token, mask=used, other=0.0).to(tl.float32)
     old, tile = load_old(row_ptr, tile_row, token, used, HAS_TILE_MAX, BLOCK_SIZE)
+    # (the count bytes read directly: the output words' pointer and bit go unread here)
     x = penalise_and_scale(
         x, value, token, token // 32, token % 32, used, row, allowed_row, grammar_row,
         prompt_row, counts_row, counts_row, token, drafts_ptr, preceding, num_drafts, penalties_on,

@@ -218,8 +218,8 @@ def dense_tile(
     if BLOCK_SIZE < 32:
         bit += start % 32
     # each word's bit in the output words, w % 32 of int32 w // 32 (the same int32 for a
-    # whole 1,024-token tile: one address; as a scalar load it left the pipeline, and the
-    # tile row as the bit took 3 SASS instructions more than this)
+    # whole 1,024-token tile, but that tile's one address and the tile row as the bit took
+    # 3 SASS instructions a tile more than this)
     output_at = output_row + word // 32
     output_bit = word % 32
     x = tl.load(source_row + cols, mask=in_row, other=0.0).to(tl.float32)

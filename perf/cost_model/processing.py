@@ -159,7 +159,7 @@ def process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             "bad_word_ptr": bad_rows,
             "window_ptr": ring,
             "counts_ptr": torch.maximum(penalties * _counted_words(a, c), full),
-            # the bitmask's words, read where the count bytes are (HAS_OUTPUT_WORDS)
+            # the output words' row, read where the count bytes are (HAS_OUTPUT_WORDS)
             "output_words_ptr": penalties * float(c.get("HAS_OUTPUT_WORDS", False)),
             "prompt_mask_ptr": penalties,
             "allowed_ptr": masks,
