@@ -40,7 +40,7 @@ def _load_ranks(
 
 @triton.jit
 def first_ranks(
-    row, values_ptr, ids_ptr, buffer_len, list_len, wanted, CHUNK_BLOCK: tl.constexpr,
+    row, values_ptr, ids_ptr, num_lists, list_len, wanted, CHUNK_BLOCK: tl.constexpr,
     RANK_BLOCK: tl.constexpr,
 ):  # fmt: skip
     """The first RANK_BLOCK ranks of row `row`'s lists, for `race_lists`, loaded where
@@ -48,11 +48,9 @@ def first_ranks(
     parameters, before any use of those, so that the race waits no round of its own (a
     warp issues in order: loaded inside the race, after the row's key, they waited one)."""
     chunk = tl.arange(0, CHUNK_BLOCK)[None, :]
-    base = row.to(tl.int64) * buffer_len + chunk * list_len  # [1, CHUNK_BLOCK]
-    return _load_ranks(
-        0, chunk, base, list_len, buffer_len // list_len, values_ptr, ids_ptr, wanted,
-        RANK_BLOCK,
-    )  # fmt: skip
+    # (the lists' count, not the buffer's length, comes in: no integer division here)
+    base = (row.to(tl.int64) * num_lists + chunk) * list_len  # [1, CHUNK_BLOCK]
+    return _load_ranks(0, chunk, base, list_len, num_lists, values_ptr, ids_ptr, wanted, RANK_BLOCK)
 
 
 @triton.jit
@@ -82,7 +80,7 @@ def _race_ranks(
 
 @triton.jit
 def race_lists(
-    row, first_values, first_ids, values_ptr, ids_ptr, buffer_len, list_len, threshold,
+    row, first_values, first_ids, values_ptr, ids_ptr, num_lists, list_len, threshold,
     is_random, offset, mult, CHUNK_BLOCK: tl.constexpr, RANK_BLOCK: tl.constexpr,
     ONE_BLOCK: tl.constexpr,
 ):  # fmt: skip
@@ -106,12 +104,11 @@ def race_lists(
         RANK_BLOCK, not ONE_BLOCK,
     )  # fmt: skip
     if more:
-        chunks = buffer_len // list_len
         chunk = tl.arange(0, CHUNK_BLOCK)[None, :]
-        base = row.to(tl.int64) * buffer_len + chunk * list_len  # [1, CHUNK_BLOCK]
+        base = (row.to(tl.int64) * num_lists + chunk) * list_len  # [1, CHUNK_BLOCK]
         for first in tl.range(RANK_BLOCK, list_len, RANK_BLOCK, num_stages=RACE_STAGES):
             x, ids = _load_ranks(
-                first, chunk, base, list_len, chunks, values_ptr, ids_ptr, True, RANK_BLOCK
+                first, chunk, base, list_len, num_lists, values_ptr, ids_ptr, True, RANK_BLOCK
             )
             best, best_id, _ = _race_ranks(
                 x, ids, first, threshold, is_random, offset, mult, best, best_id, RANK_BLOCK,

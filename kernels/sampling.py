@@ -82,8 +82,8 @@ def _sample_kernel(
     covered_ptr,  # [num_rows] int32 (HAS_BUFFER): 1 where every kept token is listed below
     buffer_values_ptr,  # [num_rows, N] float32 (HAS_BUFFER): top_k_top_p's chunk lists
     buffer_ids_ptr,  # [num_rows, N] int32 (HAS_BUFFER): their token ids (-1: padding)
-    buffer_len,  # N (HAS_BUFFER)
-    list_len,  # each chunk's list's entries (HAS_BUFFER): N = chunks x list_len
+    num_lists,  # the lists a row's buffer holds, one a chunk (HAS_BUFFER)
+    list_len,  # each list's entries (HAS_BUFFER): a row's buffer is num_lists x list_len
     source_ptr,  # [num_rows, V] float32 (DEFER): the rows process_logits deferred
     source_stride,
     deferred_ptr,  # [num_rows] float32 (DEFER): not 0 = read the row from source_ptr, over it
@@ -175,7 +175,7 @@ def _sample_kernel(
         # that the block is not held over it): their first ranks, loaded by every row's
         # first program with its first loads (masked by `covered`, a round later)
         first_values, first_ids = first_ranks(
-            row, buffer_values_ptr, buffer_ids_ptr, buffer_len, list_len, split == 0,
+            row, buffer_values_ptr, buffer_ids_ptr, num_lists, list_len, split == 0,
             CHUNK_BLOCK, RANK_BLOCK,
         )  # fmt: skip
         # a covered row's other programs stop once their first loads are in (the barrier:
@@ -205,7 +205,7 @@ def _sample_kernel(
     if HAS_BUFFER:  # noqa: SIM102 (a constexpr guard)
         if covered & (split == 0):  # (`covered` alone, the same here, spilled 8 bytes)
             raced = race_lists(
-                row, first_values, first_ids, buffer_values_ptr, buffer_ids_ptr, buffer_len,
+                row, first_values, first_ids, buffer_values_ptr, buffer_ids_ptr, num_lists,
                 list_len, threshold, is_random, offset, mult, CHUNK_BLOCK, RANK_BLOCK,
                 ONE_BLOCK,
             )  # fmt: skip
@@ -388,7 +388,7 @@ def launch_sample_tokens(
         covered,
         values,
         ids,
-        buffer_len,
+        buffer_len // list_len,
         list_len,
         *((defer[0], defer[0].stride(0), defer[1]) if defer else (logits, 1, tokens)),
         *(keyed if keyed is not None else (logits, seeds)),  # unread without KEYED

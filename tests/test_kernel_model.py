@@ -214,7 +214,7 @@ def test_a_covered_rows_other_sampling_programs_are_idle() -> None:
     rows, vocab, block = 2, 3 * 1024, 1024
     args: dict[str, Any] = {
         "slots_ptr": torch.tensor([0, 1]), "temperature_ptr": torch.ones(2),
-        "vocab_size": vocab, "chunk": block, "list_len": 32, "buffer_len": 96,
+        "vocab_size": vocab, "chunk": block, "list_len": 32, "num_lists": 3,
         access.COVERED: torch.tensor([1.0, 0.0], dtype=torch.float64),
         # the commit's tables (COMMIT off: unread)
         "counts_stride": vocab, "keep_ptr": torch.ones(2, dtype=torch.bool), "num_words": 3,

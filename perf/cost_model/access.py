@@ -295,7 +295,7 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     crowded, later = ones, 0.0
     if c["HAS_BUFFER"]:
         list_len, ranks = int(a["list_len"]), int(c["RANK_BLOCK"])
-        chunks = int(a["buffer_len"]) // list_len
+        chunks = int(a["num_lists"])
         later = float(math.ceil(list_len / ranks) - 1)  # the ranks after the first block
         if survivors is not None:
             crowded = crowded_list_share(survivors, chunks, ranks)
