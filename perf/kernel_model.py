@@ -36,7 +36,9 @@ Per launch (µs), the formula:
               rows over programs; I = the loop body's SASS instructions (per thread per
               iteration); share = min(warps, issue rate / CTAs resident on an SM), in warp-
               instructions per clock; resident = min(CTAs per SM, ceil(issuing / SMs)),
-              issuing = the programs but those that stop at once (`Work.idle`)
+              issuing = the programs but those that stop at once (`Work.idle`); a split
+              row's merge by its last program (`Work.merging`) is left out of N and
+              charged at min(warps, issue rate / max(1, resident × share merging))
     CTAs per SM = min(32, 64 // warps, 65,536 // (warps × ceil(32 × regs / 256) × 256),
                       228 KB // (shared + 1 KB))
 
@@ -135,7 +137,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -165,28 +166,7 @@ from cost_model.machine import (  # noqa: E402
     gpu_for_device,
     launch_time,
 )
-from cost_model.sass import Compiler, Variant  # noqa: E402
-
-
-def pipeline_stages() -> int:
-    """The kernels' software-pipeline depth on their tile loops (kernels/library.py)."""
-    from graphsafe_sampler.kernels.library import PIPELINE_STAGES
-
-    return int(PIPELINE_STAGES.value)
-
-
-def loop_stages(source: str) -> int:
-    """A tile loop's pipeline depth, from its line's `num_stages=`: a literal or a constant
-    of kernels/library.py (PIPELINE_STAGES, LISTED_STAGES); PIPELINE_STAGES if it names
-    none."""
-    from graphsafe_sampler.kernels import library
-
-    found = re.search(r"num_stages=(\w+)", source)
-    if found is None:
-        return pipeline_stages()
-    name = found.group(1)
-    return int(name) if name.isdigit() else int(getattr(library, name).value)
-
+from cost_model.sass import Compiler, Variant, loop_stages, pipeline_stages  # noqa: E402
 
 DEFAULT_ROWS = (1, 64, 256)
 DEFAULT_VOCAB = 151_936
@@ -373,9 +353,17 @@ def _launch_entry(
     # uncovered rows' arrival and merge)
     always = {where for where, fraction in work.taken.items() if float(fraction.min()) == 1}
     path = variant.straight_line(unwalked, untaken, set(counted), always)
+    # a split row's merge, run by the row's last program to arrive (where, in some row, every
+    # issuing program runs it, it is charged to all): the others' path leaves it out
+    merges = {w: float(share.max()) for w, share in work.merging.items()}
+    merges = {w: share for w, share in merges.items() if 0 < share < 1}
+    merging = None
+    if merges:
+        others = variant.straight_line(unwalked, untaken | set(merges), set(counted), always)
+        merging = (others.instructions, max(merges.values()))
     timing = launch_time(
         read + written, programs, ctas, variant.num_warps, serial, gpu, path.load_rounds,
-        path.instructions, list(counted.values()), work.issuing(programs),
+        path.instructions, list(counted.values()), work.issuing(programs), merging,
     )  # fmt: skip
     return {
         "kind": "triton",
@@ -395,6 +383,8 @@ def _launch_entry(
         "loops": [asdict(loop) for loop in loops],
         "load_rounds": path.load_rounds,
         "straight_instructions": path.instructions,
+        # a program's that does not merge (None: every program merges, or none does)
+        "merge_free_instructions": merging[0] if merging else None,
         **asdict(timing),
     }
 
@@ -530,6 +520,11 @@ def format_report(model: dict[str, Any]) -> str:
                 out.append(
                     f"      outside the tile loops: {e['load_rounds']} round(s) of dependent "
                     f"loads, {e['straight_instructions']} instr on the longest path"
+                    + (
+                        f" ({e['merge_free_instructions']} without the merge)"
+                        if e["merge_free_instructions"] is not None
+                        else ""
+                    )
                 )
                 for loop in e["loops"]:
                     per_element = (

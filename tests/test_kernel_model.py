@@ -203,6 +203,18 @@ def test_launch_time_hand_computed() -> None:
     # full 4 a clock, though both still take their place in the wave
     t = machine.launch_time(0, 264, 2, 4, [(10, 100, 1)], gpu, issuing=132)
     assert t.waves == 1 and t.serial_us == pytest.approx(8.5)
+    # 792 programs at 6 CTAs an SM, 1,000 instructions on the longest path, 400 of them a
+    # merge that 1 program in 12 runs (`merging`): the 600 shared by the 6 resident (600 ×
+    # 4 × 6 / 4 / 2 GHz = 1.8 µs), then the merge's 400 at the full 4 a clock (0.5 merging
+    # an SM: 400 × 4 / 4 / 2 GHz = 0.2 µs), where every program charged all 1,000 took 3 µs
+    whole = machine.launch_time(0, 792, 6, 4, [], gpu, instructions=1000)
+    assert whole.serial_us == pytest.approx(3.0)
+    merged = machine.launch_time(0, 792, 6, 4, [], gpu, instructions=1000, merging=(600, 1 / 12))
+    assert merged.serial_us == pytest.approx(1.8 + 0.2)
+    # 3 merging an SM (1 in 2) share the issue as the resident programs do: 400 × 4 / (4 / 3)
+    # / 2 GHz = 0.6 µs; the rounds are the longest path's either way
+    t = machine.launch_time(0, 792, 6, 4, [], gpu, 2, 1000, merging=(600, 1 / 2))
+    assert t.serial_us == pytest.approx(1.6 + 1.8 + 0.6)
 
 
 def test_a_covered_rows_other_sampling_programs_are_idle() -> None:
@@ -229,6 +241,37 @@ def test_a_covered_rows_other_sampling_programs_are_idle() -> None:
     assert work.idle is not None and work.idle.tolist() == pytest.approx([2 / 3, 0.0])
     plain = access.WORK[sampling._sample_kernel.__name__](args, {**constexprs, "HAS_BUFFER": False})
     assert plain.idle is None and work.idle.shape == (rows,)
+    # the merge of a split row's answers is its last program's (1 of 3); the token's store
+    # and commit, that one's too, but every issuing program's of a covered row (its first)
+    merge = access.source_line(sampling._sample_kernel, "if finish:", "token = merge_argmax(")
+    finish = access.source_line(sampling._sample_kernel, "if finish:", "tl.store(tokens_ptr")
+    assert work.merging[merge].tolist() == pytest.approx([0.0, 1 / 3])
+    assert work.merging[finish].tolist() == pytest.approx([1.0, 1 / 3])
+    unsplit = access.WORK[sampling._sample_kernel.__name__](args, {**constexprs, "SPLIT": False})
+    assert unsplit.merging == {}
+
+
+def test_a_split_rows_merge_is_charged_to_its_last_program(model: dict[str, Any]) -> None:
+    """A split logprobs row's merge (the `if` around it named by the access table) is run by
+    the row's last program to arrive: the model's other programs' path leaves it out, and
+    the launch's time charges it once an SM (`machine.launch_time`'s `merging`), where the
+    longest path charged it to every program."""
+    from graphsafe_sampler.kernels import logprobs as k
+
+    vocab, block, rows = 151936, 1024, 2
+    args: dict[str, Any] = {"source_ptr": torch.empty(rows, vocab), "chunk": 50 * block}
+    merge = access.source_line(k._logprobs_kernel, "if last_to_arrive(")
+    for split, share in ((True, 1 / 3), (False, 0.0)):
+        constexprs = {"K": 5, "HAS_TILES": True, "BLOCK_SIZE": block, "SPLIT": split}
+        work = access.WORK["_logprobs_kernel"](args, constexprs)
+        assert work.merging[merge].tolist() == pytest.approx([share] * rows)
+    # the compiled kernel (the model's, rows 3): the merge is about half its longest path
+    launches = model["cases"]["all"]["3"]["launches"]
+    split = next(e for e in launches if e["name"] == "_logprobs_kernel")
+    assert split["grid"][1] > 1 and split["merge_free_instructions"] is not None
+    assert split["merge_free_instructions"] < 0.7 * split["straight_instructions"]
+    # an unsplit launch, or one whose every program merges, has no such path
+    assert all(e.get("merge_free_instructions") is None for e in launches if e is not split)
 
 
 def test_crowded_list_share_is_the_chance_some_list_holds_a_block() -> None:

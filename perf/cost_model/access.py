@@ -341,6 +341,7 @@ def _sample_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         },
         walks={tile_loop(k._sample_kernel, 0): visited},
         taken=taken,
+        merging=_sample_merging(a, c, covered),
         # a covered row's first program races RANK_BLOCK ranks of every chunk's list, and
         # the rest of the ranks only where some list keeps that many (`crowded_list_share`
         # of the row's survivors; without them, every row)
@@ -407,7 +408,30 @@ def _logprobs_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         # the walk's iterations are the listed tiles, a share `visited` of the chunk's
         walks={tile_loop(k._logprobs_kernel, 0): visited, tile_loop(k._finish_row, 0): 0 * ones},
         taken=taken,
+        # a split row's merge and outputs, by its last program to arrive
+        merging={
+            source_line(k._logprobs_kernel, "if last_to_arrive("): ones
+            * split
+            / math.ceil(tiles / chunk_tiles)
+        },
     )
+
+
+def _sample_merging(
+    a: dict[str, Any], c: dict[str, Any], covered: torch.Tensor
+) -> dict[tuple[str, int], torch.Tensor]:
+    """`Work.merging` of a sampling launch: a split row's merge of its programs' answers and
+    the token's store and commit, by the row's last program to arrive (one of `splits`); a
+    covered row's one issuing program stores and commits (all of its issuing programs)."""
+    from graphsafe_sampler.kernels import sampling as k
+
+    if not c["SPLIT"]:
+        return {}
+    last = (1.0 - covered) / math.ceil(a["vocab_size"] / a["chunk"])
+    return {
+        source_line(k._sample_kernel, "if finish:", before="token = merge_argmax("): last,
+        source_line(k._sample_kernel, "if finish:", before="tl.store(tokens_ptr"): covered + last,
+    }
 
 
 def _commit_access(a: dict[str, Any], c: dict[str, Any], vocab_size: int) -> Work:

@@ -96,19 +96,30 @@ def launch_time(
     # (work.Work.trips), which some programs may not enter at all
     counted_loops: Sequence[tuple[float, float, int]] = (),
     issuing: float | None = None,  # programs that issue the path (None: all of them)
+    # (instructions on the path of a program that skips the merge, the share of the
+    # issuing programs that merge: `work.Work.merging`), or None: every program merges
+    merging: tuple[int, float] | None = None,
 ) -> Timing:
     """The module docstring's formula for one Triton launch. A counted loop is charged as a
     tile loop of `trips` tiles, except that one of fewer expected trips than one (entered by
     that share of the programs, for one trip) pays that share of its first wait. The SM's
     issue is shared among the programs resident on it that issue: `issuing` leaves out those
     that stop once their first loads are in (`work.Work.idle`), which still take their
-    place in the waves."""
+    place in the waves. With `merging`, the instructions past the other programs' path
+    (a split row's merge by its last program to arrive) are issued once those programs
+    are done: shared only among the merging programs resident on an SM, not charged to
+    every program (every program still waits the longest path's rounds)."""
     waves = math.ceil(programs / (gpu.sms * ctas))
     active = programs if issuing is None else max(1.0, issuing)
     resident = min(ctas, math.ceil(active / gpu.sms))
     share = min(num_warps, gpu.issue_per_clock / resident)  # warp-instructions a clock
-    serial_ns = load_rounds * gpu.memory_latency_ns + instructions * num_warps / share / (
-        gpu.clock_ghz
+    common, alone = instructions, 0.0
+    if merging is not None:
+        common, mergers = min(merging[0], instructions), merging[1]
+        merge_share = min(num_warps, gpu.issue_per_clock / max(1.0, resident * mergers))
+        alone = (instructions - common) * num_warps / merge_share
+    serial_ns = (
+        load_rounds * gpu.memory_latency_ns + (common * num_warps / share + alone) / gpu.clock_ghz
     )
     loops = [(tiles, i, s, 1.0) for tiles, i, s in tile_loops]
     loops += [(trips, i, s, min(trips, 1.0)) for trips, i, s in counted_loops]

@@ -352,3 +352,23 @@ class Compiler:
         self.log(f"compiled {kernel.__name__} {constants} num_warps={variant.num_warps}: "
                  f"{variant.seconds:.1f} s, {registers} registers")  # fmt: skip
         return variant
+
+
+def pipeline_stages() -> int:
+    """The kernels' software-pipeline depth on their tile loops (kernels/library.py)."""
+    from graphsafe_sampler.kernels.library import PIPELINE_STAGES
+
+    return int(PIPELINE_STAGES.value)
+
+
+def loop_stages(source: str) -> int:
+    """A tile loop's pipeline depth, from its line's `num_stages=`: a literal or a constant
+    of kernels/library.py (PIPELINE_STAGES, LISTED_STAGES); PIPELINE_STAGES if it names
+    none."""
+    from graphsafe_sampler.kernels import library
+
+    found = re.search(r"num_stages=(\w+)", source)
+    if found is None:
+        return pipeline_stages()
+    name = found.group(1)
+    return int(name) if name.isdigit() else int(getattr(library, name).value)

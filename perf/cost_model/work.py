@@ -34,6 +34,11 @@ class Work:
     # next to nothing (a covered row's other sampling programs): they leave the SM's issue
     # to the others (machine.launch_time's `issuing`); None: none do
     idle: torch.Tensor | None = None
+    # per row, the share of its issuing programs that run the `if` at (file, line): the
+    # merge of a split row's partials by its last program to arrive (`last_to_arrive`),
+    # which runs once the row's other programs are done. The other programs' path leaves
+    # the block out (machine.launch_time's `merging`); a share of 1, no such block
+    merging: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
 
     def issuing(self, programs: int) -> float | None:
         """The launch's programs that issue, `programs` over the rows less each row's idle
