@@ -55,19 +55,45 @@ def load_bad_block(
     outputs they look back at: (entry, back, token, word, index, seen, drafted), `index`
     the output `back` steps before the position sampled now (committed outputs, then this
     row's preceding drafts), `seen` the ring's entry there and `drafted` this row's draft
-    there (HAS_DRAFTS). Two rounds of loads, the tables then the ring, and nothing waits
-    for the second here: the caller issues the bias phase's loads beside it."""
+    there (HAS_DRAFTS). Two rounds of loads, the tables (`load_bad_tables`) then the ring
+    (`load_bad_ring`), and nothing waits for the second here: the caller issues the bias
+    phase's loads beside it."""
+    tables = load_bad_tables(slot, bad_tokens_ptr, bad_back_ptr, bad_word_ptr, num_bad, start,
+                             BAD_BLOCK)  # fmt: skip
+    return load_bad_ring(
+        tables, row, slot, generated, preceding, window_ptr, drafts_ptr, window_len, num_drafts,
+        HAS_DRAFTS,
+    )  # fmt: skip
+
+
+@triton.jit
+def load_bad_tables(
+    slot, bad_tokens_ptr, bad_back_ptr, bad_word_ptr, num_bad, start, BAD_BLOCK: tl.constexpr
+):
+    """`load_bad_block`'s first round: (entry, back, token, word) of the entries [start,
+    start + BAD_BLOCK), for `load_bad_ring`."""
     table = slot.to(tl.int64) * num_bad
     entry = start + tl.arange(0, BAD_BLOCK)
     used = entry < num_bad
     back = tl.load(bad_back_ptr + table + entry, mask=used, other=-1)
     token = tl.load(bad_tokens_ptr + table + entry, mask=used, other=0)
     word = tl.load(bad_word_ptr + table + entry, mask=used, other=-1)
+    return entry, back, token, word
+
+
+@triton.jit
+def load_bad_ring(
+    tables, row, slot, generated, preceding, window_ptr, drafts_ptr, window_len, num_drafts,
+    HAS_DRAFTS: tl.constexpr,
+):  # fmt: skip
+    """`load_bad_block`'s second round, from `load_bad_tables`' (entry, back, token, word):
+    the block's (entry, back, token, word, index, seen, drafted)."""
+    entry, back, token, word = tables
     # a floor modulo, as torch's %
     index = generated + preceding - tl.maximum(back, 1)
     ring = index % window_len
     ring = tl.where(ring < 0, ring + window_len, ring)
-    used &= back >= 0
+    used = back >= 0  # (past T: back -1)
     seen = tl.load(window_ptr + slot.to(tl.int64) * window_len + ring, mask=used, other=-1)
     drafted = seen
     if HAS_DRAFTS:

@@ -21,13 +21,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .bad_words import ban_bad_words, check_bad_words, load_bad_block
+from .bad_words import ban_bad_words, check_bad_words, load_bad_ring, load_bad_tables
 from .constants import GREEDY_TEMPERATURE, SATURATED
 from .dependent_launch import await_prior_grids, pdl_launch
 from .library import (
     PIPELINE_STAGES,
     TILE,
     SplitPolicy,
+    check_arrivals,
     check_logits,
     check_raw_tiles,
     check_rows,
@@ -35,8 +36,8 @@ from .library import (
     check_tile_max,
     hoisted_reciprocal,
     inplace_op,
+    last_to_arrive,
     split_chunks,
-    together,
 )
 from .processed_rows import check_defer
 from .row_params import check_row_params, load_slot_params, store_row_params
@@ -49,7 +50,7 @@ from .sparse_phases import (
     load_stop_block,
     load_stop_olds,
 )
-from .token_steps import dense_tile, mark_unknown, raw_pass
+from .token_steps import check_drafts, dense_tile, mark_unknown, raw_pass
 
 
 @triton.jit
@@ -96,6 +97,7 @@ def _process_logits_kernel(
     prompt_len_ptr,
     filters_ptr,
     keys_ptr,
+    arrivals_ptr,  # [num_rows] int32 (ROW_SPARSE): 0, counted up and left 0 (`last_to_arrive`)
     vocab_size,
     num_words,  # W = ceil(V / 32)
     num_bias,  # C
@@ -126,6 +128,8 @@ def _process_logits_kernel(
     RESOLVE: tl.constexpr = False,
     # the count bytes read only in the words the output words mark (`token_steps`)
     HAS_OUTPUT_WORDS: tl.constexpr = False,
+    # a split row's sparse phases made by its last program to arrive, over the whole row
+    ROW_SPARSE: tl.constexpr = False,
 ):
     """Steps 1-7 of docs/kernels.md, logits processing (the comments carry their numbers),
     from `source` into `logits`, with a barrier after each phase whose stores the next one
@@ -137,8 +141,11 @@ def _process_logits_kernel(
     from which logprobs in the raw modes take the logsumexp without reading the row again.
 
     A row may be split over programs (grid rows x splits), each owning the whole tiles of
-    [begin, end): it makes every phase on its own columns only (reading the sparse tables
-    whole), so the barriers order all the stores to a column, which one program makes."""
+    [begin, end) in the dense pass. With ROW_SPARSE the row's last program to arrive then
+    makes the phases after it over the whole row, once the others' stores are visible;
+    without it, each program makes them on its own columns only (reading the sparse tables
+    whole). Either way one program makes every store to a column after the dense pass's,
+    so the barriers order them."""
     await_prior_grids(PDL)
     row = tl.program_id(0)
     begin = tl.program_id(1) * chunk
@@ -265,53 +272,70 @@ def _process_logits_kernel(
         excess_head = load_excess_head(overflow_token_ptr, overflow_excess_ptr, slot, num_overflow)
         stop_block = load_stop_block(stop_ids_ptr, slot, num_stop, 0, SPARSE_BLOCK)
         if HAS_BAD_WORDS:
-            bad_block = load_bad_block(
-                row, slot, generated, preceding, bad_tokens_ptr, bad_back_ptr, bad_word_ptr,
-                window_ptr, drafts_ptr, num_bad, window_len, num_drafts, 0, HAS_DRAFTS, BAD_BLOCK,
-            )  # fmt: skip
+            bad_tables = load_bad_tables(
+                slot, bad_tokens_ptr, bad_back_ptr, bad_word_ptr, num_bad, 0, BAD_BLOCK
+            )
         # the biased tokens are rewritten below, by other threads than the dense pass's
         tl.debug_barrier()
-
-        # 1. logit bias, then steps 3-6 again on those tokens
-        apply_bias(
-            *bias_block, bias_ids_ptr, bias_values_ptr, slot, num_bias, source_row, row_ptr,
-            tile_row, begin, end, row, allowed_row, grammar_row, prompt_row, counts_row,
-            drafts_ptr, preceding, num_drafts, penalties_on, repetition_divisor, frequency,
-            presence, fix_excess, scale_on, temperature_divisor, SATURATED, HAS_GRAMMAR,
-            HAS_DRAFTS, HAS_TILE_MAX, SPARSE_BLOCK, BLOCK_SIZE,
-        )  # fmt: skip
-        # step 7 reads what other threads of this program stored above
-        tl.debug_barrier()
-
-        # 7. the saturated tokens' excess, then their temperature
-        if fix_excess:
-            apply_excess(
-                *excess_head, overflow_token_ptr, overflow_excess_ptr, num_overflow, row_ptr,
-                tile_row, counts_row, begin, end, frequency, scale_on, temperature, SATURATED,
-                HAS_TILE_MAX, BLOCK_SIZE,
+        # The phases below are the row's: with ROW_SPARSE (a split row, with its counters)
+        # its last program to finish the dense pass makes them over the whole row, once the
+        # others' stores are visible (`last_to_arrive`: each arrival releases, the last
+        # acquires), not each program on its own columns. The tables' loads above are
+        # issued before the arrival, in its round; the ring's after it
+        first_col, last_col = begin, end
+        row_sparse = tl.full((), True, tl.int1)
+        if ROW_SPARSE:
+            row_sparse = last_to_arrive(arrivals_ptr + row, tl.num_programs(1))
+            first_col, last_col = 0, vocab_size
+        if row_sparse:
+            if HAS_BAD_WORDS:  # the ring's round, beside the bias phase's loads
+                bad_block = load_bad_ring(
+                    bad_tables, row, slot, generated, preceding, window_ptr, drafts_ptr,
+                    window_len, num_drafts, HAS_DRAFTS,
+                )  # fmt: skip
+            # 1. logit bias, then steps 3-6 again on those tokens
+            apply_bias(
+                *bias_block, bias_ids_ptr, bias_values_ptr, slot, num_bias, source_row,
+                row_ptr, tile_row, first_col, last_col, row, allowed_row, grammar_row,
+                prompt_row, counts_row, drafts_ptr, preceding, num_drafts, penalties_on,
+                repetition_divisor, frequency, presence, fix_excess, scale_on,
+                temperature_divisor, SATURATED, HAS_GRAMMAR, HAS_DRAFTS, HAS_TILE_MAX,
+                SPARSE_BLOCK, BLOCK_SIZE,
             )  # fmt: skip
-        # a stop id or a banned token may be stored above by another thread: -inf lands last
-        tl.debug_barrier()
+            # step 7 reads what other threads of this program stored above
+            tl.debug_barrier()
 
-        # 2. min_tokens, and bad words: both store -inf, so neither orders against the other
-        # (a masked or penalised -inf stays -inf through steps 3-7, so -inf last is the same),
-        # and the stop ids' old logits are loaded before the bad words' stores: one round
-        stopping = generated + preceding < min_tokens
-        stop_entry, stop_token = stop_block
-        stop_olds = load_stop_olds(
-            stop_entry, stop_token, stopping, num_stop, row_ptr, tile_row, begin, end,
-            HAS_TILE_MAX, BLOCK_SIZE,
-        )  # fmt: skip
-        if HAS_BAD_WORDS:
-            ban_bad_words(
-                *bad_block, row_ptr, row, slot, generated, preceding, bad_tokens_ptr, bad_back_ptr,
-                bad_word_ptr, window_ptr, drafts_ptr, tile_row, begin, end, num_bad, window_len,
-                num_drafts, HAS_DRAFTS, HAS_TILE_MAX, BAD_BLOCK, BLOCK_SIZE,
+            # 7. the saturated tokens' excess, then their temperature
+            if fix_excess:
+                apply_excess(
+                    *excess_head, overflow_token_ptr, overflow_excess_ptr, num_overflow,
+                    row_ptr, tile_row, counts_row, first_col, last_col, frequency, scale_on,
+                    temperature, SATURATED, HAS_TILE_MAX, BLOCK_SIZE,
+                )  # fmt: skip
+            # a stop id or a banned token may be stored above by another thread: -inf last
+            tl.debug_barrier()
+
+            # 2. min_tokens, and bad words: both store -inf, so neither orders against the
+            # other (a masked or penalised -inf stays -inf through steps 3-7, so -inf last
+            # is the same), and the stop ids' old logits are loaded before the bad words'
+            # stores: one round
+            stopping = generated + preceding < min_tokens
+            stop_entry, stop_token = stop_block
+            stop_olds = load_stop_olds(
+                stop_entry, stop_token, stopping, num_stop, row_ptr, tile_row, first_col,
+                last_col, HAS_TILE_MAX, BLOCK_SIZE,
             )  # fmt: skip
-        ban_stop_ids(
-            stop_token, *stop_olds, stopping, stop_ids_ptr, slot, num_stop, row_ptr, tile_row,
-            begin, end, HAS_TILE_MAX, SPARSE_BLOCK, BLOCK_SIZE,
-        )  # fmt: skip
+            if HAS_BAD_WORDS:
+                ban_bad_words(
+                    *bad_block, row_ptr, row, slot, generated, preceding, bad_tokens_ptr,
+                    bad_back_ptr, bad_word_ptr, window_ptr, drafts_ptr, tile_row, first_col,
+                    last_col, num_bad, window_len, num_drafts, HAS_DRAFTS, HAS_TILE_MAX,
+                    BAD_BLOCK, BLOCK_SIZE,
+                )  # fmt: skip
+            ban_stop_ids(
+                stop_token, *stop_olds, stopping, stop_ids_ptr, slot, num_stop, row_ptr,
+                tile_row, first_col, last_col, HAS_TILE_MAX, SPARSE_BLOCK, BLOCK_SIZE,
+            )  # fmt: skip
 
 
 process_splits = SplitPolicy(ctas_per_sm=4)
@@ -360,6 +384,9 @@ def launch_process_logits(
     # written): the rows' records for the kernels after this one (`row_params`)
     resolve: tuple[torch.Tensor, ...] | None = None,
     output_words: torch.Tensor | None = None,  # [num_slots, ceil(W / 32)] int32: words output
+    # [>= num_rows] int32, all 0 and left 0: a split row's phases after the dense pass made
+    # by its last program to arrive (`library.last_to_arrive`); None: by each program
+    arrivals: torch.Tensor | None = None,
 ) -> None:
     """Launch `_process_logits_kernel` over rows x splits; tables must be contiguous.
     Allocates nothing, returns None. store_logits False leaves out the dense pass's store
@@ -368,6 +395,9 @@ def launch_process_logits(
     num_rows, vocab_size = logits.shape
     num_bad = bad_tokens.shape[1] if bad_tokens is not None else 0
     splits, chunk = split_chunks(vocab_size, splits, block_size)
+    if arrivals is not None:
+        check_arrivals(arrivals, num_rows, logits.device)
+    row_sparse = arrivals is not None and splits > 1
     _process_logits_kernel[(num_rows, splits)](
         source, source.stride(0), logits, logits.stride(0), slots, bias_ids, bias_values,
         min_tokens, num_generated, stop_ids, allowed,
@@ -385,6 +415,7 @@ def launch_process_logits(
         raw_tiles if raw_tiles is not None else logits,  # unwritten without HAS_RAW_TILES
         *(defer if defer is not None else (slots,) * 4),  # unread without DEFER
         *(resolve if resolve is not None else (slots,) * 7),  # unread without RESOLVE
+        arrivals if row_sparse else slots,  # untouched without ROW_SPARSE
         vocab_size,
         allowed.shape[1],
         bias_ids.shape[1],
@@ -408,6 +439,7 @@ def launch_process_logits(
         DEFER=defer is not None,
         RESOLVE=resolve is not None,
         HAS_OUTPUT_WORDS=output_words is not None,
+        ROW_SPARSE=row_sparse,
         # why: x - f * count must round twice, as torch's separate multiply and subtract do
         enable_fp_fusion=False,
         **pdl_launch(source.device),
@@ -420,7 +452,7 @@ def launch_process_logits(
 
 @inplace_op(
     "process_logits",
-    mutates_args=("logits", "tile_max", "raw_tiles", "deferred", "filters", "keys"),
+    mutates_args=("logits", "tile_max", "raw_tiles", "deferred", "filters", "keys", "arrivals"),
 )
 def process_logits(
     source: torch.Tensor,
@@ -462,52 +494,54 @@ def process_logits(
     filters: torch.Tensor | None = None,
     keys: torch.Tensor | None = None,
     output_words: torch.Tensor | None = None,
+    arrivals: torch.Tensor | None = None,
 ) -> None:
     """Bad words, logit bias, min_tokens, allowed and grammar bitmasks, penalties and
     temperature: `source` [num_rows, V] float32, float16 or bfloat16 (read only, its rows
     may be strided) processed into `logits` [num_rows, V] float32 (written; not overlapping
     `source`), in one pass (docs/kernels.md, logits processing).
 
-    Per slot ([num_slots, ...]): bias_ids int32 / bias_values float32 [C] (keys unique,
-    used entries first, unused ones +0.0 or repeating the first: the logit-bias stage's
-    layout); min_tokens, num_generated int32; stop_ids int32 [S] (ids unique, used entries
-    first, unused ones repeating the first: the min-tokens stage's layout); allowed,
-    prompt_mask int32 [ceil(V/32)];
-    counts uint8 [V] (the output count, 255 = saturated); overflow_token (-1 unused, used
-    entries first) / overflow_excess int32 [E + 1] (a saturated token's count - 255; column
-    E is the commit's spare, never read): the penalties stage's layout; repetition,
-    frequency, presence, temperature float32. grammar: int32 [num_rows, ceil(V/32)] by
-    row, or None. drafts int64 [num_rows, D] with num_preceding int64 [num_rows] (both or
-    neither): a speculative step's drafted ids, of which the first num_preceding[r] precede
-    row r's position and count as output tokens for the penalties, min_tokens and bad words.
-    bad_tokens, bad_back, bad_word int32 [num_slots, T] and window int32 [num_slots, L] (all
-    four or none): the bad-words stage's layout (a word's entries contiguous, used entries
-    first; back 0 marks the token to ban, -1 an unused entry; output g of a slot at g % L).
-    splits: programs per row, each processing a chunk of whole tiles (`process_splits` picks
-    it; the output does not depend on it). tile_max: float32 [num_rows, ceil(V / TILE)],
-    written when given: each tile's largest processed logit, or +inf (unknown) where the
-    tile holds NaN or a phase after the dense pass changed one of its logits (biased, stop
-    ids, banned, saturated tokens; docs/kernels.md, tile maxima). raw_tiles: float32
-    [num_rows, ceil(V / TILE), 2], written when given: each tile's max of `source` (+inf
-    where it holds NaN) and sum of exp(source - that max), for `compute_logprobs` on it.
-    restricted, biased int32 [num_slots] (1: the slot's request has an allowed-token list, a
-    nonzero logit bias), grammar_on bool [num_rows] (a grammar constrains the row) and
-    deferred float32 [num_rows] (written), all four or none, and no drafts: a row no step
-    but its temperature changes (no penalty, stop ids in force nor bad words either) is
-    left unwritten, deferred[r] = the divisor that makes its processed logits of its
-    `source` (its temperature, or 1: temperature 1 or greedy), for the kernels after this
-    one to read and divide (`processed_rows`); its tile tables are written as ever. No row
-    then takes its temperature here: a written row, deferred[r] = minus its divisor, and
-    every tile maximum are left before it, for the readers to divide too. The dense pass
-    reads the allowed and grammar words only of the rows that have an allowed list or a
-    grammar: a row with neither must hold every bit set in both tables, as the stages keep
-    them. top_k int32, top_p, min_p
-    float32, seeds, prompt_len int64 [num_slots] with filters float32 [num_rows, 4] and keys
-    int64 [num_rows, 2] (written), all seven or none: the rows' records of the kernels after
-    this one, resolved from the slots (kernels/row_params.py), which they then read by row.
-    output_words int32 [num_slots, ceil(ceil(V/32)/32)] (the penalties stage's: bit w set
-    where a token of the 32-token word w has a count above 0), or None: where given, the
-    dense pass reads the count bytes of the words holding an output only (the rest are 0).
+    Per slot ([num_slots, ...]), the stages' layouts: bias_ids int32 / bias_values float32
+    [C] (keys unique, used entries first, unused ones +0.0 or repeating the first);
+    min_tokens, num_generated int32; stop_ids int32 [S] (unique, used entries first, unused
+    ones repeating the first); allowed, prompt_mask int32 [ceil(V/32)]; counts uint8 [V]
+    (the output count, 255 = saturated); overflow_token (-1 unused, used entries first) /
+    overflow_excess int32 [E + 1] (a saturated token's count - 255; column E is the
+    commit's spare, never read); repetition, frequency, presence, temperature float32.
+    grammar: int32 [num_rows, ceil(V/32)] by row, or None. drafts int64 [num_rows, D] with
+    num_preceding int64 [num_rows] (both or neither): a speculative step's drafted ids, of
+    which the first num_preceding[r] precede row r's position and count as output tokens
+    for the penalties, min_tokens and bad words. bad_tokens, bad_back, bad_word int32
+    [num_slots, T] and window int32 [num_slots, L] (all four or none): the bad-words stage's
+    layout (a word's entries contiguous, used entries first; back 0 marks the token to ban,
+    -1 an unused entry; output g of a slot at g % L). splits: programs per row, each
+    processing a chunk of whole tiles (`process_splits` picks it; the output does not
+    depend on it). tile_max: float32 [num_rows, ceil(V / TILE)], written when given: each
+    tile's largest processed logit, or +inf (unknown) where the tile holds NaN or a phase
+    after the dense pass changed one of its logits (biased, stop ids, banned, saturated
+    tokens; docs/kernels.md, tile maxima). raw_tiles: float32 [num_rows, ceil(V / TILE),
+    2], written when given: each tile's max of `source` (+inf where it holds NaN) and sum
+    of exp(source - that max), for `compute_logprobs` on it. restricted, biased int32
+    [num_slots] (1: an allowed-token list, a nonzero logit bias), grammar_on bool
+    [num_rows] (a grammar constrains the row) and deferred float32 [num_rows] (written),
+    all four or none, and no drafts: a row no step but its temperature changes (no
+    penalty, stop ids in force nor bad words either) is left unwritten, deferred[r] = the
+    divisor that makes its processed logits of its `source` (its temperature, or 1), for
+    the kernels after this one to read and divide (`processed_rows`); its tile tables are
+    written as ever. No row then takes its temperature here: a written row, deferred[r] =
+    minus its divisor, and every tile maximum are left before it, for the readers to
+    divide too. The dense pass reads the allowed and grammar words only of the rows with
+    an allowed list or a grammar: a row with neither must hold every bit set in both, as
+    the stages keep them. top_k int32, top_p, min_p float32, seeds, prompt_len int64
+    [num_slots] with filters float32 [num_rows, 4] and keys int64 [num_rows, 2] (written),
+    all seven or none: the rows' records of the kernels after this one, resolved from the
+    slots (kernels/row_params.py), which they then read by row. output_words int32
+    [num_slots, ceil(ceil(V/32)/32)] (the penalties stage's: bit w set where a token of
+    the 32-token word w has a count above 0), or None: where given, the dense pass reads
+    the count bytes of the words holding an output only (the rest are 0). arrivals int32
+    [>= num_rows], all 0, which the op leaves 0 (`library.last_to_arrive`): with splits >
+    1, a row's phases after the dense pass are made once, by its last program to arrive;
+    None: by each program on its own columns.
     """
     check_logits(logits)
     num_rows, vocab_size = logits.shape
@@ -543,18 +577,7 @@ def process_logits(
         raise ValueError(
             f"overflow_token must have E + 1 >= 2 columns, got {overflow_token.shape[1]}"
         )
-    spec = together("drafts and num_preceding", drafts, num_preceding)
-    if spec is not None:
-        if spec[0].dtype != torch.int64:
-            raise TypeError(f"drafts must be torch.int64, got {spec[0].dtype}")
-        if spec[0].dim() != 2 or spec[0].shape[0] != num_rows or not spec[0].is_contiguous():
-            raise ValueError(
-                f"drafts must be a contiguous [{num_rows}, D] tensor, got shape "
-                f"{tuple(spec[0].shape)}"
-            )
-        check_rows("num_preceding", spec[1], torch.int64, num_rows)
-        if spec[0].shape[1] == 0:
-            raise ValueError("drafts must have at least one column (D >= 1)")
+    check_drafts(drafts, num_preceding, num_rows)
     check_bad_words(bad_tokens, bad_back, bad_word, window, num_slots)
     if splits < 1:
         raise ValueError(f"splits must be >= 1, got {splits}")
@@ -570,8 +593,8 @@ def process_logits(
         check_table("output_words", output_words, torch.int32, (num_slots, (words + 31) // 32))
     launch_process_logits(
         source, logits, slots, bias_ids, bias_values, min_tokens, num_generated, stop_ids,
-        allowed,
-        grammar, counts, overflow_token, overflow_excess, prompt_mask, repetition, frequency,
-        presence, temperature, drafts, num_preceding, bad_tokens, bad_back, bad_word, window,
-        tile_max, raw_tiles, splits=splits, defer=defer, resolve=resolve, output_words=output_words,
+        allowed, grammar, counts, overflow_token, overflow_excess, prompt_mask, repetition,
+        frequency, presence, temperature, drafts, num_preceding, bad_tokens, bad_back,
+        bad_word, window, tile_max, raw_tiles, splits=splits, defer=defer, resolve=resolve,
+        output_words=output_words, arrivals=arrivals,
     )  # fmt: skip

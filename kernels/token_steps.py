@@ -4,14 +4,35 @@ rounded as the PyTorch stage rounds (docs/kernels.md, logits processing). Shared
 dense pass over every tile (`dense_tile`, which kernels/logits_processing.py runs, with the
 tile's statistics) and the bias phase, which makes the biased tokens again
 (kernels/sparse_phases.py); and a deferred row's pass, which takes no step but makes the
-raw tiles (`raw_pass`)."""
+raw tiles (`raw_pass`). `check_drafts` checks the drafts whose counts the penalties take."""
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from .library import PIPELINE_STAGES, divide_by, max_or_nan, raw_tile_stats
+from .library import PIPELINE_STAGES, check_rows, divide_by, max_or_nan, raw_tile_stats, together
+
+
+def check_drafts(
+    drafts: torch.Tensor | None, num_preceding: torch.Tensor | None, num_rows: int
+) -> None:
+    """Raise unless `drafts` (a contiguous int64 [num_rows, D >= 1]) and `num_preceding`
+    (int64 [num_rows]) are both given or both None: the drafted ids whose counts the
+    penalties take (`penalise_and_scale`'s HAS_DRAFTS)."""
+    spec = together("drafts and num_preceding", drafts, num_preceding)
+    if spec is None:
+        return
+    if spec[0].dtype != torch.int64:
+        raise TypeError(f"drafts must be torch.int64, got {spec[0].dtype}")
+    if spec[0].dim() != 2 or spec[0].shape[0] != num_rows or not spec[0].is_contiguous():
+        raise ValueError(
+            f"drafts must be a contiguous [{num_rows}, D] tensor, got shape {tuple(spec[0].shape)}"
+        )
+    check_rows("num_preceding", spec[1], torch.int64, num_rows)
+    if spec[0].shape[1] == 0:
+        raise ValueError("drafts must have at least one column (D >= 1)")
 
 
 @triton.jit

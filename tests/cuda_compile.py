@@ -191,20 +191,22 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
     # also launch without either. Last, the GPU check's probe without the store of "all"
     # (the Sampler's with a float32 source and no mask written, deferring the rows no step
     # changes, with the raw tiles or without; then with a half-precision source, which it
-    # does not defer: these three resolve the rows' parameters for the kernels after them)
-    for grammar, drafts, bad_words, tiles, raw, store, defer in (
-        (False, False, True, True, False, True, False),
-        (True, False, True, True, False, True, False),
-        (False, True, True, True, False, True, False),
-        (True, True, True, True, False, True, False),
-        (False, False, True, False, False, True, False),
-        (False, False, False, False, False, True, False),
-        (False, False, True, True, True, True, False),
-        (True, False, True, True, True, True, False),
-        (True, False, True, True, True, False, False),
-        (True, False, True, True, False, True, True),
-        (True, False, True, True, True, True, True),
-        (True, False, True, True, False, True, None),
+    # does not defer: these three resolve the rows' parameters for the kernels after them).
+    # `sparse`: a split row (2 tiles) whose last program makes the phases after the dense
+    # pass (ROW_SPARSE), as the Sampler launches a split row on a GPU
+    for grammar, drafts, bad_words, tiles, raw, store, defer, sparse in (
+        (False, False, True, True, False, True, False, False),
+        (True, False, True, True, False, True, False, False),
+        (False, True, True, True, False, True, False, False),
+        (True, True, True, True, False, True, False, True),
+        (False, False, True, False, False, True, False, False),
+        (False, False, False, False, False, True, False, False),
+        (False, False, True, True, True, True, False, False),
+        (True, False, True, True, True, True, False, False),
+        (True, False, True, True, True, False, False, True),
+        (True, False, True, True, False, True, True, True),
+        (True, False, True, True, True, True, True, True),
+        (True, False, True, True, False, True, None, True),
     ):
 
         def process(
@@ -215,17 +217,20 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
             raw: bool = raw,
             store: bool = store,
             defer: bool | None = defer,
+            sparse: bool = sparse,
         ) -> None:
+            v = 2048 if sparse else vocab
+            w = (v + 31) // 32
             logits_processing.launch_process_logits(
-                x, _t(rows, vocab), slots, _i32(slots_n, 8), _t(slots_n, 8), _i32(slots_n),
-                _i32(slots_n), _i32(slots_n, 4), _i32(slots_n, words),
-                _i32(rows, words) if grammar else None,
-                _t(slots_n, vocab, dtype=torch.uint8), _i32(slots_n, 3), _i32(slots_n, 3),
-                _i32(slots_n, words), _t(slots_n), _t(slots_n), _t(slots_n), _t(slots_n),
+                _t(rows, v), _t(rows, v), slots, _i32(slots_n, 8), _t(slots_n, 8), _i32(slots_n),
+                _i32(slots_n), _i32(slots_n, 4), _i32(slots_n, w),
+                _i32(rows, w) if grammar else None,
+                _t(slots_n, v, dtype=torch.uint8), _i32(slots_n, 3), _i32(slots_n, 3),
+                _i32(slots_n, w), _t(slots_n), _t(slots_n), _t(slots_n), _t(slots_n),
                 _i64(rows, 2) if drafts else None, _i64(rows) if drafts else None,
                 *((_i32(slots_n, 1024),) * 3 + (_i32(slots_n, 16),) if bad else (None,) * 4),
-                tile_max=_t(rows, 1) if tiles else None,
-                raw_tiles=_t(rows, 1, 2) if raw else None, store_logits=store,
+                tile_max=_t(rows, -(-v // 1024)) if tiles else None,
+                raw_tiles=_t(rows, -(-v // 1024), 2) if raw else None, store_logits=store,
                 defer=(
                     (_i32(slots_n), _i32(slots_n), _t(rows, dtype=torch.bool), _t(rows))
                     if defer else None
@@ -235,7 +240,8 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
                      _t(rows, 4), _i64(rows, 2))
                     if defer is not False else None
                 ),
-                output_words=None if drafts else _i32(slots_n, (words + 31) // 32),  # pipeline's
+                output_words=None if drafts else _i32(slots_n, (w + 31) // 32),  # pipeline's
+                splits=2 if sparse else 1, arrivals=_i32(rows) if sparse else None,
             )  # fmt: skip
 
         label = (
@@ -244,6 +250,7 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
             + ("" if store else " store_logits=False")
             + (" defer" if defer else "")
             + (" resolve" if defer is not False else "")
+            + (" row_sparse" if sparse else "")
         )
         calls.append((label, process))
 
@@ -632,25 +639,33 @@ def fenced_stores(ttgir: str) -> list[int]:
 def released_stores(ttgir: str) -> list[int]:
     """The source lines of the `tt.store`s that a barrier ordering global memory, then an
     atomic that acquires and releases at GPU scope (`tt.atomic_rmw` acq_rel, gpu or sys),
-    follow on every path: the barrier in the store's block or one enclosing it, the atomic
-    in the barrier's or one enclosing that, neither in a loop body. Those are the stores
-    another program may read once its own acq_rel atomic on the location reads this one's
-    (`library.last_to_arrive`): without the barrier only the atomic's thread's stores would
-    be released, and without the acquire the last program's loads may read stale lines."""
+    follow on every path to the atomic, neither in a loop body: the barrier in the store's
+    block or one enclosing it and the atomic in the barrier's or one enclosing that (every
+    path that stored passes both), or the atomic in the barrier's block or one inside it,
+    after the store in text order (every path to the atomic passes the barrier, after any
+    store before it: processing's dense pass, then its phases' `if` holding the arrival).
+    Those are the stores another program may read once its own acq_rel atomic on the
+    location reads this one's (`library.last_to_arrive`): without the barrier only the
+    atomic's thread's stores would be released, and without the acquire the last
+    program's loads may read stale lines."""
     aliases = _aliases(ttgir)
     released: list[int] = []
     pending: list[tuple[int, tuple[int, ...]]] = []  # (line, region path): no barrier yet
     fenced: list[tuple[int, tuple[int, ...]]] = []  # (line, the barrier's path)
+    # (line, the path of a barrier after it in text order, not enclosing it)
+    before: list[tuple[int, tuple[int, ...]]] = []
     atomic = re.compile(r"= tt\.atomic_rmw \w+, acq_rel, (gpu|sys),")
     for op, path, once in _walk_regions(ttgir):
         if op.startswith("tt.store "):
             pending.append((_op_line(op, aliases), path))
         elif once and (barrier := _MEMORY_BARRIER.match(op)) and _orders_memory(barrier):
             fenced += [(line, path) for line, at in pending if at[: len(path)] == path]
+            before += [(line, path) for line, at in pending if at[: len(path)] != path]
             pending = [(line, at) for line, at in pending if at[: len(path)] != path]
         elif once and atomic.search(op):
             released += [line for line, at in fenced if at[: len(path)] == path]
             fenced = [(line, at) for line, at in fenced if at[: len(path)] != path]
+            released += [line for line, at in before if path[: len(at)] == at]
     return sorted(set(released))
 
 

@@ -246,17 +246,27 @@ def _kernel(
     grammar: torch.Tensor | None,
     splits: int = 1,
     block_size: int | None = None,
+    row_sparse: bool = True,
 ) -> torch.Tensor:
+    """The kernel's logits, as the pipeline launches it: with the output words, and a split
+    row's sparse phases made by its last program (`row_sparse`: the counters, which must
+    come back 0; else each program makes its own columns')."""
     got = torch.full_like(logits, float("nan"))  # every element must be written
     args = (*state.kernel_args(), grammar, *state.penalty_args())
     # the output bitmask, as the pipeline passes it: count bytes read where it marks a word
     mask = state.penalties.output_words
+    arrivals = torch.zeros(logits.shape[0], dtype=torch.int32, device=logits.device)
+    counters = arrivals if row_sparse else None
     if block_size is None:
-        process_logits(logits, got, slots, *args, splits=splits, output_words=mask)
+        process_logits(
+            logits, got, slots, *args, splits=splits, output_words=mask, arrivals=counters
+        )  # fmt: skip
     else:  # the launcher: the op takes the library's tile
         launch_process_logits(
-            logits, got, slots, *args, splits=splits, block_size=block_size, output_words=mask
+            logits, got, slots, *args, splits=splits, block_size=block_size, output_words=mask,
+            arrivals=counters,
         )  # fmt: skip
+    assert not bool(arrivals.any())  # left 0 for the next launch
     return got
 
 
@@ -488,18 +498,22 @@ def test_the_repetition_quotients_range_test_marks_what_divide_by_cannot_vouch_f
         assert _same_bits(q[inside], x[inside] / torch.tensor(d32)), d
 
 
+@pytest.mark.parametrize("row_sparse", [True, False], ids=["last-program", "each-program"])
 @pytest.mark.parametrize("splits", [2, 5])
-def test_split_rows_match_torch_backend(splits: int, kernel_device: torch.device) -> None:
-    """A row split over programs (chunks of whole 1,024-element tiles; 5 tiles here), each
-    making every phase on its own columns: bit for bit the PyTorch backend, full sparse
-    tables, biases, stop ids and saturated tokens spread over the chunks."""
+def test_split_rows_match_torch_backend(
+    splits: int, row_sparse: bool, kernel_device: torch.device
+) -> None:
+    """A row split over programs (chunks of whole 1,024-element tiles; 5 tiles here), the
+    phases after the dense pass made by its last program over the whole row, or by each
+    program on its own columns: bit for bit the PyTorch backend, full sparse tables,
+    biases, stop ids and saturated tokens spread over the chunks."""
     gen = _gen()
     rows, vocab = 4, 4099
     state = _random_state(rows + 1, vocab, gen, device=kernel_device)
     slots = torch.tensor([0, 2, 1, 3], device=kernel_device)
     logits = (torch.randn(rows, vocab, generator=gen) * 4).to(kernel_device)
     grammar = _random_grammar(rows, vocab, gen, kernel_device)
-    got = _kernel(logits, slots, state, grammar, splits)
+    got = _kernel(logits, slots, state, grammar, splits, row_sparse=row_sparse)
     assert torch.equal(got, _torch_backend(logits, slots, state, grammar))
 
 
@@ -560,15 +574,18 @@ def test_the_store_probe_stores_only_the_sparse_phases_tokens(kernel_device: tor
     assert checked >= 8, checked
 
 
-@pytest.mark.parametrize("splits", [1, 3])
-def test_tile_maxima(splits: int, kernel_device: torch.device) -> None:
+@pytest.mark.parametrize(("splits", "row_sparse"), [(1, False), (3, False), (3, True)])
+def test_tile_maxima(splits: int, row_sparse: bool, kernel_device: torch.device) -> None:
     """The tile-max table: each 1,024-token tile's largest processed logit exactly (+inf
     where it holds NaN), through the phases after the dense pass (`library.update_tiles`):
     a biased token or a stop id (while min_tokens holds) changes its tile's entry to the
     new max, except where it held the tile's max and fell: +inf (unknown), as at the tiles
     of the listed saturated tokens under a frequency penalty. The logits are those of the
     table-less launch. The raw-tile table: each tile's max of the raw logits (exact, +inf at
-    the NaN) and its sum of exp (float32 rounding of the float64 one, NaN at the NaN)."""
+    the NaN) and its sum of exp (float32 rounding of the float64 one, NaN at the NaN).
+    Split over 3 programs, the phases are made by each on its own columns, or by the last
+    to arrive over the row (`row_sparse`), whose entries of the other programs' tiles then
+    change."""
     from tile_maxima import exact_tile_maxima, raw_tiles
 
     gen = _gen()
@@ -611,7 +628,9 @@ def test_tile_maxima(splits: int, kernel_device: torch.device) -> None:
     got = torch.full_like(logits, float("nan"))
     tile_max = torch.full((rows, 16), float("nan"), device=kernel_device)
     raw = torch.full((rows, 16, 2), -7.0, device=kernel_device)
-    process_logits(logits, got, slots, *args, splits=splits, tile_max=tile_max, raw_tiles=raw)
+    arrivals = torch.zeros(rows, dtype=torch.int32, device=kernel_device) if row_sparse else None
+    process_logits(logits, got, slots, *args, splits=splits, tile_max=tile_max, raw_tiles=raw,
+                   arrivals=arrivals)  # fmt: skip
     want_raw = raw_tiles(logits.cpu())
     assert torch.equal(raw[..., 0].cpu(), want_raw[..., 0])
     assert bool(torch.isposinf(raw[1, 4, 0])) and bool(torch.isnan(raw[1, 4, 1]))

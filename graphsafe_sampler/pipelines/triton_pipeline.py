@@ -58,9 +58,10 @@ class TritonPipeline:
             and state is not stages.bad_words
         ]
         self.commit_kernel = not hooks
-        # the split rows' counters of the sampling and logprobs kernels (each launch leaves
-        # them 0): persistent, so that no step fills them; a launch of more rows than a
-        # Sampler's max_num_reqs (none calls these) would have the ops allocate its own
+        # the split rows' counters of the processing, sampling and logprobs kernels (each
+        # launch leaves them 0): persistent, so that no step fills them; a launch of more
+        # rows than a Sampler's max_num_reqs (none calls these) would have the ops allocate
+        # its own (processing: none, each program making its own columns' phases)
         batch_state = stages.batch_state
         self.arrivals = torch.zeros(
             batch_state.max_num_reqs, dtype=torch.int32, device=batch_state.device
@@ -150,6 +151,7 @@ class TritonPipeline:
                 ),
                 "keys": torch.empty(num_rows, KEYS.value, dtype=torch.int64, device=logits.device),
             }
+        splits = process_splits(*logits.shape, logits.device)
         process_logits(
             logits,
             x,
@@ -175,13 +177,15 @@ class TritonPipeline:
             s.bad_words.back.device,
             s.bad_words.word.device,
             s.bad_words.window.device,
-            process_splits(*logits.shape, logits.device),
+            splits,
             tile_max,
             raw,
             **defer,
             **resolve,
             # (not with drafts: with their counts, its loads spilled the kernel's registers)
             output_words=s.penalties.output_words if drafts is None else None,
+            # a split row's phases after the dense pass, made once by its last program
+            arrivals=self._arrivals(logits.shape[0], splits),
         )
         if s.thinking_budget is not None:
             # a sparse decision, a dense mask: one more pass over x, only where the config

@@ -148,6 +148,11 @@ def process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
     # the bitmasks: with the row flags (DEFER), read and tested only where a row has an
     # allowed list or a grammar (`token_steps.penalise_and_scale`)
     masks = _f(_masks_on(a)) if c.get("DEFER") else ones
+    # ROW_SPARSE: a split row's phases after the dense pass, by its last program to arrive
+    merging = {}
+    if c.get("ROW_SPARSE"):
+        last = kept / math.ceil(vocab / a["chunk"])
+        merging = {source_line(k._process_logits_kernel, "if row_sparse:"): last}
     return Work(
         reads={
             # the dense pass, and the biased tokens again from their source value
@@ -202,4 +207,5 @@ def process_logits_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
             source_line(token_steps.penalise_and_scale, "if scale_on:"): sparse_tokens["scale_on"],
             source_line(token_steps.penalise_and_scale, "if masks_on:"): masks,
         },
+        merging=merging,
     )
