@@ -303,3 +303,41 @@ def test_waits_first_reads_the_order_of_the_ptx(body: str, expected: bool | None
     head = ".version 8.7\n.target sm_90a\n.visible .entry k(\n"
     ptx = head + ".param .u64 .ptr .global k_param_0\n)\n{\n"
     assert waits_first(ptx + body.replace("\n", "\n\t") + "\n}\n") is expected
+
+
+_STORE = "tt.store %p, %v : tensor<4x!tt.ptr<f32>> loc(#loc{})"
+_BARRIER = "ttg.barrier all"
+_ARRIVE = "%n = tt.atomic_rmw add, acq_rel, gpu, %c, %one : (!tt.ptr<i32>, i32) -> i32 loc(#loc9)"
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        # the barrier in the store's block, the atomic in the barrier's (the merges')
+        ([_STORE.format(1), _BARRIER, _ARRIVE], [1]),
+        (["scf.if %a {", _STORE.format(1), _BARRIER, "}", _ARRIVE], [1]),
+        # the barrier and the atomic in a later block: every path to the atomic passes the
+        # barrier after the store (processing's dense pass, then its phases' `if`)
+        ([_STORE.format(1), "scf.for %i = %0 to %n step %s {", _STORE.format(2), "}",
+          "scf.if %a {", _BARRIER, "scf.if %b {", _ARRIVE, "}", "}"], [1, 2]),
+        # no barrier between, or one that a path to the atomic skips, or one in a loop
+        ([_STORE.format(1), _ARRIVE], []),
+        ([_STORE.format(1), "scf.if %a {", _BARRIER, "}", _ARRIVE], []),
+        ([_STORE.format(1), "scf.if %a {", _BARRIER, "} else {", "}", _ARRIVE], []),
+        ([_STORE.format(1), "scf.for %i = %0 to %n step %s {", _BARRIER, "}", _ARRIVE], []),
+        # a store after the barrier, before the atomic; an atomic that does not release
+        ([_BARRIER, _STORE.format(1), _ARRIVE], []),
+        ([_STORE.format(1), _BARRIER, _ARRIVE.replace("acq_rel", "relaxed")], []),
+    ],
+)  # fmt: skip
+def test_released_stores_takes_a_barrier_every_path_to_the_atomic_passes(
+    body: list[str], expected: list[int]
+) -> None:
+    """`ttgir_order.released_stores` on hand-made TTGIR: a store counts as released only
+    where a barrier ordering global memory follows it on every path to a GPU-scope acq_rel
+    atomic, outside any loop body."""
+    from ttgir_order import released_stores
+
+    locs = "\n".join(f'#loc{i} = loc("k.py":{i}:4)' for i in range(1, 10))
+    ttgir = "\n".join(["tt.func public @k() {", *body, "tt.return", "} loc(#loc9)", locs])
+    assert released_stores(ttgir) == expected
