@@ -39,7 +39,7 @@ from .library import (
     last_to_arrive,
     split_chunks,
 )
-from .processed_rows import check_defer
+from .processed_rows import check_defer, defer_row
 from .row_params import check_row_params, load_slot_params, store_row_params
 from .sparse_phases import (
     apply_bias,
@@ -185,19 +185,11 @@ def _process_logits_kernel(
     store = tl.full((), True, tl.int1)
     masks_on = tl.full((), True, tl.int1)
     if DEFER:
-        # (with the flags at hand, the dense pass also skips the bitmasks of a row that has
-        # neither an allowed list nor a grammar: `token_steps.penalise_and_scale`)
-        masks_on = (tl.load(restricted_ptr + slot) != 0) | (
-            tl.load(grammar_on_ptr + row).to(tl.int32) != 0
-        )
-        plain = ~penalties_on & (generated + preceding >= min_tokens)
-        plain &= ~masks_on & (tl.load(biased_ptr + slot) == 0)
-        if HAS_BAD_WORDS:  # used entries first: back -1 is an empty table
-            plain &= tl.load(bad_back_ptr + slot.to(tl.int64) * num_bad) < 0
-        store = ~plain
-        if tl.program_id(1) == 0:  # (load_deferred: negative where the row is written)
-            divisor = tl.where(scale_on, temperature, 1.0)
-            tl.store(deferred_ptr + row, tl.where(plain, divisor, -divisor))
+        store, masks_on = defer_row(
+            row, slot, penalties_on, generated + preceding >= min_tokens, scale_on,
+            temperature, restricted_ptr, biased_ptr, grammar_on_ptr, bad_back_ptr, num_bad,
+            deferred_ptr, HAS_BAD_WORDS,
+        )  # fmt: skip
         scale_on = tl.zeros((), tl.int1)  # no row's temperature here: every step's off
     if RESOLVE:  # for the kernels after this one, which load them by row (row_params.py)
         first = tl.program_id(1) == 0
@@ -207,7 +199,7 @@ def _process_logits_kernel(
     # hashes nearly all of such a row anyway (docs/kernels.md, deferred rows)
     pass_end = end
     if RESOLVE and DEFER and HAS_TILE_MAX and (not HAS_RAW_TILES):
-        unread = plain & (temperature >= GREEDY_BELOW) & (resolved[0] == 0)
+        unread = ~store & (temperature >= GREEDY_BELOW) & (resolved[0] == 0)
         unread &= (resolved[1] >= 1.0) & (resolved[2] == 0.0)  # (a NaN top_p is off too)
         pass_end = tl.where(unread, begin, end)
         if unread:
@@ -285,8 +277,12 @@ def _process_logits_kernel(
         first_col, last_col = begin, end
         row_sparse = tl.full((), True, tl.int1)
         if ROW_SPARSE:
-            row_sparse = last_to_arrive(arrivals_ptr + row, tl.num_programs(1))
-            first_col, last_col = 0, vocab_size
+            # but a full overflow table with the temperature taken here, whose step 7 makes
+            # every tile again (`apply_excess`): each program its own (never with DEFER)
+            spread = excess_head[1] & fix_excess & scale_on
+            row_sparse = last_to_arrive(arrivals_ptr + row, tl.num_programs(1)) | spread
+            first_col = tl.where(spread, begin, 0)
+            last_col = tl.where(spread, end, vocab_size)
         if row_sparse:
             if HAS_BAD_WORDS:  # the ring's round, beside the bias phase's loads
                 bad_block = load_bad_ring(
@@ -397,7 +393,8 @@ def launch_process_logits(
     splits, chunk = split_chunks(vocab_size, splits, block_size)
     if arrivals is not None:
         check_arrivals(arrivals, num_rows, logits.device)
-    row_sparse = arrivals is not None and splits > 1
+    # (not with drafts: with their counts, the last program's choice spilled 32 bytes)
+    row_sparse = arrivals is not None and splits > 1 and drafts is None
     _process_logits_kernel[(num_rows, splits)](
         source, source.stride(0), logits, logits.stride(0), slots, bias_ids, bias_values,
         min_tokens, num_generated, stop_ids, allowed,

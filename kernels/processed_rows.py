@@ -1,9 +1,10 @@
-"""How the kernels after processing read a row's processed logits, with `process_logits`'
-DEFER tables (docs/kernels.md, deferred rows and the temperature on read): from the buffer
-or, for a row it left unwritten, from the source, and divided by the row's temperature as
-they read, the logits and the tile maxima alike. Stage 1 (kernels/candidates.py), the cut
-and its search (kernels/top_k_top_p.py, kernels/radix_select.py) and sampling
-(kernels/sampling.py, kernels/noise.py) read through these."""
+"""Which rows `process_logits` leaves unwritten with its DEFER tables (`defer_row`), and how
+the kernels after it read a row's processed logits (docs/kernels.md, deferred rows and the
+temperature on read): from the buffer or, for a row it left unwritten, from the source,
+and divided by the row's temperature as they read, the logits and the tile maxima alike.
+Stage 1 (kernels/candidates.py), the cut and its search (kernels/top_k_top_p.py,
+kernels/radix_select.py) and sampling (kernels/sampling.py, kernels/noise.py) read through
+these."""
 
 from __future__ import annotations
 
@@ -53,6 +54,30 @@ def check_defer(
         check_rows("grammar_on", defer[2], torch.bool, num_rows)
         check_rows("deferred", defer[3], torch.float32, num_rows)
     return defer
+
+
+@triton.jit
+def defer_row(
+    row, slot, penalties_on, min_tokens_met, scale_on, temperature, restricted_ptr,
+    biased_ptr, grammar_on_ptr, bad_back_ptr, num_bad, deferred_ptr,
+    HAS_BAD_WORDS: tl.constexpr,
+):  # fmt: skip
+    """`process_logits`' DEFER, for its row `row` -> (store, masks_on): a row no step but
+    its temperature changes (no penalty, allowed list, grammar, bias, stop ids in force nor
+    bad words) is left unwritten (store False), and its first program writes `deferred`
+    (`load_deferred`: the divisor, negative where the row is written). With the flags at
+    hand, the dense pass also skips the bitmasks of a row with neither an allowed list nor a
+    grammar (`masks_on` False: `token_steps.penalise_and_scale`)."""
+    masks_on = (tl.load(restricted_ptr + slot) != 0) | (
+        tl.load(grammar_on_ptr + row).to(tl.int32) != 0
+    )
+    plain = ~penalties_on & min_tokens_met & ~masks_on & (tl.load(biased_ptr + slot) == 0)
+    if HAS_BAD_WORDS:  # used entries first: back -1 is an empty table
+        plain &= tl.load(bad_back_ptr + slot.to(tl.int64) * num_bad) < 0
+    if tl.program_id(1) == 0:
+        divisor = tl.where(scale_on, temperature, 1.0)
+        tl.store(deferred_ptr + row, tl.where(plain, divisor, -divisor))
+    return ~plain, masks_on
 
 
 @triton.jit

@@ -198,9 +198,9 @@ def _launches() -> list[tuple[str, Callable[[], None]]]:
     # pass (ROW_SPARSE), as the Sampler launches a split row on a GPU
     for grammar, drafts, bad_words, tiles, raw, store, defer, sparse in (
         (False, False, True, True, False, True, False, False),
-        (True, False, True, True, False, True, False, False),
+        (True, False, True, True, False, True, False, True),
         (False, True, True, True, False, True, False, False),
-        (True, True, True, True, False, True, False, True),
+        (True, True, True, True, False, True, False, False),
         (False, False, True, False, False, True, False, False),
         (False, False, False, False, False, True, False, False),
         (False, False, True, True, True, True, False, False),
