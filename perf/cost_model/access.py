@@ -390,6 +390,7 @@ def _logprobs_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         first = 1.0 / torch.clamp(records * torch.tensor(walked, dtype=torch.float64), min=1.0)
         selections = multi + (1.0 - multi) * first
     taken = {merge: records, general: selections}
+    last = ones * split / math.ceil(tiles / chunk_tiles)  # a split row's last program
     return Work(
         reads={
             "source_ptr": visited + 1 / vocab,
@@ -409,11 +410,7 @@ def _logprobs_work(a: dict[str, Any], c: dict[str, Any]) -> Work:
         walks={tile_loop(k._logprobs_kernel, 0): visited, tile_loop(k._finish_row, 0): 0 * ones},
         taken=taken,
         # a split row's merge and outputs, by its last program to arrive
-        merging={
-            source_line(k._logprobs_kernel, "if last_to_arrive("): ones
-            * split
-            / math.ceil(tiles / chunk_tiles)
-        },
+        merging={source_line(k._logprobs_kernel, "if last_to_arrive("): last},
     )
 
 
