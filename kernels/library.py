@@ -42,13 +42,14 @@ the whole union (7 blocks of 256 at B = 1), estimated by perf/kernel_model.py: 7
 0.1) = 6.3 us unpipelined, 0.8 + 7 x 0.4 = 3.6 at 3 stages, 0.8 + 7 x 0.2 = 2.2 at 5 (no
 better at 8)."""
 
-SEARCH_STAGES = tl.constexpr(5)
+SEARCH_STAGES = tl.constexpr(7)
 """Stages of the pipeline on the cut kernel's passes over a row (the radix search's, the
-mask's; kernels/top_k_top_p.py): one program streams the whole row in 512-element tiles
-(`CUT_BLOCK`), so its loads must run further ahead than PIPELINE_STAGES to keep up with
-the issue. With 3 a pass waited on its loads, about 119 us at B = 1; with 5 a counting pass
-is about 59 us and a summing pass 106 us, bound by their instructions (estimated,
-perf/kernel_model.py's top_p case)."""
+gather's, the mask's; kernels/top_k_top_p.py): one program streams the whole row in
+512-element tiles (`CUT_BLOCK`), so its loads must run further ahead than PIPELINE_STAGES
+to keep up with the issue. At 5 both passes waited on their loads, about 59 us each at
+B = 1; at 7 a counting pass takes about 40 us, and a summing pass 52, bound there by its
+instructions (estimated, perf/kernel_model.py's top_p case; 7 stages of 2 KB: 14 KB of
+shared memory). At 8 one of the kernel's variants spilled 24 bytes under its cap."""
 
 
 def _no_output(*args: Any, **kwargs: Any) -> None:

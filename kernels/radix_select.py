@@ -34,6 +34,15 @@ def _key_to_float(key):
 
 
 @triton.jit
+def _quarters(v, LANES: tl.constexpr):
+    """[4 * LANES] -> its four [LANES] quarters of elements 4i, 4i + 2, 4i + 1, 4i + 3."""
+    a, b = tl.split(tl.reshape(v, (LANES, 2, 2)))
+    a0, a1 = tl.split(a)
+    b0, b1 = tl.split(b)
+    return a0, a1, b0, b1
+
+
+@triton.jit
 def _largest_key_reaching(
     row_ptr,
     vocab_size,
@@ -60,7 +69,13 @@ def _largest_key_reaching(
     with `gather` true, once at most `cap` logits lie at or above the chosen bin's low end
     and it does not decide the mask yet: `key` is then that low end, the answer lies among
     those logits, for `gather_at_or_above` to collect in one more pass."""
+    # A pass's tile is [BLOCK_SIZE], 4 logits a thread (the cut kernel's 4 warps: 128
+    # lanes). Its counts are a histogram of the digits (shared-memory atomics), and its
+    # masses each lane's own [16] sums over the pass, reduced across lanes once a pass: a
+    # [BLOCK, 16] compare reduced every tile took twice the instructions
+    LANES: tl.constexpr = BLOCK_SIZE // 4
     digits = tl.arange(0, 16)
+    bins = tl.arange(0, 32)  # the histogram's: digit + 1, in [0, 17]
     diff = lo_key ^ hi_key
     # tensors, not Python ints: they are carried through data-dependent while loops
     s = tl.full((), 28, tl.int32)
@@ -71,27 +86,32 @@ def _largest_key_reaching(
     passes = tl.zeros((), tl.int32)
     gather = tl.zeros((), tl.int1)
     while s >= 0:
-        counts = tl.zeros((16,), tl.int32)  # logits with key >= prefix + c * 2**s
-        masses = tl.zeros((16,), tl.float32)
-        above = tl.zeros((), tl.int32)  # logits above the whole range
+        histogram = tl.zeros((32,), tl.int32)
+        lane_masses = tl.zeros((16, LANES), tl.float32)  # [c, lane]
         for start in tl.range(0, vocab_size, BLOCK_SIZE, num_stages=SEARCH_STAGES):
             cols = start + tl.arange(0, BLOCK_SIZE)
             x = tl.load(row_ptr + cols, mask=cols < vocab_size, other=float("nan"))
             x = processed(x, divisor)
             valid = x == x  # in the row and not NaN
             # the digit, -1 below the range ((key - prefix) >> s is negative there: an
-            # arithmetic shift) and for NaN, 16 above it: in int32, with NaN folded in
-            # here, the [BLOCK, 16] compare is one instruction an entry (in int64, with a
-            # NaN test on each entry: 1.6x the pass's instructions, about 190 registers)
+            # arithmetic shift) and for NaN, 16 above it: in int32, with NaN folded in here
             digit = tl.minimum(tl.maximum((_float_to_key(x) - prefix) >> s, -1), 16)
             digit = tl.where(valid, digit.to(tl.int32), -1)
-            at_or_above = digit[:, None] >= digits[None, :]  # [BLOCK, 16]
-            counts += tl.sum(at_or_above.to(tl.int32), axis=0)
-            above += tl.sum((digit >= 16).to(tl.int32), axis=0)
+            histogram += tl.histogram(digit + 1, 32)
             if MASS:
                 mass = tl.where(valid & (x >= floor), exp_ftz(x - shift), 0.0)
-                masses += tl.sum(tl.where(at_or_above, mass[:, None], 0.0), axis=0)
+                d0, d1, d2, d3 = _quarters(digit, LANES)
+                m0, m1, m2, m3 = _quarters(mass, LANES)
+                lane_masses += tl.where(d0[None, :] >= digits[:, None], m0[None, :], 0.0)
+                lane_masses += tl.where(d1[None, :] >= digits[:, None], m1[None, :], 0.0)
+                lane_masses += tl.where(d2[None, :] >= digits[:, None], m2[None, :], 0.0)
+                lane_masses += tl.where(d3[None, :] >= digits[:, None], m3[None, :], 0.0)
+        # logits with key >= prefix + c * 2**s (digit >= c: bins c + 1 on), and above the
+        # whole range (digit 16: bin 17)
+        counts = tl.sum(tl.where(bins[None, :] > digits[:, None], histogram[None, :], 0), axis=1)
+        above = tl.sum(tl.where(bins == 17, histogram, 0), axis=0)
         if MASS:
+            masses = tl.sum(lane_masses, axis=1)
             # the first pass's column 0 covers every candidate (the range starts at or
             # below floor): the total mass
             total = tl.sum(tl.where(digits == 0, masses, 0.0), axis=0)

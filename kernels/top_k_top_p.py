@@ -305,17 +305,17 @@ MAX_SPLITS = 64
 """At most this many chunks a row: the cut kernel merges their lists in one program."""
 
 CUT_BLOCK = 512
-"""The tile of the cut kernel's passes over a row (the search's, the mask's), which it makes
-at 4 warps: 4 logits a thread, so that the search's [CUT_BLOCK, 16] compare fits the kernel
-into CUT_CTAS_PER_SM's cap (docs/kernels.md, split rows). At 1,024 it took about
-180 at 4 warps (2 CTAs, and 13% more instructions a logit in a summing pass) and about 190 at
-8 warps (1 CTA). Unrelated to the tile maxima's TILE: the cut reads no table."""
+"""The tile of the cut kernel's passes over a row (the search's, the gather's, the mask's),
+which it makes at 4 warps: 4 logits a thread, one vector load, which a summing pass of the
+search splits into the thread's own 16 running sums (`radix_select._largest_key_reaching`,
+whose lanes are CUT_BLOCK / 4: the kernel's 128 threads). Unrelated to the tile maxima's
+TILE: the cut reads no table."""
 
 CUT_CTAS_PER_SM = 2
 """The cut kernel's occupancy, by construction: its launch caps registers at 256 for 2 CTAs
 of 4 warps an SM (`library.register_cap`), the issue's floor. Left to itself, ptxas took
 80-90 registers for some specializations and spilled 8 bytes there; under the cap it takes
-155-232 and spills nothing (at 168, 3 CTAs, its two search loops spilled)."""
+219-255 and spills nothing (at 168, 3 CTAs, its two search loops spilled)."""
 
 MIN_SPLIT_TILES = 2
 """At least this many 1,024-element tiles a chunk (151,936 columns: at most 74 chunks)."""
