@@ -564,9 +564,11 @@ def test_written_rows_are_divided_on_read(kernel_device: torch.device) -> None:
         )  # fmt: skip
         got.append(out.tolist())
     assert got[0] == got[1]
-    # the draws reach past the best tile: a walk that left some tile unread loses them
+    # the draws reach past the best tile: a walk that left some tile unread loses them.
+    # At least 2 rows (rows 10 and 11 draw from nearly flat rows): more than 2 failed about
+    # 1 seed in 50, where a third row's draw is chance (a multinomial stand-in, 4,000 seeds)
     best_tile = written.argmax(-1) // block
-    assert sum(int(t) // block != int(b) for t, b in zip(got[0], best_tile, strict=True)) > 2
+    assert sum(int(t) // block != int(b) for t, b in zip(got[0], best_tile, strict=True)) >= 2
 
 
 def test_non_contiguous_row_stride(kernel_device: torch.device) -> None:
