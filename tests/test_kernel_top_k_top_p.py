@@ -147,6 +147,19 @@ def test_one_thousand_ties_with_top_p_half(kernel_device: torch.device) -> None:
     assert int(torch.isfinite(got).sum()) == 1000
 
 
+def test_logits_at_the_searchs_low_end_carry_their_mass(kernel_device: torch.device) -> None:
+    """The row min 2.0 is the first pass's low end exactly (its key, 0xC0000000, has the
+    low 24 bits clear: the keys of 2.0 and the max 2.75 first differ at bit 21), so its
+    1,000 logits take digit 0 and their mass is in the total: without it top_p's target is
+    a quarter of about 211 where it is a quarter of about 683 (about 223 logits kept, not 55)."""
+    gen = _gen()
+    spread = 2.0 + 0.75 * (torch.randperm(300, generator=gen).float() + 1) / 300
+    row = torch.cat([torch.full((1000,), 2.0), spread])
+    row = row[torch.randperm(row.shape[0], generator=gen)].to(kernel_device)
+    got = _one_row(row, 0, 0.25)
+    assert 150 < int(torch.isfinite(got).sum()) < 300  # inside the spread, none of the 2.0s
+
+
 def test_huge_logits(kernel_device: torch.device) -> None:
     gen = _gen()
     row = torch.randn(1023, generator=gen)
