@@ -47,7 +47,7 @@ SEARCH_STAGES = tl.constexpr(7)
 gather's, the mask's; kernels/top_k_top_p.py): one program streams the whole row in
 512-element tiles (`CUT_BLOCK`), so its loads must run further ahead than PIPELINE_STAGES
 to keep up with the issue. At 5 both passes waited on their loads, about 59 us each at
-B = 1; at 7 a counting pass takes about 40 us, and a summing pass 52, bound there by its
+B = 1; at 7 a counting pass takes about 40 us, and a summing pass 51, bound there by its
 instructions (estimated, perf/kernel_model.py's top_p case; 7 stages of 2 KB: 14 KB of
 shared memory). At 8 one of the kernel's variants spilled 24 bytes under its cap."""
 
