@@ -42,14 +42,17 @@ the whole union (7 blocks of 256 at B = 1), estimated by perf/kernel_model.py: 7
 0.1) = 6.3 us unpipelined, 0.8 + 7 x 0.4 = 3.6 at 3 stages, 0.8 + 7 x 0.2 = 2.2 at 5 (no
 better at 8)."""
 
-SEARCH_STAGES = tl.constexpr(7)
+SEARCH_STAGES = tl.constexpr(10)
 """Stages of the pipeline on the cut kernel's passes over a row (the radix search's, the
 gather's, the mask's; kernels/top_k_top_p.py): one program streams the whole row in
 512-element tiles (`CUT_BLOCK`), so its loads must run further ahead than PIPELINE_STAGES
-to keep up with the issue. At 5 both passes waited on their loads, about 59 us each at
-B = 1; at 7 a counting pass takes about 40 us, and a summing pass 51, bound there by its
-instructions (estimated, perf/kernel_model.py's top_p case; 7 stages of 2 KB: 14 KB of
-shared memory). At 8 one of the kernel's variants spilled 24 bytes under its cap."""
+to keep up with the issue. At 5 both search passes waited on their loads, about 59 us each
+at B = 1. At 10 a summing pass (top-p) is bound by its instructions, about 44 us, and a
+counting pass (top-k: 92 SASS instructions a tile a thread) still waits on its loads,
+about 26 us (estimated, perf/kernel_model.py's top_p case; 10 stages of 2 KB: 20 KB of
+shared memory, and the cut kernel at 187-218 registers, under its cap of 256). With a
+mask on every tile's load a stage took about 18 registers (about 2 now), and 6 to 8
+stages spilled."""
 
 
 def _no_output(*args: Any, **kwargs: Any) -> None:

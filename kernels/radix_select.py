@@ -17,11 +17,16 @@ from .processed_rows import processed
 
 
 @triton.jit
-def _float_to_key(x):
-    """float32 -> int64 key in [0, 2**32) with the floats' order; -0.0 and +0.0 share one."""
+def _ordered_image(x):
+    """float32 -> int32 with the floats' order (a signed compare); -0.0 and +0.0 share one."""
     bits = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
-    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-    return ordered.to(tl.int64) + 2147483648
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+@triton.jit
+def _float_to_key(x):
+    """float32 -> int64 key in [0, 2**32) with the floats' order: `_ordered_image` + 2**31."""
+    return _ordered_image(x).to(tl.int64) + 2147483648
 
 
 @triton.jit
@@ -40,6 +45,40 @@ def _quarters(v, LANES: tl.constexpr):
     a0, a1 = tl.split(a)
     b0, b1 = tl.split(b)
     return a0, a1, b0, b1
+
+
+@triton.jit
+def _tally(
+    row_ptr, start, vocab_size, prefix, s, floor, shift, divisor, digits, MASS: tl.constexpr,
+    LANES: tl.constexpr, BLOCK_SIZE: tl.constexpr, FULL: tl.constexpr,
+):  # fmt: skip
+    """A search pass's tile at `start` -> its histogram of digit + 1 ([32]) and, with MASS,
+    each lane's masses at the 16 thresholds ([16, LANES], a lane's 4 logits summed).
+    FULL: the tile lies inside the row, its load unmasked."""
+    cols = start + tl.arange(0, BLOCK_SIZE)
+    if FULL:
+        x = tl.load(row_ptr + cols)
+    else:
+        x = tl.load(row_ptr + cols, mask=cols < vocab_size, other=float("nan"))
+    x = processed(x, divisor)
+    valid = x == x  # in the row and not NaN
+    # the digit, -1 below the range and for NaN, 16 above it: on the keys' int32 image
+    # (key - 2**31, the same order), its offset from the range's low end a uint32 shifted
+    # logically (in int64: 7 SASS instructions a logit more)
+    ordered = _ordered_image(x)
+    low = (prefix - 2147483648).to(tl.int32)
+    offset = (ordered - low).to(tl.uint32, bitcast=True) >> s.to(tl.uint32)
+    digit = tl.where(valid & (ordered >= low), tl.minimum(offset, 16).to(tl.int32), -1)
+    masses = tl.zeros((16, LANES), tl.float32)
+    if MASS:
+        mass = tl.where(valid & (x >= floor), exp_ftz(x - shift), 0.0)
+        d0, d1, d2, d3 = _quarters(digit, LANES)
+        m0, m1, m2, m3 = _quarters(mass, LANES)
+        masses = tl.where(d0[None, :] >= digits[:, None], m0[None, :], 0.0)
+        masses += tl.where(d1[None, :] >= digits[:, None], m1[None, :], 0.0)
+        masses += tl.where(d2[None, :] >= digits[:, None], m2[None, :], 0.0)
+        masses += tl.where(d3[None, :] >= digits[:, None], m3[None, :], 0.0)
+    return tl.histogram(digit + 1, 32), masses
 
 
 @triton.jit
@@ -88,24 +127,23 @@ def _largest_key_reaching(
     while s >= 0:
         histogram = tl.zeros((32,), tl.int32)
         lane_masses = tl.zeros((16, LANES), tl.float32)  # [c, lane]
-        for start in tl.range(0, vocab_size, BLOCK_SIZE, num_stages=SEARCH_STAGES):
-            cols = start + tl.arange(0, BLOCK_SIZE)
-            x = tl.load(row_ptr + cols, mask=cols < vocab_size, other=float("nan"))
-            x = processed(x, divisor)
-            valid = x == x  # in the row and not NaN
-            # the digit, -1 below the range ((key - prefix) >> s is negative there: an
-            # arithmetic shift) and for NaN, 16 above it: in int32, with NaN folded in here
-            digit = tl.minimum(tl.maximum((_float_to_key(x) - prefix) >> s, -1), 16)
-            digit = tl.where(valid, digit.to(tl.int32), -1)
-            histogram += tl.histogram(digit + 1, 32)
-            if MASS:
-                mass = tl.where(valid & (x >= floor), exp_ftz(x - shift), 0.0)
-                d0, d1, d2, d3 = _quarters(digit, LANES)
-                m0, m1, m2, m3 = _quarters(mass, LANES)
-                lane_masses += tl.where(d0[None, :] >= digits[:, None], m0[None, :], 0.0)
-                lane_masses += tl.where(d1[None, :] >= digits[:, None], m1[None, :], 0.0)
-                lane_masses += tl.where(d2[None, :] >= digits[:, None], m2[None, :], 0.0)
-                lane_masses += tl.where(d3[None, :] >= digits[:, None], m3[None, :], 0.0)
+        # the whole tiles unmasked, pipelined, then the partial last one alone (a mask on
+        # every tile's load took about 18 registers a stage of the pipeline, these about 2)
+        full_end = vocab_size // BLOCK_SIZE * BLOCK_SIZE
+        for start in tl.range(0, full_end, BLOCK_SIZE, num_stages=SEARCH_STAGES):
+            tile_counts, tile_masses = _tally(
+                row_ptr, start, vocab_size, prefix, s, floor, shift, divisor, digits, MASS,
+                LANES, BLOCK_SIZE, FULL=True,
+            )  # fmt: skip
+            histogram += tile_counts
+            lane_masses += tile_masses
+        if full_end < vocab_size:
+            tile_counts, tile_masses = _tally(
+                row_ptr, full_end, vocab_size, prefix, s, floor, shift, divisor, digits, MASS,
+                LANES, BLOCK_SIZE, FULL=False,
+            )  # fmt: skip
+            histogram += tile_counts
+            lane_masses += tile_masses
         # logits with key >= prefix + c * 2**s (digit >= c: bins c + 1 on), and above the
         # whole range (digit 16: bin 17)
         counts = tl.sum(tl.where(bins[None, :] > digits[:, None], histogram[None, :], 0), axis=1)
@@ -128,7 +166,7 @@ def _largest_key_reaching(
         # few enough logits at or above the bin's low end for the caller's scratch: one
         # more pass collects them, where each further digit would cost a pass over the
         # row (at full resolution, s = 0, the low end is the answer itself)
-        gather = ~decided & (at_low_end <= cap) & (s > 0)
+        gather = ~decided & (at_low_end <= cap) & (cap > 0) & (s > 0)  # cap 0: never
         s = tl.where(decided | gather, -4, s - 4)
         passes += 1
     return prefix, passes, gather, target

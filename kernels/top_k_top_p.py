@@ -315,7 +315,7 @@ CUT_CTAS_PER_SM = 2
 """The cut kernel's occupancy, by construction: its launch caps registers at 256 for 2 CTAs
 of 4 warps an SM (`library.register_cap`), the issue's floor. Left to itself, ptxas took
 80-90 registers for some specializations and spilled 8 bytes there; under the cap it takes
-219-255 and spills nothing (at 168, 3 CTAs, its two search loops spilled)."""
+187-218 and spills nothing (at 168, 3 CTAs, its two search loops spilled)."""
 
 MIN_SPLIT_TILES = 2
 """At least this many 1,024-element tiles a chunk (151,936 columns: at most 74 chunks)."""

@@ -379,7 +379,7 @@ def test_loop_stages_read_from_the_loop_line() -> None:
     whole = "for start in tl.range(begin, end, BLOCK_SIZE, num_stages=PIPELINE_STAGES):"
     assert model.loop_stages(whole) == PIPELINE_STAGES.value == 3
     search = "for start in tl.range(0, vocab_size, BLOCK_SIZE, num_stages=SEARCH_STAGES):"
-    assert model.loop_stages(search) == SEARCH_STAGES.value == 7
+    assert model.loop_stages(search) == SEARCH_STAGES.value == 10
     assert model.loop_stages("for start in tl.range(0, n, 8, num_stages=4):") == 4
     assert model.loop_stages("for start in tl.range(0, n, 8):") == 3
 
