@@ -49,12 +49,13 @@ def _quarters(v, LANES: tl.constexpr):
 
 @triton.jit
 def _tally(
-    row_ptr, start, vocab_size, prefix, s, floor, shift, divisor, digits, MASS: tl.constexpr,
+    row_ptr, start, vocab_size, low, s, floor, shift, divisor, digits, MASS: tl.constexpr,
     LANES: tl.constexpr, BLOCK_SIZE: tl.constexpr, FULL: tl.constexpr,
 ):  # fmt: skip
     """A search pass's tile at `start` -> its histogram of digit + 1 ([32]) and, with MASS,
-    each lane's masses at the 16 thresholds ([16, LANES], a lane's 4 logits summed).
-    FULL: the tile lies inside the row, its load unmasked."""
+    each lane's masses at the 16 thresholds ([16, LANES], a lane's 4 logits summed); `low`
+    is the range's low end on the keys' int32 image (`_ordered_image`), the digit's width
+    2**s. FULL: the tile lies inside the row, its load unmasked."""
     cols = start + tl.arange(0, BLOCK_SIZE)
     if FULL:
         x = tl.load(row_ptr + cols)
@@ -66,7 +67,6 @@ def _tally(
     # (key - 2**31, the same order), its offset from the range's low end a uint32 shifted
     # logically (in int64: 7 SASS instructions a logit more)
     ordered = _ordered_image(x)
-    low = (prefix - 2147483648).to(tl.int32)
     offset = (ordered - low).to(tl.uint32, bitcast=True) >> s.to(tl.uint32)
     digit = tl.where(valid & (ordered >= low), tl.minimum(offset, 16).to(tl.int32), -1)
     masses = tl.zeros((16, LANES), tl.float32)
@@ -125,6 +125,7 @@ def _largest_key_reaching(
     passes = tl.zeros((), tl.int32)
     gather = tl.zeros((), tl.int1)
     while s >= 0:
+        low = (prefix - 2147483648).to(tl.int32)  # key - 2**31: `_ordered_image`'s
         histogram = tl.zeros((32,), tl.int32)
         lane_masses = tl.zeros((16, LANES), tl.float32)  # [c, lane]
         # the whole tiles unmasked, pipelined, then the partial last one alone (a mask on
@@ -132,14 +133,14 @@ def _largest_key_reaching(
         full_end = vocab_size // BLOCK_SIZE * BLOCK_SIZE
         for start in tl.range(0, full_end, BLOCK_SIZE, num_stages=SEARCH_STAGES):
             tile_counts, tile_masses = _tally(
-                row_ptr, start, vocab_size, prefix, s, floor, shift, divisor, digits, MASS,
+                row_ptr, start, vocab_size, low, s, floor, shift, divisor, digits, MASS,
                 LANES, BLOCK_SIZE, FULL=True,
             )  # fmt: skip
             histogram += tile_counts
             lane_masses += tile_masses
         if full_end < vocab_size:
             tile_counts, tile_masses = _tally(
-                row_ptr, full_end, vocab_size, prefix, s, floor, shift, divisor, digits, MASS,
+                row_ptr, full_end, vocab_size, low, s, floor, shift, divisor, digits, MASS,
                 LANES, BLOCK_SIZE, FULL=False,
             )  # fmt: skip
             histogram += tile_counts
