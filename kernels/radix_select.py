@@ -124,13 +124,13 @@ def _largest_key_reaching(
     target = tl.zeros((), tl.float32) + given
     passes = tl.zeros((), tl.int32)
     gather = tl.zeros((), tl.int1)
+    # each pass: the whole tiles unmasked, pipelined, then the partial last one alone (a
+    # mask on every tile's load took about 18 registers a stage of the pipeline, these 2)
+    full_end = vocab_size // BLOCK_SIZE * BLOCK_SIZE
     while s >= 0:
         low = (prefix - 2147483648).to(tl.int32)  # key - 2**31: `_ordered_image`'s
         histogram = tl.zeros((32,), tl.int32)
         lane_masses = tl.zeros((16, LANES), tl.float32)  # [c, lane]
-        # the whole tiles unmasked, pipelined, then the partial last one alone (a mask on
-        # every tile's load took about 18 registers a stage of the pipeline, these about 2)
-        full_end = vocab_size // BLOCK_SIZE * BLOCK_SIZE
         for start in tl.range(0, full_end, BLOCK_SIZE, num_stages=SEARCH_STAGES):
             tile_counts, tile_masses = _tally(
                 row_ptr, start, vocab_size, low, s, floor, shift, divisor, digits, MASS,

@@ -27,8 +27,7 @@ _INSTRUCTION = re.compile(r"/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
 _BRANCH = re.compile(r"\bBRA\b.*`\((\.L\w+)\)")
 # a walk over the row's tiles: the whole row, or a program's chunk of it (split rows; its
 # whole tiles and its partial last one apart, in processing and the radix search), or the
-# chunk's tiles listed by
-# `library.tiles_to_visit` (one iteration a listed tile)
+# chunk's tiles listed by `library.tiles_to_visit` (one iteration a listed tile)
 TILE_LOOP = re.compile(
     r"for \w+ in (tl\.)?range\((0, (vocab_size|full_end)|begin, (pass_)?end|begin, full_end"
     r"|full_end, (pass_)?end), "
